@@ -1,0 +1,302 @@
+"""Frozen records passed between pipeline stages and stored in the report.
+
+Every stage is a function over these types; no ``dict[str, dict]`` crosses a
+module boundary. The :class:`Report` is the product: the TUI, ``propose`` and
+``verify`` all start from it, so every field here is part of the versioned
+schema documented in ``docs/report-schema.md``.
+
+Float fields may hold ``inf``/``-inf``/``nan``: an exact match has SQNR
+``+inf`` dB (not an epsilon-clamped number), and the JSON encoding writes
+these as the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEMA_VERSION = 1
+"""Bumped on any incompatible change of the report layout; readers refuse other versions."""
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Error of a candidate tensor against a reference, accumulated over all samples.
+
+    SQNR is ``10*log10(sum(ref**2) / sum((ref-cand)**2))`` over every element of
+    every sample: ``+inf`` when the noise is exactly zero, ``-inf`` when the
+    signal is zero but the noise is not, ``nan`` when both are zero (undefined;
+    such a tensor is never ranked as a worst layer).
+    """
+
+    sqnr_db: float
+    mse: float
+    cosine: float
+    """Cosine similarity of the flattened tensors over all samples; ``nan`` if either is all-zero."""
+    max_abs: float
+    kl: float
+    """KL(P_ref || P_cand) in nats over shared bins aligned to the quantization grid (see schema doc)."""
+    count: int
+    """Number of finite element pairs that entered the sums."""
+    nonfinite: int = 0
+    """Element pairs skipped because the reference or candidate was NaN/Inf (reported, never propagated)."""
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """FP32 distribution statistics of a tensor over all samples."""
+
+    min: float
+    max: float
+    mean: float
+    std: float
+    count: int
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """FP32 and quantized value histograms over shared bin edges (for KL and the TUI)."""
+
+    edges: tuple[float, ...]
+    """``len(edges) == len(ref_counts) + 1``; the outer bins catch values beyond the range."""
+    ref_counts: tuple[int, ...]
+    cand_counts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Quantization parameters of one Q/DQ pair (per-tensor, or the first channel's when per-axis)."""
+
+    scale: float
+    zero_point: int
+    qtype: str
+    """ONNX element type name of the quantized tensor: ``uint8``, ``int8``, ``uint16``, ``int16``..."""
+    axis: int | None = None
+    """Channel axis when per-axis; ``None`` when per-tensor."""
+    channels: int = 1
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One float tensor of the FP32 model and what quantization did to it."""
+
+    name: str
+    producer: str | None
+    """Normalized name of the producing node; ``None`` for graph inputs and initializers."""
+    consumers: tuple[str, ...]
+    depth: int
+    """Topological depth of the producer (graph inputs are 0)."""
+    summary: TensorSummary | None
+    quant: QuantParams | None
+    """``None`` when the QDQ model does not quantize this tensor."""
+    local: ErrorStats | None
+    """Pre-Q vs post-DQ inside the QDQ model: the error this tensor's own Q/DQ adds."""
+    accumulated: ErrorStats | None
+    """FP32 tensor vs its counterpart in the QDQ model: all error up to this point."""
+    histogram: Histogram | None
+    quantized_name: str | None = None
+    """Name of the paired tensor in the quantized model (the DQ output when quantized)."""
+    note: str = ""
+    """Why a field is missing (e.g. removed activation, not captured inside a subgraph)."""
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node of the normalized FP32 model."""
+
+    name: str
+    original_name: str
+    """The name in the user's model (``""`` for nodes that had none)."""
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    depth: int
+    quantized: bool
+    """True when the QDQ model quantizes at least one of the node's inputs or outputs."""
+    local_sqnr_db: float
+    """Worst local SQNR among the node's float outputs (``nan`` when none is quantized)."""
+    accumulated_sqnr_db: float
+    """Worst accumulated SQNR among the node's float outputs."""
+    introduced_db: float
+    """Accumulated SQNR at the node's worst float input minus at its worst output: the error it adds.
+
+    Positive means the node makes things worse; this is what ranks nodes, so that
+    nodes merely downstream of a bad one are not blamed.
+    """
+    kl: float
+    domain: str = ""
+
+
+@dataclass(frozen=True)
+class WeightRecord:
+    """A quantized initializer: FP32 weight vs the dequantized integer weight."""
+
+    name: str
+    node: str
+    error: ErrorStats
+    quant: QuantParams
+    channel_sqnr_db: tuple[float, ...] = ()
+    """Per-channel SQNR when quantized per channel."""
+
+
+@dataclass(frozen=True)
+class OutputMetric:
+    """Model-level error of one graph output, on the evaluation (or calibration) data."""
+
+    name: str
+    error: ErrorStats
+
+
+@dataclass(frozen=True)
+class TaskMetric:
+    """The task metric (higher is better) of the FP32 and the quantized model."""
+
+    name: str
+    """``top1`` (vs labels), ``top1_agreement`` (vs FP32), ``output_sqnr_db`` or ``module:function``."""
+    fp32: float
+    quantized: float
+    samples: int
+    data: str
+    """Which data set it was measured on: ``eval`` or ``calib``."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Where a model came from and how to recognise it again."""
+
+    path: str
+    sha256: str
+    opset: int
+    nodes: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """The options the analysis ran with; propose/verify reuse them."""
+
+    method: str = "minmax"
+    per_channel: bool = False
+    activation_type: str = "QUInt8"
+    weight_type: str = "QInt8"
+    batch_size: int | None = None
+    max_samples: int | None = None
+    calib: str | None = None
+    eval: str | None = None
+    metric: str | None = None
+    quantized_given: bool = False
+    """True when the user supplied the QDQ model (``--quantized``) instead of qdebug building it."""
+
+
+@dataclass(frozen=True)
+class NotCaptured:
+    """A float tensor of the FP32 model that has no error numbers, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """The analysis report: the product of ``qdebug analyze``.
+
+    ``nodes`` are ordered topologically; ``tensors`` likewise by producer.
+    """
+
+    schema_version: int
+    qdebug_version: str
+    ort_version: str
+    created: str
+    model: ModelInfo
+    normalized_model: str
+    """Path of the normalized FP32 model (the base for every later quantization)."""
+    quantized_model: ModelInfo
+    config: AnalysisConfig
+    calibration_cache: str | None
+    samples: int
+    """Samples that went through the layer-wise capture."""
+    nodes: tuple[NodeRecord, ...]
+    tensors: tuple[TensorRecord, ...]
+    weights: tuple[WeightRecord, ...]
+    outputs: tuple[OutputMetric, ...]
+    task: TaskMetric | None
+    deployed_gap: float
+    """Max |difference| between instrumented and un-instrumented quantized outputs (0.0 = bit-identical)."""
+    not_captured: tuple[NotCaptured, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What qdebug did that the user should know (normalization steps, fallbacks)."""
+    name_map: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    """(normalized node name, original node name) for nodes whose name was changed."""
+
+    def node(self, name: str) -> NodeRecord:
+        """Look up a node by normalized name (KeyError if absent)."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def tensor(self, name: str) -> TensorRecord:
+        """Look up a tensor by name (KeyError if absent)."""
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class TensorOverride:
+    """A per-tensor quantization override (ORT ``TensorQuantOverrides``), e.g. 16-bit activations."""
+
+    tensor: str
+    quant_type: str
+    """``QUInt16``/``QInt16``/``QUInt8``/``QInt8`` (names of ``onnxruntime.quantization.QuantType``)."""
+
+
+@dataclass(frozen=True)
+class NodeReason:
+    """Why one node is in a proposal, with the numbers behind it."""
+
+    node: str
+    original_name: str
+    op_type: str
+    action: str
+    """``fp32`` (kept out of quantization) or ``int16`` (16-bit activations)."""
+    reason: str
+    introduced_db: float = float("nan")
+    local_sqnr_db: float = float("nan")
+    region: int = -1
+    """Index of the connected sensitive region the node belongs to (-1: none)."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A mixed-precision proposal: the input of ``verify``/``bench`` and the TUI's export format."""
+
+    schema_version: int
+    kind: str
+    """Always ``"proposal"`` (so a report is not mistaken for a proposal)."""
+    model_path: str
+    model_sha256: str
+    """SHA-256 of the user's FP32 model the proposal was made for."""
+    normalized_model: str
+    """Normalized model the node names refer to (identical names to the user's model where it had names)."""
+    nodes_to_exclude: tuple[str, ...]
+    tensor_overrides: tuple[TensorOverride, ...] = ()
+    per_channel: bool = False
+    reasons: tuple[NodeReason, ...] = ()
+    metric: str = ""
+    fp32_metric: float = float("nan")
+    static_metric: float = float("nan")
+    expected_metric: float = float("nan")
+    """Metric of the selective model measured during the search (``nan`` if not evaluated)."""
+    evaluations: int = 0
+    search_seconds: float = 0.0
+    source: str = "propose"
+    """``propose`` or ``tui`` (hand-made in the TUI)."""
+    quantized_model: str | None = None
+    """Path of the selectively quantized model written by ``propose``."""
+    snippet: str = ""
+    """Ready-to-paste Python calling ``onnxruntime.quantization.quantize_static`` with this proposal."""
+    quantizable_nodes: int = 0
+    qdq_pairs_delta: int = 0
+    """Q/DQ pairs the proposal removes (negative) or adds (positive) vs full static quantization."""

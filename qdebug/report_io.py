@@ -1,0 +1,235 @@
+"""Report <-> JSON, CSV export, and atomic file writes.
+
+The encoding is generic over the frozen records in :mod:`qdebug.records`:
+dataclasses become objects, tuples become lists, and non-finite floats become
+the strings ``"inf"``, ``"-inf"`` and ``"nan"`` so the file is strict JSON that
+any parser (``jq``, browsers) accepts.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from qdebug import records
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.records import SCHEMA_VERSION, Report
+
+T = TypeVar("T")
+
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert records (and nested tuples, floats) to plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        return to_jsonable(obj.item())
+    return obj
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, vars(records))
+
+
+def from_jsonable(tp: Any, value: Any) -> Any:
+    """Rebuild a value of type ``tp`` (a record, tuple, float, ...) from JSON data."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        return from_jsonable(non_none[0], value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an object for {tp.__name__}")
+        hints = _hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = from_jsonable(hints[f.name], value[f.name])
+        return tp(**kwargs)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_jsonable(args[0], v) for v in value)
+        return tuple(from_jsonable(a, v) for a, v in zip(args, value, strict=True))
+    if tp is float:
+        if isinstance(value, str):
+            return _NONFINITE[value]
+        return float(value)
+    if tp is int:
+        return int(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError("expected a string")
+        return value
+    if tp is bool:
+        return bool(value)
+    return value
+
+
+def dumps(obj: Any) -> str:
+    """Serialize a record as strict, stable, human-readable JSON."""
+    return json.dumps(to_jsonable(obj), indent=1, allow_nan=False) + "\n"
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temp file in the same directory, then rename.
+
+    An interrupted run therefore leaves either the old file or the new one,
+    never half a file, and no temp file behind.
+    """
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_write_text`)."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise QDebugError(
+            f"cannot write to {directory}: {e.strerror}",
+            "choose a writable output path with -o",
+            ExitCode.OUTPUT,
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        _silent_unlink(tmp)
+        raise QDebugError(
+            f"cannot write {path}: {e.strerror}", "free disk space or choose another -o path", ExitCode.OUTPUT
+        ) from None
+    except BaseException:
+        _silent_unlink(tmp)
+        raise
+
+
+def _silent_unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def check_writable(path: str | Path) -> None:
+    """Fail before long work starts if ``path`` cannot be created (directory missing/unwritable)."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if directory.exists() and not os.access(directory, os.W_OK):
+        raise QDebugError(f"output directory {directory} is not writable", "choose another -o path", ExitCode.OUTPUT)
+    if path.is_dir():
+        raise QDebugError(f"output path {path} is a directory", "give a file name with -o", ExitCode.OUTPUT)
+
+
+def save_report(report: Report, path: str | Path) -> None:
+    """Write the report as JSON, atomically."""
+    atomic_write_text(path, dumps(report))
+
+
+def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int = SCHEMA_VERSION) -> T:
+    """Load a JSON record file of type ``cls`` and check its schema version.
+
+    Raises :class:`QDebugError` (one line, no traceback) for a missing file,
+    invalid JSON, another schema version or a file of another kind.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QDebugError(f"{kind} file not found: {path}", f"check the path of the {kind}", ExitCode.INPUT)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise QDebugError(
+            f"{path} is not a valid qdebug {kind} (not JSON: {e.__class__.__name__})",
+            f"pass a file written by qdebug ({kind})",
+            ExitCode.INPUT,
+        ) from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise QDebugError(
+            f"{path} is not a qdebug {kind} (no schema_version)", f"pass a file written by qdebug", ExitCode.INPUT
+        )
+    if data.get("schema_version") != schema_version:
+        raise QDebugError(
+            f"{path} has {kind} schema version {data.get('schema_version')!r}, this qdebug reads version {schema_version}",
+            "re-create it with this version of qdebug",
+            ExitCode.INPUT,
+        )
+    try:
+        return from_jsonable(cls, data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise QDebugError(
+            f"{path} is not a valid qdebug {kind} ({e.__class__.__name__}: {e})",
+            f"re-create it with qdebug",
+            ExitCode.INPUT,
+        ) from None
+
+
+def load_report(path: str | Path) -> Report:
+    """Load and validate an analysis report."""
+    return load_record(Report, path, "report")
+
+
+CSV_COLUMNS = (
+    "node",
+    "original_name",
+    "op_type",
+    "depth",
+    "quantized",
+    "introduced_db",
+    "local_sqnr_db",
+    "accumulated_sqnr_db",
+    "kl",
+)
+
+
+def report_to_csv(report: Report) -> str:
+    """One row per node with its error numbers (for spreadsheets and quick diffs)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for n in report.nodes:
+        writer.writerow(
+            [
+                n.name,
+                n.original_name,
+                n.op_type,
+                n.depth,
+                int(n.quantized),
+                _fmt(n.introduced_db),
+                _fmt(n.local_sqnr_db),
+                _fmt(n.accumulated_sqnr_db),
+                _fmt(n.kl),
+            ]
+        )
+    return buf.getvalue()
+
+
+def _fmt(x: float) -> str:
+    return repr(float(x)) if math.isfinite(x) else str(to_jsonable(float(x)))

@@ -227,6 +227,8 @@ class Report:
     """What qdebug did that the user should know (normalization steps, fallbacks)."""
     name_map: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     """(normalized node name, original node name) for nodes whose name was changed."""
+    ranges: tuple[tuple[str, float, float], ...] = ()
+    """Calibration ranges (tensor, lowest, highest) the quantized model was built from (empty with --quantized)."""
 
     def node(self, name: str) -> NodeRecord:
         """Look up a node by normalized name (KeyError if absent)."""

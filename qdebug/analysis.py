@@ -1,0 +1,366 @@
+"""Layer-wise error of a QDQ model against its FP32 model, streamed batch by batch.
+
+Three sessions, because instrumentation changes numerics (DESIGN.md):
+
+* the FP32 model with every float intermediate as an output;
+* the QDQ model, optimized as deployed, with only DequantizeLinear outputs
+  (and un-quantized counterparts) exposed -- ORT keeps its integer fusions
+  (QLinearConv...), so the *accumulated* error is measured on deployed kernels;
+* the QDQ model un-optimized (fake-quant), exposing pre-Q and post-DQ values:
+  the *local* error of each tensor's own quantization.
+
+Each batch's tensors go into streaming accumulators and are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from qdebug.capture import SessionConfig, Tap
+from qdebug.data import DataSet
+from qdebug.graph.match import GraphIndex, Pairing, subgraph_tensors
+from qdebug.metrics import (
+    ErrorAccumulator,
+    SummaryAccumulator,
+    TensorErrorAccumulator,
+    grid_edges_for,
+    range_edges,
+)
+from qdebug.records import ErrorStats, NodeRecord, NotCaptured, QuantParams, TensorRecord, WeightRecord
+
+SQNR_CAP_DB = 120.0
+"""SQNRs above this count as exact when computing the error a node introduces."""
+
+Progress = Callable[[str, int, int | None], None]
+
+
+@dataclass(frozen=True)
+class LayerErrors:
+    """The per-tensor results of :func:`measure_layers`."""
+
+    tensors: tuple[TensorRecord, ...]
+    not_captured: tuple[NotCaptured, ...]
+    samples: int
+    deployed_gap: float
+
+
+class _TensorAcc:
+    """Accumulators of one FP32 tensor."""
+
+    def __init__(self, quant: QuantParams | None, fallback: tuple[float, float] | None) -> None:
+        edges = _edges(quant, fallback)
+        self.summary = SummaryAccumulator()
+        self.acc = TensorErrorAccumulator(edges) if edges is not None else None
+        self.local = TensorErrorAccumulator(edges) if (edges is not None and quant is not None) else None
+        self.deferred_edges = edges is None
+
+
+def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | None:
+    if quant is not None and quant.scale > 0:
+        return grid_edges_for(quant)
+    if rng is not None and math.isfinite(rng[0]) and math.isfinite(rng[1]):
+        return range_edges(rng[0], rng[1])
+    return None
+
+
+def measure_layers(
+    fp32: onnx.ModelProto,
+    qdq: onnx.ModelProto,
+    pairing: Pairing,
+    data: DataSet,
+    config: SessionConfig,
+    ranges: dict[str, tuple[float, float]] | None = None,
+    progress: Progress | None = None,
+) -> LayerErrors:
+    """Stream ``data`` through the three sessions and accumulate every tensor's error."""
+    ranges = ranges or {}
+    pairs = [p for p in pairing.tensors if p.qdq is not None]
+    fp_names = [p.fp32 for p in pairing.tensors]
+    acc_names = [p.dequant or p.qdq for p in pairs]
+    local_pairs = [p for p in pairs if p.dequant is not None]
+    local_names = [n for p in local_pairs for n in (p.qdq, p.dequant)]
+
+    fp_tap = Tap(fp32, fp_names, config, what="instrumented FP32 model")
+    dep_tap = Tap(qdq, acc_names, config, optimize=True, what="instrumented quantized model")
+    fq_tap = Tap(qdq, local_names, config, optimize=False, what="fake-quant quantized model")
+    plain = Tap(qdq, [], config, optimize=True, what="quantized model")
+
+    accs = {p.fp32: _TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
+    skipped: dict[str, str] = {}
+    samples = 0
+    gap = 0.0
+    first = True
+    for batch in data.batches():
+        f = fp_tap.run(batch.feeds)
+        d = dep_tap.run(batch.feeds)
+        if first:
+            gap = _deployed_gap(plain.run(batch.feeds), d, plain.graph_outputs)
+            del plain
+            first = False
+        for p in pairing.tensors:
+            ref = f.get(p.fp32)
+            if ref is None or ref.dtype.kind != "f":
+                if ref is not None:
+                    skipped.setdefault(p.fp32, f"{ref.dtype} tensor: not a float tensor, not scored")
+                continue
+            a = accs[p.fp32]
+            a.summary.update(ref)
+            if a.deferred_edges:
+                finite = ref[np.isfinite(ref)]
+                edges = range_edges(float(finite.min()), float(finite.max())) if finite.size else None
+                a.acc = TensorErrorAccumulator(edges)
+                a.deferred_edges = False
+            if p.qdq is None:
+                continue
+            cand = d.get(p.dequant or p.qdq)
+            if cand is None or cand.shape != ref.shape:
+                skipped.setdefault(p.fp32, "quantized counterpart has another shape: not compared")
+                continue
+            a.acc.update(ref, cand)
+        del f, d
+        l = fq_tap.run(batch.feeds)
+        for p in local_pairs:
+            a = accs[p.fp32]
+            pre, post = l.get(p.qdq), l.get(p.dequant)
+            if a.local is None or pre is None or post is None or pre.dtype.kind != "f" or pre.shape != post.shape:
+                continue
+            if p.folded is not None:
+                pre = np.clip(pre, p.folded[0], p.folded[1])
+            a.local.update(pre, post)
+        del l
+        samples += batch.size
+        if progress:
+            progress("capture", samples, data.n_samples)
+
+    records = _tensor_records(fp32, pairing, accs, skipped)
+    not_captured = [NotCaptured(name, reason) for name, reason in sorted(skipped.items())]
+    for name, where in subgraph_tensors(fp32):
+        not_captured.append(
+            NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
+        )
+    return LayerErrors(tuple(records), tuple(not_captured), samples, gap)
+
+
+def _deployed_gap(plain: dict[str, np.ndarray], instrumented: dict[str, np.ndarray], outputs: list[str]) -> float:
+    gap = 0.0
+    for name in outputs:
+        a, b = plain.get(name), instrumented.get(name)
+        if a is None or b is None or a.dtype.kind != "f" or a.shape != b.shape:
+            continue
+        gap = max(gap, float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0)
+    return gap
+
+
+def _tensor_records(
+    fp32: onnx.ModelProto, pairing: Pairing, accs: dict[str, _TensorAcc], skipped: dict[str, str]
+) -> list[TensorRecord]:
+    index = GraphIndex(fp32)
+    depth = node_depths(fp32)
+    out = []
+    for p in pairing.tensors:
+        a = accs[p.fp32]
+        summary = a.summary.result()
+        if summary.count == 0:
+            if p.fp32 not in skipped and p.note:
+                skipped[p.fp32] = p.note
+            continue
+        producer = index.producer.get(p.fp32)
+        acc_stats = a.acc.result() if (a.acc is not None and p.qdq is not None and _has_data(a.acc)) else None
+        local = a.local.result() if (a.local is not None and _has_data(a.local)) else None
+        hist = a.acc.histogram_result() if (a.acc is not None and _has_data(a.acc)) else None
+        out.append(
+            TensorRecord(
+                name=p.fp32,
+                producer=producer.name if producer is not None else None,
+                consumers=tuple(n.name for n in index.consumers.get(p.fp32, [])),
+                depth=depth.get(producer.name, 0) if producer is not None else 0,
+                summary=summary,
+                quant=p.quant,
+                local=local,
+                accumulated=acc_stats,
+                histogram=hist,
+                quantized_name=p.dequant or p.qdq,
+                note=p.note or skipped.get(p.fp32, ""),
+            )
+        )
+    return out
+
+
+def _has_data(acc: TensorErrorAccumulator) -> bool:
+    return acc.error.result().count + acc.error.result().nonfinite > 0
+
+
+def node_depths(model: onnx.ModelProto) -> dict[str, int]:
+    """Topological depth of every node (1 + deepest producer of its inputs; graph inputs are 0)."""
+    producer_depth: dict[str, int] = {}
+    depths = {}
+    for node in model.graph.node:
+        d = 1 + max((producer_depth.get(i, 0) for i in node.input if i), default=0)
+        depths[node.name] = d
+        for o in node.output:
+            producer_depth[o] = d
+    return depths
+
+
+def _worst(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return min(finite) if finite else math.nan
+
+
+def _nsr_db(sqnr: float) -> float:
+    """Noise-to-signal in dB with SQNR capped at :data:`SQNR_CAP_DB` (exact counts as the cap)."""
+    return -min(sqnr, SQNR_CAP_DB)
+
+
+def node_records(
+    fp32: onnx.ModelProto,
+    tensors: tuple[TensorRecord, ...],
+    quantized_nodes: set[str],
+    name_map: dict[str, str],
+) -> tuple[NodeRecord, ...]:
+    """Per-node error: worst output SQNRs and the error the node introduces.
+
+    ``introduced_db`` = accumulated SQNR at the node's worst float input minus
+    at its worst float output (both capped at 120 dB, so an exact input counts
+    as 120 dB). Positive: the node makes the error worse.
+    """
+    by_name = {t.name: t for t in tensors}
+    index = GraphIndex(fp32)
+    depth = node_depths(fp32)
+    out = []
+    for node in fp32.graph.node:
+        outs = [by_name[o] for o in node.output if o in by_name]
+        acc_out = _worst([t.accumulated.sqnr_db for t in outs if t.accumulated])
+        acc_in = _worst([_upstream_sqnr(i, by_name, index) for i in node.input if i and i not in index.inits])
+        local = _worst([t.local.sqnr_db for t in outs if t.local])
+        if math.isnan(acc_out):
+            introduced = math.nan
+        else:
+            in_db = SQNR_CAP_DB if math.isnan(acc_in) else acc_in
+            introduced = _nsr_db(acc_out) - _nsr_db(in_db)
+        kls = [t.local.kl for t in outs if t.local and not math.isnan(t.local.kl)]
+        out.append(
+            NodeRecord(
+                name=node.name,
+                original_name=name_map.get(node.name, node.name),
+                op_type=node.op_type,
+                inputs=tuple(node.input),
+                outputs=tuple(node.output),
+                depth=depth[node.name],
+                quantized=node.name in quantized_nodes,
+                local_sqnr_db=local,
+                accumulated_sqnr_db=acc_out,
+                introduced_db=introduced,
+                kl=max(kls) if kls else math.nan,
+                domain=node.domain,
+            )
+        )
+    return tuple(out)
+
+
+def _upstream_sqnr(tensor: str, by_name: dict[str, TensorRecord], index: GraphIndex, hops: int = 4) -> float:
+    """Accumulated SQNR of ``tensor``, or of the nearest upstream tensors that have one.
+
+    A tensor with no quantized counterpart (e.g. a Conv output whose Relu ORT
+    folded away) would otherwise look exact and make its consumer look guilty
+    of all the error the pair introduced.
+    """
+    rec = by_name.get(tensor)
+    if rec is not None and rec.accumulated is not None:
+        return rec.accumulated.sqnr_db
+    producer = index.producer.get(tensor)
+    if producer is None or hops == 0:
+        return math.nan
+    return _worst([_upstream_sqnr(i, by_name, index, hops - 1) for i in producer.input if i and i not in index.inits])
+
+
+def quantized_node_names(qdq: onnx.ModelProto, pairing: Pairing) -> set[str]:
+    """FP32 nodes whose QDQ counterpart reads or writes a Q/DQ tensor."""
+    qi = GraphIndex(qdq)
+    qnodes = {n.name: n for n in qdq.graph.node}
+    out = set()
+    for fname, qname in pairing.node_map:
+        node = qnodes.get(qname)
+        if node is None:
+            continue
+        reads = any(qi.producer.get(i) is not None and qi.is_dq(qi.producer[i]) for i in node.input if i)
+        writes = any(any(qi.is_q(c) for c in qi.consumers.get(o, [])) for o in node.output if o)
+        if reads or writes:
+            out.add(fname)
+    return out
+
+
+def weight_records(fp32: onnx.ModelProto, qdq: onnx.ModelProto, pairing: Pairing) -> tuple[WeightRecord, ...]:
+    """FP32 initializer vs dequantized integer initializer, per tensor and per channel."""
+    fi, qi = GraphIndex(fp32), GraphIndex(qdq)
+    out = []
+    for w in pairing.weights:
+        ref = fi.const_array(w.fp32)
+        q = qi.const_array(w.quantized)
+        scale = qi.const_array(w.scale)
+        zp = qi.const_array(w.zero_point) if w.zero_point else None
+        if ref is None or q is None or scale is None or ref.dtype.kind != "f":
+            continue
+        deq = _dequantize(q, scale, zp, w.axis)
+        if deq.shape != ref.shape:
+            continue
+        acc = ErrorAccumulator()
+        acc.update(ref, deq)
+        channel = ()
+        if w.axis is not None and scale.size > 1:
+            channel = tuple(_channel_sqnr(ref, deq, w.axis))
+        quant = QuantParams(
+            scale=float(scale.ravel()[0]),
+            zero_point=int(zp.ravel()[0]) if zp is not None else 0,
+            qtype=str(q.dtype),
+            axis=w.axis,
+            channels=int(scale.size),
+        )
+        out.append(WeightRecord(w.fp32, w.node, acc.result(), quant, channel))
+    return tuple(out)
+
+
+def _dequantize(q: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, axis: int | None) -> np.ndarray:
+    qf = q.astype(np.float64)
+    z = zp.astype(np.float64) if zp is not None else np.zeros_like(scale, dtype=np.float64)
+    s = scale.astype(np.float64)
+    if axis is not None and s.size > 1:
+        shape = [1] * q.ndim
+        shape[axis] = -1
+        s = s.reshape(shape)
+        z = z.reshape(shape)
+    return (qf - z) * s
+
+
+def _channel_sqnr(ref: np.ndarray, deq: np.ndarray, axis: int) -> list[float]:
+    out = []
+    for c in range(ref.shape[axis]):
+        acc = ErrorAccumulator()
+        acc.update(np.take(ref, c, axis=axis), np.take(deq, c, axis=axis))
+        out.append(acc.result().sqnr_db)
+    return out
+
+
+def init_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """An initializer's value, or None."""
+    for i in model.graph.initializer:
+        if i.name == name:
+            return numpy_helper.to_array(i)
+    return None
+
+
+__all__ = [
+    "LayerErrors",
+    "measure_layers",
+    "node_records",
+    "quantized_node_names",
+    "weight_records",
+    "node_depths",
+    "ErrorStats",
+]

@@ -1,0 +1,188 @@
+"""Calibrate once; cache the ranges on disk; reuse them for every quantization.
+
+Ranges depend on the model, the data, the op types, the method and the
+calibrator options -- not on ``nodes_to_exclude`` -- so ``propose`` and
+``verify`` rebuild variants from these ranges in a fraction of the time a
+fresh ``quantize_static`` call takes (it recalibrates every time). ORT's own
+calibration cache has no model hash, so qdebug keys its cache by the model
+bytes, a fingerprint of the data, the method, the op types and ORT's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qdebug.data import DataSet, ReaderAdapter
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.report_io import atomic_write_text
+
+METHODS = ("minmax", "entropy", "percentile", "distribution")
+
+
+@dataclass(frozen=True, eq=False)
+class Ranges:
+    """Calibration result: ORT ``TensorsData`` plus the key it is cached under.
+
+    ``tensors`` must be deep-copied before it is handed to a quantizer: ORT's
+    ``QDQQuantizer`` adjusts the ranges it is given in place (Relu/Clip/Softmax).
+    """
+
+    method: str
+    key: str
+    tensors: Any
+    cache_path: Path | None
+    from_cache: bool
+
+    def minmax(self) -> dict[str, tuple[float, float]]:
+        """Per-tensor (lowest, highest) as plain floats."""
+        out = {}
+        for name, td in self.tensors.items():
+            lo, hi = td.range_value
+            out[name] = (float(np.min(lo)), float(np.max(hi)))
+        return out
+
+
+def cache_dir() -> Path:
+    """``$QDEBUG_CACHE_DIR`` or ``~/.cache/qdebug``."""
+    env = os.environ.get("QDEBUG_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "qdebug"
+
+
+def data_fingerprint(data: DataSet) -> str | None:
+    """Content hash of a file data source (None for hooks, which are not cached)."""
+    src = Path(data.source)
+    if not src.exists():
+        return None
+    files = sorted(p for p in src.iterdir() if p.suffix == ".npz") if src.is_dir() else [src]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    h.update(f"n={data.n_samples}".encode())
+    return h.hexdigest()
+
+
+def op_types_to_quantize() -> list[str]:
+    """Every op type ORT can quantize (what ``quantize_static`` uses by default), sorted."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+
+
+def _ort_method(method: str) -> Any:
+    from onnxruntime.quantization import CalibrationMethod
+
+    mapping = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+        "distribution": CalibrationMethod.Distribution,
+    }
+    if method not in mapping:
+        raise QDebugError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}", ExitCode.USAGE)
+    return mapping[method]
+
+
+def calibrate(
+    model_path: Path,
+    model_sha256: str,
+    data: DataSet,
+    method: str = "minmax",
+    *,
+    use_cache: bool = True,
+    on_batch: Callable[[int], None] | None = None,
+    providers: Sequence[str] | None = None,
+) -> Ranges:
+    """Compute (or load from cache) the activation ranges of ``model_path`` over ``data``."""
+    import onnxruntime
+
+    ort_method = _ort_method(method)
+    fingerprint = data_fingerprint(data)
+    ops = op_types_to_quantize()
+    key_src = json.dumps([model_sha256, fingerprint, method, ops, onnxruntime.__version__])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
+    path = cache_dir() / "calib" / f"{key}.json" if (use_cache and fingerprint) else None
+    if path is not None and path.is_file():
+        try:
+            return Ranges(method, key, _load_tensors_data(path), path, True)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            pass  # a corrupt cache entry is recomputed and overwritten
+    tensors = _run_calibrator(model_path, data, ort_method, ops, on_batch, providers)
+    if path is not None:
+        try:
+            atomic_write_text(path, json.dumps(_dump_tensors_data(tensors)))
+        except QDebugError:
+            path = None  # an unwritable cache only costs time later
+    return Ranges(method, key, tensors, path, False)
+
+
+def _run_calibrator(
+    model_path: Path,
+    data: DataSet,
+    ort_method: Any,
+    ops: list[str],
+    on_batch: Callable[[int], None] | None,
+    providers: Sequence[str] | None,
+) -> Any:
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp:
+        try:
+            calibrator = create_calibrator(
+                model_path,
+                ops,
+                augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                calibrate_method=ort_method,
+                providers=list(providers) if providers else None,
+                extra_options={},
+            )
+            calibrator.collect_data(ReaderAdapter(data, on_batch))
+            tensors = calibrator.compute_data()
+        except QDebugError:
+            raise
+        except Exception as e:
+            raise QDebugError(
+                f"ONNX Runtime calibration failed: {e.__class__.__name__}: {str(e).splitlines()[0][:300]}",
+                "check that the model runs in onnxruntime on this data",
+                ExitCode.MODEL,
+            ) from None
+        del calibrator
+    return tensors
+
+
+def _dump_tensors_data(tensors: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"method": tensors.calibration_method.name, "tensors": {}}
+    for name, td in tensors.items():
+        entry = {}
+        for k, v in td.to_dict().items():
+            if k == "CLS":
+                continue
+            arr = np.asarray(v)
+            entry[k] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": arr.ravel().tolist()}
+        out["tensors"][name] = entry
+    return out
+
+
+def _load_tensors_data(path: Path) -> Any:
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+
+    raw = json.loads(path.read_text())
+    data = {}
+    for name, entry in raw["tensors"].items():
+        kwargs = {}
+        for k, v in entry.items():
+            arr = np.asarray(v["data"], dtype=np.dtype(v["dtype"])).reshape(v["shape"])
+            kwargs[k] = arr
+        data[name] = TensorData(**kwargs)
+    return TensorsData(CalibrationMethod[raw["method"]], data)

@@ -1,0 +1,109 @@
+"""ONNX Runtime sessions over instrumented models, one batch at a time.
+
+Nothing here keeps tensors beyond the batch being processed: the caller feeds
+each batch's tensors into streaming accumulators and drops them, so memory is
+flat in the number of samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.graph.instrument import with_outputs
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Execution settings shared by every session of a comparison (fairness)."""
+
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    intra_op_threads: int = 0
+    """0 lets ORT choose (one thread per physical core)."""
+
+
+def available_providers() -> list[str]:
+    """Execution providers this onnxruntime build offers."""
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def check_providers(providers: Sequence[str]) -> None:
+    """Refuse a provider ORT does not offer, listing the ones it does."""
+    avail = available_providers()
+    missing = [p for p in providers if p not in avail]
+    if missing:
+        raise QDebugError(
+            f"execution provider {missing[0]} is not available in this onnxruntime build",
+            f"use one of: {', '.join(avail)}",
+            ExitCode.USAGE,
+        )
+
+
+def make_session(model: onnx.ModelProto, config: SessionConfig, *, optimize: bool = True, what: str = "model"):
+    """Create an InferenceSession from an in-memory model, with ORT errors made readable."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    opts.log_severity_level = 3
+    if config.intra_op_threads:
+        opts.intra_op_num_threads = config.intra_op_threads
+    try:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=list(config.providers))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise QDebugError(
+            f"ONNX Runtime cannot load the {what}: {first[:300]}",
+            "check the model with onnx.checker and that its ops are supported by this ORT version",
+            ExitCode.MODEL,
+        ) from None
+
+
+class Tap:
+    """A session that returns the values of chosen tensors for each batch.
+
+    Graph inputs among the chosen names are served from the feeds, so they
+    never become extra graph outputs.
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        names: Sequence[str],
+        config: SessionConfig,
+        *,
+        optimize: bool = True,
+        what: str = "model",
+    ) -> None:
+        inputs = {i.name for i in model.graph.input}
+        self.names = list(dict.fromkeys(n for n in names if n))
+        instrumented = with_outputs(model, [n for n in self.names if n not in inputs])
+        self.session = make_session(instrumented, config, optimize=optimize, what=what)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.graph_outputs = [o.name for o in model.graph.output]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch; returns tensor name -> array for graph outputs and chosen tensors."""
+        try:
+            values = self.session.run(self.output_names, {k: feeds[k] for k in self.input_names})
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise QDebugError(
+                f"ONNX Runtime failed while running the model: {first[:300]}",
+                "check that the data matches what the model expects",
+                ExitCode.DATA,
+            ) from None
+        out = dict(zip(self.output_names, values))
+        for name in self.names:
+            if name in feeds and name not in out:
+                out[name] = feeds[name]
+        return out

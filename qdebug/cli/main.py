@@ -1,0 +1,80 @@
+"""The ``qdebug`` command line: ``main(argv) -> int``, testable in-process.
+
+Each subcommand is a module of this package with a docstring (its help),
+``add_arguments(parser)`` and ``run(args) -> int``. Only
+:class:`~qdebug.errors.QDebugError` is caught here -- printed as one line,
+with its documented exit code; anything else is a bug and keeps its
+traceback. Data goes to stdout, progress and diagnostics to stderr. Heavy
+imports (onnxruntime, textual) happen inside ``run`` so ``qdebug --help``
+stays fast and light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from qdebug import __version__
+from qdebug.errors import ExitCode, QDebugError
+
+SUBCOMMANDS = ("analyze", "propose", "verify", "bench", "tui", "demo")
+
+EPILOG = """exit codes:
+  0  success (verify: target met)          5  data does not match the model
+  1  internal error (a bug: traceback)     6  accuracy/SQNR target not met
+  2  bad command-line usage                7  cannot write an output
+  3  missing/unreadable input file       130  interrupted (Ctrl-C)
+  4  model not supported as given
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="qdebug",
+        description="Layer-wise quantization debugger for ONNX Runtime.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"qdebug {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        module = importlib.import_module(f"qdebug.cli.{name}")
+        doc = (module.__doc__ or "").strip()
+        p = sub.add_parser(
+            name,
+            help=doc.splitlines()[0] if doc else name,
+            description=doc,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code instead of exiting."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return int(ExitCode.USAGE)
+    try:
+        return int(args._run(args))
+    except QDebugError as e:
+        print(f"qdebug: error: {e.one_line()}", file=sys.stderr)
+        return int(e.code)
+    except KeyboardInterrupt:
+        print("qdebug: interrupted; no partial output was written", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,443 @@
+"""Calibration and evaluation data: sources -> validated, re-iterable batches.
+
+A source is one of
+
+* an ``.npz`` file keyed by model input name (batch on axis 0), with an
+  optional ``labels`` key;
+* a folder of such files (sorted by name); files may differ in their dynamic
+  dimensions (sequence length, image width) -- each is then its own batch;
+* a Python hook ``module:function`` or ``path/to/file.py:function`` returning
+  an iterable of feed dicts (a ``labels`` key is taken as labels) or an ORT
+  ``CalibrationDataReader``.
+
+Everything is checked against the model's inputs (names, dtype, rank, static
+dims) before any long work starts, and every problem is one
+:class:`~qdebug.errors.QDebugError` naming the file, the input and the fix.
+Only one file is held in memory at a time, so memory does not grow with the
+number of files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qdebug.errors import ExitCode, QDebugError
+
+LABELS_KEY = "labels"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the model expects for one input."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | str | None, ...]
+    """Static dims as ints; dynamic dims as their symbolic name or ``None``."""
+
+    def describe(self) -> str:
+        """``name: float32[N,3,224,224]`` for messages."""
+        dims = ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of feeds (exactly the model's inputs) and its labels, if any."""
+
+    feeds: Mapping[str, np.ndarray]
+    labels: np.ndarray | None
+    size: int
+    origin: str
+    """Where it came from (file and slice) for error messages."""
+
+
+def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
+    """The real inputs of an ONNX model (graph inputs that are not initializers)."""
+    from onnx import helper
+
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype("float32")
+        dims: list[int | str | None] = []
+        if tt.HasField("shape"):
+            for d in tt.shape.dim:
+                if d.HasField("dim_value") and d.dim_value > 0:
+                    dims.append(int(d.dim_value))
+                else:
+                    dims.append(d.dim_param or None)
+        specs.append(InputSpec(vi.name, dtype, tuple(dims)))
+    return tuple(specs)
+
+
+class DataSet:
+    """A re-iterable, validated source of :class:`Batch` es.
+
+    ``batches()`` can be called once per pass (calibration, capture, evaluation);
+    files are re-read and hooks re-called each time, so nothing accumulates.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        specs: tuple[InputSpec, ...],
+        make_iter: Callable[[], Iterator[Batch]],
+        n_samples: int | None,
+        has_labels: bool,
+    ) -> None:
+        self.source = source
+        self.specs = specs
+        self._make_iter = make_iter
+        self.n_samples = n_samples
+        self.has_labels = has_labels
+
+    def batches(self) -> Iterator[Batch]:
+        """Iterate over the batches (validated as they are produced)."""
+        for batch in self._make_iter():
+            _check_batch(batch, self.specs)
+            yield batch
+
+    def first(self) -> Batch:
+        """The first batch (used to prepare sessions before the timed work)."""
+        for b in self.batches():
+            return b
+        raise QDebugError(f"data source {self.source} yields no samples", "give at least one sample", ExitCode.DATA)
+
+
+def open_data(
+    source: str | Path,
+    specs: tuple[InputSpec, ...],
+    *,
+    batch_size: int | None = None,
+    max_samples: int | None = None,
+    what: str = "calibration data",
+) -> DataSet:
+    """Open and validate a data source against the model inputs (see module docstring)."""
+    if batch_size is not None and batch_size < 1:
+        raise QDebugError(f"--batch-size must be >= 1 (got {batch_size})", "pass a positive batch size", ExitCode.USAGE)
+    if max_samples is not None and max_samples < 1:
+        raise QDebugError(f"--max-samples must be >= 1 (got {max_samples})", "pass a positive number", ExitCode.USAGE)
+    text = str(source)
+    path = Path(text)
+    if path.exists():
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix == ".npz")
+            if not files:
+                raise QDebugError(f"{what} folder {path} has no .npz files", "put one .npz per batch in it", ExitCode.DATA)
+        else:
+            files = [path]
+        return _file_dataset(text, files, specs, batch_size, max_samples, what)
+    if ":" in text and not text.endswith(".npz"):
+        return _hook_dataset(text, specs, batch_size, max_samples, what)
+    raise QDebugError(f"{what} not found: {text}", "pass an .npz file, a folder of them, or module:function", ExitCode.INPUT)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _npz_header(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shapes and dtypes of every array in an .npz, read from the headers only."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            out = {}
+            for info in z.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                out[info.filename[: -len(".npy")]] = (tuple(shape), np.dtype(dtype))
+            return out
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise QDebugError(
+            f"{path} is not a readable .npz file ({e.__class__.__name__})",
+            "save data with numpy.savez(path, **{input_name: array})",
+            ExitCode.DATA,
+        ) from None
+
+
+def _file_dataset(
+    source: str,
+    files: list[Path],
+    specs: tuple[InputSpec, ...],
+    batch_size: int | None,
+    max_samples: int | None,
+    what: str,
+) -> DataSet:
+    headers = {f: _npz_header(f) for f in files}
+    total = 0
+    has_labels = True
+    for f, header in headers.items():
+        n = _check_header(f, header, specs, what)
+        has_labels = has_labels and LABELS_KEY in header
+        total += n
+    if total == 0:
+        raise QDebugError(f"{what} {source} holds no samples", "give at least one sample", ExitCode.DATA)
+    n_samples = min(total, max_samples) if max_samples else total
+    bsize = _batch_size(specs, batch_size, source)
+
+    def make_iter() -> Iterator[Batch]:
+        left = n_samples
+        for f in files:
+            if left <= 0:
+                return
+            arrays = _read_npz(f, specs)
+            n = len(next(iter(arrays.values())))
+            _check_finite(arrays, str(f))
+            take = min(n, left)
+            left -= take
+            yield from _split(arrays, take, bsize, str(f), has_labels)
+            del arrays
+
+    return DataSet(source, specs, make_iter, n_samples, has_labels)
+
+
+def _check_header(
+    f: Path, header: Mapping[str, tuple[tuple[int, ...], np.dtype]], specs: tuple[InputSpec, ...], what: str
+) -> int:
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in header]
+    if missing:
+        raise QDebugError(
+            f"{what} {f} has no array for model input(s) {missing} (it has {sorted(header)})",
+            f"save the arrays under the model's input names {names}",
+            ExitCode.DATA,
+        )
+    counts = set()
+    for s in specs:
+        shape, dtype = header[s.name]
+        _check_array_meta(s, shape, dtype, str(f))
+        counts.add(shape[0] if shape else 1)
+    if LABELS_KEY in header:
+        counts.add(header[LABELS_KEY][0][0] if header[LABELS_KEY][0] else 1)
+    if len(counts) != 1:
+        raise QDebugError(
+            f"{what} {f}: arrays disagree on the number of samples (axis 0 sizes {sorted(counts)})",
+            "give every input (and labels) the same batch size on axis 0",
+            ExitCode.DATA,
+        )
+    return counts.pop()
+
+
+def _check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, origin: str) -> None:
+    if np.dtype(dtype) != spec.dtype:
+        raise QDebugError(
+            f"{origin}: input {spec.name!r} has dtype {np.dtype(dtype)}, the model expects {spec.dtype}",
+            f"convert it with array.astype(numpy.{spec.dtype})",
+            ExitCode.DATA,
+        )
+    if spec.shape and len(shape) != len(spec.shape):
+        raise QDebugError(
+            f"{origin}: input {spec.name!r} has shape {list(shape)}, the model expects rank {len(spec.shape)} "
+            f"({spec.describe()})",
+            "stack samples on axis 0 with the model's full input shape",
+            ExitCode.DATA,
+        )
+    for axis, (have, want) in enumerate(zip(shape, spec.shape)):
+        if axis == 0:
+            continue
+        if isinstance(want, int) and have != want:
+            raise QDebugError(
+                f"{origin}: input {spec.name!r} has shape {list(shape)}, the model expects {spec.describe()} "
+                f"(axis {axis} must be {want})",
+                "resize/pad the data to the model's input shape",
+                ExitCode.DATA,
+            )
+
+
+def _read_npz(f: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(f, allow_pickle=False) as z:
+            arrays = {s.name: np.ascontiguousarray(z[s.name]) for s in specs}
+            if LABELS_KEY in z.files:
+                arrays[LABELS_KEY] = np.asarray(z[LABELS_KEY])
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise QDebugError(f"cannot read {f} ({e.__class__.__name__}: {e})", "re-save the file", ExitCode.DATA) from None
+    return arrays
+
+
+def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
+    for name, a in arrays.items():
+        if name == LABELS_KEY or a.dtype.kind not in "fc":
+            continue
+        if not np.isfinite(a).all():
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise QDebugError(
+                f"{origin}: input {name!r} contains {bad} NaN/Inf value(s)",
+                "clean the data (NaN/Inf make every error metric meaningless)",
+                ExitCode.DATA,
+            )
+
+
+def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str) -> int | None:
+    """The batch size to split files into; ``None`` keeps each file's batch as is.
+
+    A model with a static batch dimension accepts only that size.
+    """
+    static = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)}
+    if static:
+        fixed = static.pop()
+        if requested is not None and requested != fixed:
+            raise QDebugError(
+                f"--batch-size {requested} does not fit the model, whose batch dimension is fixed at {fixed}",
+                f"use --batch-size {fixed}, or export the model with a dynamic batch dimension",
+                ExitCode.DATA,
+            )
+        return fixed
+    return requested if requested is not None else 16
+
+
+def _split(
+    arrays: Mapping[str, np.ndarray], n: int, bsize: int | None, origin: str, has_labels: bool
+) -> Iterator[Batch]:
+    step = bsize or n
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        feeds = {k: v[start:stop] for k, v in arrays.items() if k != LABELS_KEY}
+        labels = arrays[LABELS_KEY][start:stop] if has_labels and LABELS_KEY in arrays else None
+        yield Batch(feeds, labels, stop - start, f"{origin}[{start}:{stop}]")
+
+
+# ----------------------------------------------------------------------------- hooks
+
+
+def load_hook(spec: str, what: str) -> Callable[..., Any]:
+    """Resolve ``module:function`` or ``file.py:function`` to a callable (clear error if not)."""
+    module_name, _, func_name = spec.rpartition(":")
+    if not module_name or not func_name:
+        raise QDebugError(f"{what} {spec!r} is not module:function", "write it as package.module:function", ExitCode.INPUT)
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise QDebugError(f"{what} file not found: {path}", "check the path", ExitCode.INPUT)
+            mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert mod_spec is not None and mod_spec.loader is not None
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and "." not in sys.path:
+                sys.path.insert(0, "")
+            module = importlib.import_module(module_name)
+    except QDebugError:
+        raise
+    except Exception as e:
+        raise QDebugError(
+            f"cannot import {what} module {module_name!r} ({e.__class__.__name__}: {e})",
+            "make sure it is importable from the current directory",
+            ExitCode.INPUT,
+        ) from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise QDebugError(f"{module_name} has no function {func_name!r}", f"define {func_name} in it", ExitCode.INPUT)
+    return func
+
+
+def _hook_dataset(
+    spec: str, specs: tuple[InputSpec, ...], batch_size: int | None, max_samples: int | None, what: str
+) -> DataSet:
+    func = load_hook(spec, what)
+    bsize = _batch_size(specs, batch_size, spec)
+
+    def make_iter() -> Iterator[Batch]:
+        produced = 0
+        for i, item in enumerate(_iterate_hook(func, spec)):
+            if not isinstance(item, Mapping):
+                raise QDebugError(
+                    f"{what} hook {spec} yielded {type(item).__name__}, not a dict of input name -> array",
+                    "yield {input_name: numpy array}",
+                    ExitCode.DATA,
+                )
+            arrays = {k: np.asarray(v) for k, v in item.items()}
+            missing = [s.name for s in specs if s.name not in arrays]
+            if missing:
+                raise QDebugError(
+                    f"{what} hook {spec} item {i} lacks model input(s) {missing}",
+                    f"yield all of {[s.name for s in specs]}",
+                    ExitCode.DATA,
+                )
+            for s in specs:
+                _check_array_meta(s, arrays[s.name].shape, arrays[s.name].dtype, f"{spec} item {i}")
+            _check_finite(arrays, f"{spec} item {i}")
+            n = len(arrays[specs[0].name]) if specs and arrays[specs[0].name].ndim else 1
+            if max_samples is not None:
+                n = min(n, max_samples - produced)
+            if n <= 0:
+                return
+            produced += n
+            yield from _split(arrays, n, bsize, f"{spec} item {i}", LABELS_KEY in arrays)
+
+    # Validate the first item now, before any long work.
+    first = next(iter(make_iter()), None)
+    if first is None:
+        raise QDebugError(f"{what} hook {spec} yields no samples", "yield at least one feed dict", ExitCode.DATA)
+    return DataSet(spec, specs, make_iter, None, first.labels is not None)
+
+
+def _iterate_hook(func: Callable[..., Any], spec: str) -> Iterator[Any]:
+    try:
+        result = func()
+    except Exception as e:
+        raise QDebugError(f"data hook {spec} raised {e.__class__.__name__}: {e}", "fix the hook", ExitCode.DATA) from None
+    if hasattr(result, "get_next") and callable(result.get_next):
+        while True:
+            item = result.get_next()
+            if item is None:
+                return
+            yield item
+    elif isinstance(result, Iterable):
+        yield from result
+    else:
+        raise QDebugError(
+            f"data hook {spec} returned {type(result).__name__}",
+            "return an iterable of feed dicts or a CalibrationDataReader",
+            ExitCode.DATA,
+        )
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_batch(batch: Batch, specs: tuple[InputSpec, ...]) -> None:
+    if batch.size == 0:
+        raise QDebugError(f"{batch.origin}: empty batch", "remove empty files/items", ExitCode.DATA)
+
+
+class ReaderAdapter:
+    """Presents a :class:`DataSet` as an ORT ``CalibrationDataReader`` (one batch per ``get_next``)."""
+
+    def __init__(self, data: DataSet, on_batch: Callable[[int], None] | None = None) -> None:
+        self._data = data
+        self._it: Iterator[Batch] | None = None
+        self._on_batch = on_batch
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        """Next feed dict, or None at the end (ORT's protocol)."""
+        if self._it is None:
+            self._it = self._data.batches()
+        batch = next(self._it, None)
+        if batch is None:
+            return None
+        if self._on_batch:
+            self._on_batch(batch.size)
+        return dict(batch.feeds)
+
+    def rewind(self) -> None:
+        """Start again from the first batch."""
+        self._it = None

@@ -1,0 +1,150 @@
+"""Task metric of a candidate model against the FP32 model, on un-instrumented sessions.
+
+The FP32 reference outputs are computed once and kept (model outputs are
+small next to activations), so ``propose`` can score many candidates for the
+cost of one candidate pass each.
+
+Metrics (higher is better):
+
+* ``top1`` -- accuracy of argmax(first output) vs the data's ``labels``;
+* ``top1_agreement`` -- share of samples whose argmax matches FP32's (no labels);
+* ``output_sqnr_db`` -- SQNR of all outputs vs FP32 (non-classifier outputs);
+* ``module:function`` -- ``function(reference, candidate, labels) -> float``
+  where reference/candidate are lists (one per batch) of dicts output -> array.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qdebug.capture import SessionConfig, make_session
+from qdebug.data import DataSet, load_hook
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.metrics import ErrorAccumulator
+from qdebug.records import OutputMetric
+
+BUILTIN = ("top1", "top1_agreement", "output_sqnr_db")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Score of one candidate model."""
+
+    metric: str
+    value: float
+    fp32_value: float
+    outputs: tuple[OutputMetric, ...]
+    samples: int
+    seconds: float
+
+    @property
+    def output_sqnr_db(self) -> float:
+        """Worst SQNR over the model outputs."""
+        vals = [o.error.sqnr_db for o in self.outputs if not math.isnan(o.error.sqnr_db)]
+        return min(vals) if vals else math.nan
+
+
+def _classifier_shaped(arr: np.ndarray) -> bool:
+    return arr.ndim == 2 and arr.shape[1] > 1 and arr.dtype.kind == "f"
+
+
+class Evaluator:
+    """Scores candidate models on a fixed evaluation set against cached FP32 outputs."""
+
+    def __init__(
+        self, fp32: onnx.ModelProto, data: DataSet, config: SessionConfig, metric: str | None = None
+    ) -> None:
+        self.config = config
+        self.data = data
+        session = make_session(fp32, config, what="FP32 model")
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.batches = list(data.batches())
+        if not self.batches:
+            raise QDebugError(f"evaluation data {data.source} has no samples", "give at least one sample", ExitCode.DATA)
+        self.labels = [b.labels for b in self.batches] if all(b.labels is not None for b in self.batches) else None
+        self.reference = [self._run(session, b.feeds) for b in self.batches]
+        self.samples = sum(b.size for b in self.batches)
+        self.metric_name, self._user = self._resolve_metric(metric)
+        self.fp32_value = self._score(self.reference)
+
+    def _resolve_metric(self, metric: str | None) -> tuple[str, Callable | None]:
+        first = self.reference[0][self.output_names[0]]
+        if metric in (None, "auto"):
+            if self.labels is not None and _classifier_shaped(first):
+                return "top1", None
+            if _classifier_shaped(first):
+                return "top1_agreement", None
+            return "output_sqnr_db", None
+        if metric == "top1":
+            if self.labels is None:
+                raise QDebugError(
+                    f"metric top1 needs labels, but evaluation data {self.data.source} has no 'labels' array",
+                    "add a 'labels' array to the data or use --metric top1_agreement",
+                    ExitCode.DATA,
+                )
+            if not _classifier_shaped(first):
+                raise QDebugError(
+                    f"metric top1 needs a [batch, classes] first output; {self.output_names[0]} has shape "
+                    f"{list(first.shape)}",
+                    "use --metric output_sqnr_db or a module:function metric",
+                    ExitCode.DATA,
+                )
+            return "top1", None
+        if metric in BUILTIN:
+            return metric, None
+        return metric, load_hook(metric, "metric")
+
+    def _run(self, session, feeds) -> dict[str, np.ndarray]:
+        try:
+            values = session.run(self.output_names, {k: feeds[k] for k in self.input_names})
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise QDebugError(f"ONNX Runtime failed on evaluation data: {first[:300]}", "check the data", ExitCode.DATA) from None
+        return dict(zip(self.output_names, values))
+
+    def _score(self, candidate: list[dict[str, np.ndarray]]) -> float:
+        name = self.metric_name
+        if self._user is not None:
+            try:
+                return float(self._user(self.reference, candidate, self.labels))
+            except Exception as e:
+                raise QDebugError(f"metric {name} raised {e.__class__.__name__}: {e}", "fix the metric function", ExitCode.INPUT) from None
+        out0 = self.output_names[0]
+        if name == "top1":
+            assert self.labels is not None
+            hits = sum(int(np.sum(np.argmax(c[out0], axis=1) == lab)) for c, lab in zip(candidate, self.labels))
+            return hits / self.samples
+        if name == "top1_agreement":
+            hits = sum(
+                int(np.sum(np.argmax(c[out0], axis=1) == np.argmax(r[out0], axis=1)))
+                for c, r in zip(candidate, self.reference)
+            )
+            return hits / self.samples
+        acc = ErrorAccumulator()
+        for c, r in zip(candidate, self.reference):
+            for k in self.output_names:
+                if r[k].dtype.kind == "f":
+                    acc.update(r[k], c[k])
+        return acc.result().sqnr_db
+
+    def score(self, model: onnx.ModelProto, what: str = "quantized model") -> EvalResult:
+        """Run ``model`` over the evaluation set and score it against the FP32 outputs."""
+        start = time.perf_counter()
+        session = make_session(model, self.config, what=what)
+        candidate = [self._run(session, b.feeds) for b in self.batches]
+        value = self._score(candidate)
+        outputs = []
+        for k in self.output_names:
+            acc = ErrorAccumulator()
+            for c, r in zip(candidate, self.reference):
+                if r[k].dtype.kind == "f" and r[k].shape == c[k].shape:
+                    acc.update(r[k], c[k])
+            outputs.append(OutputMetric(k, acc.result()))
+        return EvalResult(self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, time.perf_counter() - start)

@@ -1,0 +1,249 @@
+"""Compose the stages into the user-facing operations. No printing, no argparse.
+
+``analyze`` is the foundation: load + normalize the model, open the data,
+calibrate once (cached), build the QDQ model from the cached ranges (or take
+the user's), pair tensors through the graph, stream the layer-wise capture,
+score the task metric on un-instrumented sessions and write the report.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from qdebug import __version__
+from qdebug.analysis import measure_layers, node_records, quantized_node_names, weight_records
+from qdebug.calibrate import Ranges, calibrate
+from qdebug.capture import SessionConfig, check_providers
+from qdebug.data import DataSet, model_input_specs, open_data
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.evaluate import Evaluator
+from qdebug.graph.load import LoadedModel, default_opset, load_model, normalize, save_model, sha256_file
+from qdebug.graph.match import is_qdq_model, pair_models
+from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.records import SCHEMA_VERSION, AnalysisConfig, ModelInfo, Report, TaskMetric
+from qdebug.report_io import check_writable, save_report
+
+Progress = Callable[[str, int, int | None], None]
+
+
+def _noop(stage: str, done: int, total: int | None) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """Options of :func:`analyze` (the CLI flags of ``qdebug analyze``)."""
+
+    method: str = "minmax"
+    per_channel: bool = False
+    activation_type: str = "QUInt8"
+    weight_type: str = "QInt8"
+    batch_size: int | None = None
+    max_samples: int | None = None
+    metric: str | None = None
+    upgrade_opset: bool = False
+    use_cache: bool = True
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    threads: int = 0
+
+
+def artifacts_dir(report_path: Path) -> Path:
+    """Where the normalized and quantized models of a report live: ``<report stem>_files/``."""
+    return report_path.parent / f"{report_path.stem}_files"
+
+
+def model_info(path: Path, proto: onnx.ModelProto, sha: str | None = None) -> ModelInfo:
+    """Identify a model for the report."""
+    inits = {i.name for i in proto.graph.initializer}
+    return ModelInfo(
+        path=str(path.resolve()),
+        sha256=sha or sha256_file(path),
+        opset=default_opset(proto),
+        nodes=len(proto.graph.node),
+        inputs=tuple(i.name for i in proto.graph.input if i.name not in inits),
+        outputs=tuple(o.name for o in proto.graph.output),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A normalized model ready for quantization, with its data and calibration."""
+
+    loaded: LoadedModel
+    normalized: onnx.ModelProto
+    normalized_path: Path
+    notes: tuple[str, ...]
+    name_map: dict[str, str]
+    calib: DataSet
+    ranges: Ranges | None
+
+
+def prepare(
+    model_path: str | Path,
+    calib: str | Path,
+    workdir: Path,
+    options: AnalyzeOptions,
+    *,
+    need_ranges: bool = True,
+    progress: Progress = _noop,
+) -> Prepared:
+    """Load, normalize and save the model; open the calibration data; calibrate (cached)."""
+    check_providers(options.providers)
+    loaded = load_model(model_path)
+    norm = normalize(loaded, upgrade_opset=options.upgrade_opset)
+    normalized_path = workdir / "normalized.onnx"
+    save_model(norm.proto, normalized_path)
+    specs = model_input_specs(norm.proto)
+    data = open_data(calib, specs, batch_size=options.batch_size, max_samples=options.max_samples)
+    ranges = None
+    if need_ranges:
+        count = [0]
+
+        def on_batch(n: int) -> None:
+            count[0] += n
+            progress("calibrate", count[0], data.n_samples)
+
+        ranges = calibrate(
+            normalized_path,
+            sha256_file(normalized_path),
+            data,
+            options.method,
+            use_cache=options.use_cache,
+            on_batch=on_batch,
+            providers=options.providers,
+        )
+    return Prepared(loaded, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges)
+
+
+def analyze(
+    model: str | Path,
+    calib: str | Path,
+    *,
+    eval_data: str | Path | None = None,
+    quantized: str | Path | None = None,
+    output: str | Path = "qdebug-report.json",
+    options: AnalyzeOptions | None = None,
+    progress: Progress = _noop,
+) -> Report:
+    """Analyze where quantization error enters ``model``; write and return the report.
+
+    Args:
+        model: the FP32 ONNX model (never modified).
+        calib: calibration data (.npz, folder of .npz, or module:function).
+        eval_data: evaluation data for the task metric (default: the calibration data).
+        quantized: the user's own QDQ model; if None, qdebug builds it (default static QDQ).
+        output: report path; the normalized/quantized models go to ``<stem>_files/``.
+        options: see :class:`AnalyzeOptions`.
+        progress: callback(stage, done, total) for progress display.
+    """
+    options = options or AnalyzeOptions()
+    out = Path(output)
+    check_writable(out)
+    workdir = artifacts_dir(out)
+    config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
+    prep = prepare(model, calib, workdir, options, need_ranges=quantized is None, progress=progress)
+    notes = list(prep.notes)
+
+    if quantized is None:
+        assert prep.ranges is not None
+        spec = QuantSpec(
+            per_channel=options.per_channel,
+            activation_type=options.activation_type,
+            weight_type=options.weight_type,
+        )
+        quantized_path = workdir / "quantized.onnx"
+        qproto = quantize_static_model(prep.normalized, prep.ranges, spec, quantized_path)
+        if prep.ranges.from_cache:
+            notes.append(f"calibration ranges reused from cache {prep.ranges.cache_path}")
+        if not is_qdq_model(qproto):
+            notes.append(
+                "ORT inserted no QuantizeLinear/DequantizeLinear nodes: nothing in the main graph was quantized "
+                "(is the network inside If/Loop subgraphs?)"
+            )
+        qinfo = model_info(quantized_path, qproto)
+    else:
+        qloaded = load_model(quantized, what="quantized model")
+        qproto = qloaded.proto
+        if not is_qdq_model(qproto):
+            raise QDebugError(
+                f"{quantized} has no QuantizeLinear/DequantizeLinear nodes",
+                "pass a QDQ-format model (quantize_static with quant_format=QuantFormat.QDQ)",
+                ExitCode.MODEL,
+            )
+        qinfo = model_info(qloaded.path, qproto, qloaded.sha256)
+
+    pairing = pair_models(prep.normalized, qproto)
+    matched = len(pairing.node_map)
+    non_qdq = sum(1 for n in qproto.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
+    if matched == 0 or (quantized is not None and matched < 0.5 * len(prep.normalized.graph.node)):
+        raise QDebugError(
+            f"the quantized model does not derive from {model}: only {matched} of "
+            f"{len(prep.normalized.graph.node)} FP32 nodes have a counterpart ({non_qdq} non-Q/DQ nodes in it)",
+            "pass the QDQ model made from this FP32 model",
+            ExitCode.MODEL,
+        )
+    if pairing.unmatched:
+        notes.append(f"{len(pairing.unmatched)} FP32 node(s) have no counterpart in the quantized model")
+
+    ranges_mm = prep.ranges.minmax() if prep.ranges is not None else {}
+    layers = measure_layers(prep.normalized, qproto, pairing, prep.calib, config, ranges_mm, progress)
+    qnodes = quantized_node_names(qproto, pairing)
+    nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
+    weights = weight_records(prep.normalized, qproto, pairing)
+
+    eval_set = prep.calib
+    eval_label = "calib"
+    if eval_data is not None:
+        eval_set = open_data(eval_data, prep.calib.specs, batch_size=options.batch_size, what="evaluation data")
+        eval_label = "eval"
+    evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
+    result = evaluator.score(qproto)
+    task = TaskMetric(result.metric, result.fp32_value, result.value, result.samples, eval_label)
+
+    import onnxruntime
+
+    report = Report(
+        schema_version=SCHEMA_VERSION,
+        qdebug_version=__version__,
+        ort_version=onnxruntime.__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        model=model_info(prep.loaded.path, prep.loaded.proto, prep.loaded.sha256),
+        normalized_model=str(prep.normalized_path.resolve()),
+        quantized_model=qinfo,
+        config=AnalysisConfig(
+            method=options.method,
+            per_channel=options.per_channel,
+            activation_type=options.activation_type,
+            weight_type=options.weight_type,
+            batch_size=options.batch_size,
+            max_samples=options.max_samples,
+            calib=_abs(calib),
+            eval=_abs(eval_data) if eval_data is not None else None,
+            metric=options.metric,
+            quantized_given=quantized is not None,
+        ),
+        calibration_cache=str(prep.ranges.cache_path) if prep.ranges and prep.ranges.cache_path else None,
+        samples=layers.samples,
+        nodes=nodes,
+        tensors=layers.tensors,
+        weights=weights,
+        outputs=result.outputs,
+        task=task,
+        deployed_gap=layers.deployed_gap,
+        not_captured=layers.not_captured,
+        notes=tuple(notes),
+        name_map=tuple(sorted(prep.name_map.items())),
+        ranges=tuple((k, lo, hi) for k, (lo, hi) in sorted(ranges_mm.items())),
+    )
+    save_report(report, out)
+    return report
+
+
+def _abs(p: str | Path) -> str:
+    path = Path(p)
+    return str(path.resolve()) if path.exists() else str(p)

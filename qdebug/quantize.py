@@ -1,0 +1,228 @@
+"""Build quantized variants -- the only module that spells ORT quantization options.
+
+Static QDQ models are built from cached :class:`~qdebug.calibrate.Ranges`
+through ORT's ``QDQQuantizer`` (what ``quantize_static`` runs after it has
+calibrated), so a variant with other ``nodes_to_exclude`` costs tens of
+milliseconds instead of a full recalibration. Every ORT failure becomes one
+:class:`QDebugError` explaining the option that avoids it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qdebug.calibrate import Ranges, op_types_to_quantize
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset, save_model
+from qdebug.records import TensorOverride
+
+QUANT_TYPES = ("QUInt8", "QInt8", "QUInt16", "QInt16")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """Everything that decides a static QDQ model besides the ranges."""
+
+    per_channel: bool = False
+    activation_type: str = "QUInt8"
+    weight_type: str = "QInt8"
+    nodes_to_exclude: tuple[str, ...] = ()
+    tensor_overrides: tuple[TensorOverride, ...] = ()
+    keep_removable_activations: bool = False
+
+    def extra_options(self) -> dict[str, Any]:
+        """ORT ``extra_options`` for this spec."""
+        from onnxruntime.quantization import QuantType
+
+        opts: dict[str, Any] = {}
+        if self.tensor_overrides:
+            opts["TensorQuantOverrides"] = {
+                o.tensor: [{"quant_type": getattr(QuantType, o.quant_type)}] for o in self.tensor_overrides
+            }
+        if self.keep_removable_activations:
+            opts["QDQKeepRemovableActivations"] = True
+        return opts
+
+
+@contextlib.contextmanager
+def quiet_ort_logging() -> Iterator[None]:
+    """Silence the quantizer's logging warnings (e.g. the pre-processing nag) for the block."""
+    root = logging.getLogger()
+    old = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(old)
+
+
+def _qtype(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    if name not in QUANT_TYPES:
+        raise QDebugError(f"unknown quantization type {name!r}", f"use one of {', '.join(QUANT_TYPES)}", ExitCode.USAGE)
+    return getattr(QuantType, name)
+
+
+def quantize_static_model(
+    model: onnx.ModelProto, ranges: Ranges, spec: QuantSpec, out_path: Path | None = None
+) -> onnx.ModelProto:
+    """Build the static QDQ model of ``model`` from cached ``ranges`` (deep-copied; inputs untouched).
+
+    ``model`` must be the normalized model (shape-inferred). Node names in
+    ``spec.nodes_to_exclude`` that do not exist are refused, since ORT would
+    silently ignore them.
+    """
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import update_opset_version
+
+    names = {n.name for n in model.graph.node}
+    unknown = [n for n in spec.nodes_to_exclude if n not in names]
+    if unknown:
+        raise QDebugError(
+            f"nodes_to_exclude names {len(unknown)} node(s) not in the model: {unknown[:5]}",
+            "use node names from the qdebug report (normalized names)",
+            ExitCode.INPUT,
+        )
+    work = copy.deepcopy(model)
+    if spec.per_channel and default_opset(work) < PER_CHANNEL_OPSET:
+        work = _upgrade_for_per_channel(work)
+    weight_type = _qtype(spec.weight_type)
+    activation_type = _qtype(spec.activation_type)
+    extra = spec.extra_options()
+    try:
+        with quiet_ort_logging():
+            work = update_opset_version(
+                work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
+            )
+            quantizer = QDQQuantizer(
+                work,
+                spec.per_channel,
+                False,
+                weight_type,
+                activation_type,
+                copy.deepcopy(ranges.tensors),
+                [],
+                list(spec.nodes_to_exclude),
+                op_types_to_quantize(),
+                extra,
+            )
+            quantizer.quantize_model()
+            result = quantizer.model.model
+    except QDebugError:
+        raise
+    except Exception as e:
+        raise _explain_quantizer_error(e, spec) from None
+    if out_path is not None:
+        save_model(result, out_path)
+    return result
+
+
+def _upgrade_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Per-channel DequantizeLinear needs ``axis`` (opset 13); ORT otherwise writes a model it cannot load."""
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, PER_CHANNEL_OPSET)
+    except Exception as e:
+        raise QDebugError(
+            f"per-channel quantization needs opset >= 13 and converting this opset-{default_opset(model)} model failed "
+            f"({e.__class__.__name__})",
+            "re-export the model at opset >= 13, or drop --per-channel",
+            ExitCode.MODEL,
+        ) from None
+
+
+def _explain_quantizer_error(e: Exception, spec: QuantSpec) -> QDebugError:
+    text = f"{e.__class__.__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    hint = "report this model to qdebug; try --per-channel off or excluding the node named in the message"
+    if spec.per_channel and ("bias" in str(e).lower() or "scale" in str(e).lower()):
+        hint = "ORT's int32 bias scale adjustment failed for per-channel weights; drop --per-channel"
+    return QDebugError(f"ONNX Runtime's quantizer failed ({text})", hint, ExitCode.MODEL)
+
+
+def quantize_dynamic_model(
+    model_path: Path, out_path: Path, *, op_types: Sequence[str] | None = None, per_channel: bool = False
+) -> None:
+    """Dynamic quantization (QInt8 weights, activations quantized at run time)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    try:
+        with quiet_ort_logging():
+            quantize_dynamic(
+                str(model_path),
+                str(out_path),
+                op_types_to_quantize=list(op_types) if op_types else None,
+                per_channel=per_channel,
+                weight_type=QuantType.QInt8,
+            )
+    except Exception as e:
+        raise QDebugError(
+            f"ONNX Runtime's dynamic quantizer failed ({e.__class__.__name__}: {str(e)[:200]})",
+            "restrict the op types with --dynamic-ops MatMul",
+            ExitCode.MODEL,
+        ) from None
+
+
+def quantize_snippet(
+    model_path: str,
+    nodes_to_exclude: Sequence[str],
+    *,
+    method: str,
+    per_channel: bool,
+    activation_type: str,
+    weight_type: str,
+    tensor_overrides: Sequence[TensorOverride] = (),
+    calib_hint: str = "calib.npz",
+) -> str:
+    """Ready-to-paste Python calling ``quantize_static`` with a proposal's settings."""
+    method_name = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
+    lines = [
+        "import numpy as np",
+        "from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,",
+        "                                      QuantType, quantize_static)",
+        "",
+        "",
+        "class NpzReader(CalibrationDataReader):",
+        "    def __init__(self, path):",
+        "        data = np.load(path)",
+        "        names = [k for k in data.files if k != 'labels']",
+        "        n = len(data[names[0]])",
+        "        self._items = iter([{k: data[k][i:i + 1] for k in names} for i in range(n)])",
+        "",
+        "    def get_next(self):",
+        "        return next(self._items, None)",
+        "",
+        "",
+        "nodes_to_exclude = [",
+        *[f"    {name!r}," for name in nodes_to_exclude],
+        "]",
+    ]
+    extra = ""
+    if tensor_overrides:
+        lines.append("tensor_overrides = {")
+        lines.extend(f"    {o.tensor!r}: [{{'quant_type': QuantType.{o.quant_type}}}]," for o in tensor_overrides)
+        lines.append("}")
+        extra = "\n    extra_options={'TensorQuantOverrides': tensor_overrides},"
+    lines += [
+        "quantize_static(",
+        f"    {model_path!r},",
+        "    'model.selective.onnx',",
+        f"    NpzReader({calib_hint!r}),",
+        "    quant_format=QuantFormat.QDQ,",
+        f"    activation_type=QuantType.{activation_type},",
+        f"    weight_type=QuantType.{weight_type},",
+        f"    per_channel={per_channel},",
+        f"    calibrate_method=CalibrationMethod.{method_name.get(method, 'MinMax')},",
+        f"    nodes_to_exclude=nodes_to_exclude,{extra}",
+        ")",
+    ]
+    return "\n".join(lines) + "\n"

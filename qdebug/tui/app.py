@@ -1,0 +1,127 @@
+"""The qdebug terminal UI: a thin Textual view over a saved analysis report.
+
+Entry points: :func:`run_tui` (called by ``qdebug tui``), :class:`QDebugApp`
+(built from a :class:`~qdebug.records.Report` object, for tests and embedding)
+and :func:`save_screenshot` (an SVG of the app, rendered headless).
+
+This module never imports onnxruntime or onnx: verify runs through the
+``verify_fn`` callable the caller passes in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual.app import App
+from textual.screen import Screen
+
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.records import Proposal, Report
+from qdebug.report_io import atomic_write_text, load_record, load_report
+from qdebug.tui.model import LayerModel
+from qdebug.tui.screens import MainScreen
+
+VerifyFn = Callable[[Proposal, Callable[[float, str], None], Callable[[], bool]], Any]
+"""``verify_fn(proposal, progress, cancelled) -> result`` where ``result.summary_lines() -> list[str]``.
+
+Called in a worker thread; ``progress(fraction, text)`` may be called from
+that thread; ``cancelled()`` turns True when the user presses escape, and the
+callable should then return soon (its result is discarded).
+"""
+
+
+def default_export_path(report_path: str | Path | None) -> Path:
+    """Where ``e`` writes by default: ``<report stem>.proposal.json`` next to the report."""
+    if report_path is None:
+        return Path("qdebug.proposal.json")
+    p = Path(report_path)
+    return p.with_name(f"{p.stem}.proposal.json")
+
+
+class QDebugApp(App[Any]):
+    """Browse a report's nodes by sensitivity, pick nodes to keep in FP32, export a proposal."""
+
+    CSS_PATH = "qdebug.tcss"
+    TITLE = "qdebug"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+
+    def __init__(
+        self,
+        report: Report,
+        proposal: Proposal | None = None,
+        verify_fn: VerifyFn | None = None,
+        report_path: str | None = None,
+        *,
+        export_path: str | Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.report = report
+        self.proposal = proposal
+        self.verify_fn = verify_fn
+        self.report_path = report_path
+        self.export_path = Path(export_path) if export_path is not None else default_export_path(report_path)
+        self.model = LayerModel(report, proposal)
+        name = report.model.path.rsplit("/", 1)[-1]
+        self.sub_title = name
+
+    def get_default_screen(self) -> Screen:
+        """The main layer screen."""
+        return MainScreen(self.model)
+
+    @property
+    def main_screen(self) -> MainScreen:
+        """The main screen (also while a dialog is on top)."""
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                return screen
+        raise LookupError("main screen not mounted")
+
+
+def load_proposal(path: str | Path) -> Proposal:
+    """Load a proposal file (QDebugError for a missing/invalid file or another kind of record)."""
+    proposal = load_record(Proposal, path, "proposal")
+    if proposal.kind != "proposal":
+        raise QDebugError(f"{path} is not a proposal (kind {proposal.kind!r})", "pass a file written by propose/tui")
+    return proposal
+
+
+def run_tui(report_path: str, proposal_path: str | None = None, verify_fn: VerifyFn | None = None) -> int:
+    """Load the report (and proposal), run the app, return the exit code.
+
+    :class:`~qdebug.errors.QDebugError` from loading propagates (the CLI prints it as one line).
+    """
+    report = load_report(report_path)
+    proposal = load_proposal(proposal_path) if proposal_path else None
+    app = QDebugApp(report, proposal, verify_fn, report_path=report_path)
+    app.run()
+    code = app.return_code
+    return int(ExitCode.OK) if not code else int(ExitCode.INTERNAL)
+
+
+def save_screenshot(
+    report_path: str | Path,
+    svg_path: str | Path,
+    size: tuple[int, int] = (120, 40),
+    proposal_path: str | Path | None = None,
+) -> Path:
+    """Run the app headless on a report at ``size`` (columns, rows) and write an SVG screenshot.
+
+    Returns the written path. Useful for the README and for bug reports.
+    """
+    report = load_report(report_path)
+    proposal = load_proposal(proposal_path) if proposal_path else None
+    app = QDebugApp(report, proposal, report_path=str(report_path))
+
+    async def auto_pilot(pilot: Any) -> None:
+        await pilot.pause()
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
+        app.exit(app.export_screenshot(title=f"qdebug {Path(report_path).name}"))
+
+    svg = app.run(headless=True, size=size, auto_pilot=auto_pilot)
+    if not isinstance(svg, str):
+        raise RuntimeError("the TUI exited without a screenshot")
+    atomic_write_text(svg_path, svg)
+    return Path(svg_path)

@@ -1,0 +1,503 @@
+"""The TUI's view model: plain Python over a :class:`~qdebug.records.Report`.
+
+Everything the terminal UI decides - row order, filters, the exclusion set,
+graph neighbours, the exported :class:`~qdebug.records.Proposal` and its
+``quantize_static`` snippet - lives here, so it is unit-testable without
+Textual. This module must never import ``textual``, ``onnxruntime`` or
+``onnx`` (a test checks ``sys.modules``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from qdebug.records import (
+    SCHEMA_VERSION,
+    NodeReason,
+    NodeRecord,
+    Proposal,
+    Report,
+    TensorRecord,
+    WeightRecord,
+)
+
+HAND_REASON = "excluded by hand in the TUI"
+"""Reason text of nodes the user excluded in the TUI (followed by their numbers)."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the node table and how it sorts."""
+
+    key: str
+    label: str
+    numeric: bool
+    descending: bool
+    """Default direction on first selection: worst first (high introduced dB, low SQNR)."""
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("name", "Node", numeric=False, descending=False),
+    Column("op", "Op", numeric=False, descending=False),
+    Column("local", "Local dB", numeric=True, descending=False),
+    Column("accumulated", "Accum dB", numeric=True, descending=False),
+    Column("introduced", "Intro dB", numeric=True, descending=True),
+    Column("kl", "KL", numeric=True, descending=True),
+    Column("excluded", "Excl", numeric=False, descending=True),
+)
+COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
+DEFAULT_SORT = "introduced"
+
+
+def column(key: str) -> Column:
+    """The column with ``key`` (KeyError for an unknown key)."""
+    for c in COLUMNS:
+        if c.key == key:
+            return c
+    raise KeyError(key)
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_db(x: float, digits: int = 1) -> str:
+    """A dB value for display: ``+inf``, ``-inf``, ``nan`` spelled out, else fixed-point."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    return f"{x:.{digits}f}"
+
+
+def fmt_num(x: float) -> str:
+    """A general float (KL, MSE, scale) in 4 significant digits; non-finite spelled out."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    return f"{x:.4g}"
+
+
+# --------------------------------------------------------------------------- fuzzy search
+
+
+_SEPARATORS = "/._-:"
+
+
+def fuzzy_score(query: str, text: str) -> int | None:
+    """Score how well ``query`` matches ``text`` as a case-insensitive fuzzy search.
+
+    Whitespace splits the query into terms that must all match. A term matches
+    when its characters occur in order in ``text`` (a subsequence). Consecutive
+    characters and characters at the start of a name segment (after ``/``,
+    ``.``, ``_``, ``-``, ``:``) score higher. Returns ``None`` when a term does not
+    match; an empty query matches everything with score 0.
+    """
+    total = 0
+    low = text.lower()
+    for term in query.lower().split():
+        score = _term_score(term, low)
+        if score is None:
+            return None
+        total += score
+    return total
+
+
+def _term_score(term: str, text: str) -> int | None:
+    if term in text:  # a substring beats any scattered match
+        i = text.index(term)
+        bonus = 2 if i == 0 or text[i - 1] in _SEPARATORS else 0
+        return 3 * len(term) + bonus + 10
+    score = 0
+    pos = 0
+    prev = -2
+    for ch in term:
+        i = text.find(ch, pos)
+        if i < 0:
+            return None
+        score += 1
+        if i == prev + 1:
+            score += 2
+        if i == 0 or text[i - 1] in _SEPARATORS:
+            score += 2
+        prev = i
+        pos = i + 1
+    return score
+
+
+# --------------------------------------------------------------------------- sorting
+
+
+def _numeric_sort(nodes: Sequence[NodeRecord], value, descending: bool) -> list[NodeRecord]:
+    """Finite values by direction, then the infinities, then nan (ties keep topological order).
+
+    Non-finite values are edge cases (an exact match, an undefined ratio): they
+    never crowd out the finite numbers at the top, whatever the direction.
+    """
+    finite = [n for n in nodes if math.isfinite(value(n))]
+    infinite = [n for n in nodes if math.isinf(value(n))]
+    nans = [n for n in nodes if math.isnan(value(n))]
+    finite.sort(key=value, reverse=descending)
+    infinite.sort(key=value, reverse=descending)
+    return finite + infinite + nans
+
+
+_VALUES = {
+    "local": lambda n: n.local_sqnr_db,
+    "accumulated": lambda n: n.accumulated_sqnr_db,
+    "introduced": lambda n: n.introduced_db,
+    "kl": lambda n: n.kl,
+}
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class LayerModel:
+    """Sorting, filtering, exclusion and export over one report (and an optional proposal).
+
+    The model is mutable (the user changes the sort, the filters and the
+    exclusion set); the report and proposal records it wraps never change.
+    """
+
+    def __init__(self, report: Report, proposal: Proposal | None = None) -> None:
+        self.report = report
+        self.proposal = proposal
+        self.sort_key: str = DEFAULT_SORT
+        self.descending: bool = column(DEFAULT_SORT).descending
+        self.name_query: str = ""
+        self.op_filter: str | None = None
+        self._index = {n.name: i for i, n in enumerate(report.nodes)}
+        self._nodes = {n.name: n for n in report.nodes}
+        self._tensors = {t.name: t for t in report.tensors}
+        self._weights = {w.name: w for w in report.weights}
+        self._producer: dict[str, str] = {}
+        self._consumers: dict[str, list[str]] = {}
+        for n in report.nodes:
+            for out in n.outputs:
+                if out:
+                    self._producer[out] = n.name
+            for inp in n.inputs:
+                if inp:
+                    users = self._consumers.setdefault(inp, [])
+                    if n.name not in users:
+                        users.append(n.name)
+        self._proposal_reasons: dict[str, NodeReason] = {}
+        self.unknown_proposal_nodes: tuple[str, ...] = ()
+        """Nodes the loaded proposal names that the report does not have (dropped; the UI warns)."""
+        self._excluded: set[str] = set()
+        if proposal is not None:
+            self._proposal_reasons = {r.node: r for r in proposal.reasons}
+            self._excluded = {n for n in proposal.nodes_to_exclude if n in self._nodes}
+            self.unknown_proposal_nodes = tuple(n for n in proposal.nodes_to_exclude if n not in self._nodes)
+
+    # ----------------------------------------------------------------- lookups
+
+    def node(self, name: str) -> NodeRecord:
+        """The node called ``name`` (KeyError if absent)."""
+        return self._nodes[name]
+
+    def has_node(self, name: str) -> bool:
+        """Whether the report has a node called ``name``."""
+        return name in self._nodes
+
+    def tensor(self, name: str) -> TensorRecord | None:
+        """The tensor record of ``name``, or ``None`` (weights, tensors without numbers)."""
+        return self._tensors.get(name)
+
+    def weight(self, name: str) -> WeightRecord | None:
+        """The quantized-weight record of initializer ``name``, or ``None``."""
+        return self._weights.get(name)
+
+    def op_types(self) -> tuple[str, ...]:
+        """Distinct op types of the report, sorted."""
+        return tuple(sorted({n.op_type for n in self.report.nodes}))
+
+    @property
+    def sha_mismatch(self) -> bool:
+        """True when the loaded proposal was made for another model than the report's."""
+        return (
+            self.proposal is not None
+            and bool(self.proposal.model_sha256)
+            and self.proposal.model_sha256 != self.report.model.sha256
+        )
+
+    # ----------------------------------------------------------------- order and filters
+
+    def set_sort(self, key: str, descending: bool | None = None) -> None:
+        """Sort by column ``key``; selecting the current column again reverses the direction."""
+        col = column(key)
+        if descending is None:
+            descending = (not self.descending) if key == self.sort_key else col.descending
+        self.sort_key = key
+        self.descending = descending
+
+    def cycle_sort(self) -> str:
+        """Sort by the next column (in table order) with its default direction; returns its key."""
+        i = (COLUMN_KEYS.index(self.sort_key) + 1) % len(COLUMN_KEYS)
+        self.set_sort(COLUMN_KEYS[i], column(COLUMN_KEYS[i]).descending)
+        return self.sort_key
+
+    def cycle_op_filter(self) -> str | None:
+        """Step the op-type filter: all -> first op -> ... -> last op -> all; returns the new filter."""
+        ops = self.op_types()
+        if self.op_filter is None or self.op_filter not in ops:
+            self.op_filter = ops[0] if ops else None
+        else:
+            i = ops.index(self.op_filter) + 1
+            self.op_filter = ops[i] if i < len(ops) else None
+        return self.op_filter
+
+    def clear_filters(self) -> None:
+        """Show every node again."""
+        self.name_query = ""
+        self.op_filter = None
+
+    def ordered(self) -> list[NodeRecord]:
+        """All nodes in the current sort order (filters ignored)."""
+        nodes = list(self.report.nodes)  # topological: the tie-breaker
+        key = self.sort_key
+        if key in _VALUES:
+            return _numeric_sort(nodes, _VALUES[key], self.descending)
+        if key == "name":
+            return sorted(nodes, key=lambda n: n.name.lower(), reverse=self.descending)
+        if key == "op":
+            return sorted(nodes, key=lambda n: n.op_type.lower(), reverse=self.descending)
+        if key == "excluded":
+            # excluded first when descending; within each group the sensitivity order
+            base = _numeric_sort(nodes, _VALUES["introduced"], True)
+            return sorted(base, key=lambda n: n.name in self._excluded, reverse=self.descending)
+        raise KeyError(key)
+
+    def matches(self, node: NodeRecord) -> bool:
+        """Whether ``node`` passes the op-type and the fuzzy name filter."""
+        if self.op_filter is not None and node.op_type != self.op_filter:
+            return False
+        if self.name_query.strip():
+            text = node.name if not node.original_name else f"{node.name} {node.original_name}"
+            return fuzzy_score(self.name_query, text) is not None
+        return True
+
+    def rows(self) -> list[NodeRecord]:
+        """The nodes the table shows, in order."""
+        return [n for n in self.ordered() if self.matches(n)]
+
+    # ----------------------------------------------------------------- neighbours
+
+    def predecessors(self, name: str) -> tuple[NodeRecord, ...]:
+        """Producers of the node's inputs, in input order (graph inputs and weights have none)."""
+        seen: list[str] = []
+        for inp in self._nodes[name].inputs:
+            p = self._producer.get(inp)
+            if p is not None and p != name and p not in seen:
+                seen.append(p)
+        return tuple(self._nodes[p] for p in seen)
+
+    def successors(self, name: str) -> tuple[NodeRecord, ...]:
+        """Consumers of the node's outputs, in topological order."""
+        seen: set[str] = set()
+        for out in self._nodes[name].outputs:
+            seen.update(c for c in self._consumers.get(out, ()) if c != name)
+        return tuple(sorted((self._nodes[c] for c in seen), key=lambda n: self._index[n.name]))
+
+    @staticmethod
+    def worst(nodes: Iterable[NodeRecord]) -> NodeRecord | None:
+        """The node with the lowest accumulated SQNR (nan counts as best; first wins ties)."""
+        best: NodeRecord | None = None
+        for n in nodes:
+            v = n.accumulated_sqnr_db
+            if best is None:
+                best = n
+            elif not math.isnan(v) and (math.isnan(best.accumulated_sqnr_db) or v < best.accumulated_sqnr_db):
+                best = n
+        return best
+
+    # ----------------------------------------------------------------- exclusion
+
+    @property
+    def excluded(self) -> tuple[str, ...]:
+        """The exclusion set in table (sort) order."""
+        return tuple(n.name for n in self.ordered() if n.name in self._excluded)
+
+    def is_excluded(self, name: str) -> bool:
+        """Whether node ``name`` is in the exclusion set."""
+        return name in self._excluded
+
+    def toggle(self, name: str) -> bool:
+        """Add or remove node ``name`` from the exclusion set; returns True when now excluded."""
+        if name not in self._nodes:
+            raise KeyError(name)
+        if name in self._excluded:
+            self._excluded.discard(name)
+            return False
+        self._excluded.add(name)
+        return True
+
+    @property
+    def quantizable(self) -> int:
+        """Number of nodes the static quantization touches (the denominator of the share)."""
+        return sum(1 for n in self.report.nodes if n.quantized)
+
+    def excluded_share(self) -> float:
+        """Excluded quantizable nodes as a fraction of all quantizable nodes (0.0 when none)."""
+        q = self.quantizable
+        if q == 0:
+            return 0.0
+        return sum(1 for n in self._excluded if self._nodes[n].quantized) / q
+
+    def reason(self, name: str) -> NodeReason:
+        """Why ``name`` is excluded: the loaded proposal's reason, or a hand-exclusion reason."""
+        r = self._proposal_reasons.get(name)
+        if r is not None and r.action == "fp32":
+            return r
+        n = self._nodes[name]
+        text = (
+            f"{HAND_REASON} (introduced {fmt_db(n.introduced_db)} dB, "
+            f"local SQNR {fmt_db(n.local_sqnr_db)} dB, accumulated SQNR {fmt_db(n.accumulated_sqnr_db)} dB)"
+        )
+        return NodeReason(
+            node=n.name,
+            original_name=n.original_name,
+            op_type=n.op_type,
+            action="fp32",
+            reason=text,
+            introduced_db=n.introduced_db,
+            local_sqnr_db=n.local_sqnr_db,
+        )
+
+    def proposal_reason(self, name: str) -> NodeReason | None:
+        """The loaded proposal's own reason for ``name`` (any action), if it has one."""
+        return self._proposal_reasons.get(name)
+
+    # ----------------------------------------------------------------- overview
+
+    def depth_profile(self) -> list[float]:
+        """Worst accumulated SQNR (dB) at each topological depth ``0..max depth``.
+
+        Non-finite values are made drawable: ``+inf`` (exact) becomes the best
+        finite value of the report, ``-inf`` the worst, and a depth with no
+        number (nan, or no node) repeats the previous depth's value.
+        """
+        if not self.report.nodes:
+            return []
+        finite = [n.accumulated_sqnr_db for n in self.report.nodes if math.isfinite(n.accumulated_sqnr_db)]
+        hi = max(finite) if finite else 0.0
+        lo = min(finite) if finite else 0.0
+        depth_max = max(n.depth for n in self.report.nodes)
+        worst: list[float | None] = [None] * (depth_max + 1)
+        for n in self.report.nodes:
+            v = n.accumulated_sqnr_db
+            if math.isnan(v):
+                continue
+            v = hi if v == math.inf else lo if v == -math.inf else v
+            d = max(n.depth, 0)
+            cur = worst[d]
+            worst[d] = v if cur is None else min(cur, v)
+        out: list[float] = []
+        prev = hi
+        for v in worst:
+            prev = prev if v is None else v
+            out.append(prev)
+        return out
+
+    # ----------------------------------------------------------------- export
+
+    def to_proposal(self) -> Proposal:
+        """The current exclusion set as a ``source="tui"`` proposal, with its snippet."""
+        report = self.report
+        nodes = self.excluded
+        reasons = [self.reason(n) for n in nodes]
+        overrides = ()
+        if self.proposal is not None:
+            # the TUI edits only the exclusion set; 16-bit overrides of a loaded proposal are kept
+            overrides = self.proposal.tensor_overrides
+            reasons += [r for r in self.proposal.reasons if r.action != "fp32" and r.node not in nodes]
+        task = report.task
+        proposal = Proposal(
+            schema_version=SCHEMA_VERSION,
+            kind="proposal",
+            model_path=report.model.path,
+            model_sha256=report.model.sha256,
+            normalized_model=report.normalized_model,
+            nodes_to_exclude=nodes,
+            tensor_overrides=overrides,
+            per_channel=report.config.per_channel,
+            reasons=tuple(reasons),
+            metric=task.name if task is not None else "",
+            fp32_metric=task.fp32 if task is not None else math.nan,
+            static_metric=task.quantized if task is not None else math.nan,
+            source="tui",
+            quantizable_nodes=self.quantizable,
+        )
+        return dataclasses.replace(proposal, snippet=quantize_snippet(report, proposal))
+
+
+_CALIBRATION = {
+    "minmax": "MinMax",
+    "entropy": "Entropy",
+    "percentile": "Percentile",
+    "distribution": "Distribution",
+}
+_QUANT_TYPES = ("QInt8", "QUInt8", "QInt16", "QUInt16", "QInt4", "QUInt4", "QFLOAT8E4M3FN")
+
+
+def _quant_type(name: str) -> str:
+    for t in _QUANT_TYPES:
+        if t.lower() == name.lower():
+            return f"QuantType.{t}"
+    return f"QuantType.{name}"
+
+
+def quantize_snippet(report: Report, proposal: Proposal) -> str:
+    """Ready-to-paste Python that rebuilds the proposal's model with ``quantize_static``.
+
+    Uses the analysis settings from ``report.config`` so the result matches what
+    was measured; ``data_reader`` is left for the user to supply.
+    """
+    cfg = report.config
+    method = _CALIBRATION.get(cfg.method.lower())
+    method_line = (
+        f"CalibrationMethod.{method}"
+        if method is not None
+        else f"CalibrationMethod.MinMax  # analysis used {cfg.method!r}"
+    )
+    lines = [
+        "from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static",
+        "",
+        "# data_reader: your onnxruntime.quantization.CalibrationDataReader over the calibration data",
+        "quantize_static(",
+        f"    {proposal.normalized_model or report.normalized_model!r},",
+        f"    {_output_name(report)!r},",
+        "    data_reader,",
+        "    quant_format=QuantFormat.QDQ,",
+        f"    activation_type={_quant_type(cfg.activation_type)},",
+        f"    weight_type={_quant_type(cfg.weight_type)},",
+        f"    per_channel={cfg.per_channel!r},",
+        f"    calibrate_method={method_line},",
+    ]
+    if proposal.nodes_to_exclude:
+        lines.append("    nodes_to_exclude=[")
+        lines += [f"        {n!r}," for n in proposal.nodes_to_exclude]
+        lines.append("    ],")
+    else:
+        lines.append("    nodes_to_exclude=[],")
+    if proposal.tensor_overrides:
+        lines.append("    extra_options={")
+        lines.append('        "TensorQuantOverrides": {')
+        for o in proposal.tensor_overrides:
+            lines.append(f'            {o.tensor!r}: [{{"quant_type": {_quant_type(o.quant_type)}}}],')
+        lines.append("        },")
+        lines.append("    },")
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def _output_name(report: Report) -> str:
+    path = report.model.path or report.normalized_model or "model.onnx"
+    stem = path.rsplit("/", 1)[-1]
+    if stem.endswith(".onnx"):
+        stem = stem[: -len(".onnx")]
+    return f"{stem}.selective.qdq.onnx"

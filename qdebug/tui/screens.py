@@ -1,0 +1,442 @@
+"""Screens: the main layer screen and the modal dialogs (help, text, export path).
+
+The main screen owns the :class:`~qdebug.tui.model.LayerModel`: it reacts to
+the widgets' messages, changes the model and redraws. Long work (verify) runs
+in a thread worker that reports progress and honours cancellation.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Input, Label, Static
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from qdebug.errors import QDebugError
+from qdebug.records import Proposal
+from qdebug.report_io import atomic_write_text, dumps
+from qdebug.tui.messages import VerifyProgress
+from qdebug.tui.model import COLUMN_KEYS, LayerModel, column
+from qdebug.tui.widgets import (
+    DepthChart,
+    DetailPanel,
+    ExclusionPanel,
+    FilterBar,
+    NodeTable,
+    SummaryBar,
+    VerifyPanel,
+)
+
+if TYPE_CHECKING:
+    from qdebug.tui.app import QDebugApp
+
+VERIFY_UNAVAILABLE = (
+    "verify is unavailable: the model/data paths of this report are not reachable "
+    "(run `qdebug tui` where the model and data are, or use `qdebug verify`)"
+)
+
+HELP_ROWS: tuple[tuple[str, str], ...] = (
+    ("↑ ↓ / click", "select a node (the detail panel follows)"),
+    ("x  space", "exclude / include the selected node (keep it in FP32)"),
+    ("[", "jump to the worst producer (lowest accumulated SQNR upstream)"),
+    ("]", "jump to the worst consumer"),
+    ("tab, enter", "focus the neighbour / exclusion lists, enter jumps to a node"),
+    ("s", "sort by the next column"),
+    ("r", "reverse the sort"),
+    ("1 … 7", "sort by column 1 … 7 (again: reverse); or click a header"),
+    ("/", "fuzzy-filter by node name (enter or esc returns to the table)"),
+    ("o", "cycle the op-type filter"),
+    ("e", "export the exclusion set as a proposal JSON"),
+    ("c", "copy the quantize_static snippet (and show it)"),
+    ("v", "verify the current set (when the model and data are reachable)"),
+    ("esc", "cancel a running verify"),
+    ("?", "this help"),
+    ("q", "quit"),
+)
+
+
+def summary_lines(result: Any) -> list[str]:
+    """The result lines of a verify callable's result (its ``summary_lines()``, else ``str``)."""
+    fn = getattr(result, "summary_lines", None)
+    if callable(fn):
+        return [str(line) for line in fn()]
+    return [str(result)]
+
+
+class MainScreen(Screen):
+    """Node table, depth overview, detail, exclusion set and verify progress."""
+
+    BINDINGS = [
+        Binding("x,space", "toggle_exclusion", "Exclude"),
+        Binding("left_square_bracket", "jump('up')", "Producer", key_display="["),
+        Binding("right_square_bracket", "jump('down')", "Consumer", key_display="]"),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("r", "reverse_sort", "Reverse", show=False),
+        *(Binding(str(i + 1), f"sort({key!r})", column(key).label, show=False) for i, key in enumerate(COLUMN_KEYS)),
+        Binding("slash", "focus_filter", "Filter", key_display="/"),
+        Binding("o", "cycle_op", "Op", show=False),
+        Binding("e", "export", "Export"),
+        Binding("c", "copy_snippet", "Snippet"),
+        Binding("v", "verify", "Verify"),
+        Binding("escape", "escape", "Cancel", show=False),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, model: LayerModel) -> None:
+        super().__init__()
+        self.model = model
+        self.selected: str | None = None
+        self.verify_state: str = "idle"
+        """``idle``, ``running``, ``done``, ``cancelled`` or ``failed`` (for the tests and the panel)."""
+        self.verify_result: Any = None
+        self.last_export: Path | None = None
+        self._verify_worker: Worker | None = None
+
+    @property
+    def qapp(self) -> QDebugApp:
+        """The app, typed."""
+        return self.app  # type: ignore[return-value]
+
+    # ----------------------------------------------------------------- layout
+
+    def compose(self) -> ComposeResult:
+        """Header, table + overview on the left, detail + exclusions on the right, footer."""
+        yield SummaryBar(self.model.report, id="summary")
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                yield FilterBar(self.model.op_types(), id="filters")
+                yield NodeTable(id="nodes")
+                yield DepthChart(self.model.depth_profile(), id="depth")
+            with Vertical(id="right"):
+                yield DetailPanel(self.model, id="detail")
+                yield ExclusionPanel(self.model, id="exclusion")
+                yield VerifyPanel(id="verify")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Fill the table, select the most sensitive node, warn about proposal mismatches."""
+        self.query_one(VerifyPanel).display = False
+        self.refresh_table()
+        table = self.query_one(NodeTable)
+        self._show(table.current)
+        table.focus()
+        m = self.model
+        if m.unknown_proposal_nodes:
+            names = ", ".join(m.unknown_proposal_nodes[:5])
+            self.notify(
+                f"the proposal names {len(m.unknown_proposal_nodes)} node(s) not in the report, ignored: {names}",
+                severity="warning",
+                timeout=10,
+            )
+        if m.sha_mismatch:
+            self.notify("the proposal was made for another model (SHA-256 differs)", severity="warning", timeout=10)
+
+    # ----------------------------------------------------------------- redraw
+
+    @property
+    def table(self) -> NodeTable:
+        """The node table."""
+        return self.query_one(NodeTable)
+
+    def refresh_table(self) -> None:
+        """Rebuild the table from the model, keeping the selection when it is still shown."""
+        rows = self.model.rows()
+        self.table.show(self.model, rows, self.selected)
+        if not rows:
+            self._show(None)
+        self.query_one(DepthChart).refresh()
+
+    def _show(self, name: str | None) -> None:
+        self.selected = name if name is not None else self.selected
+        self.query_one(DetailPanel).show_node(name)
+        depth = self.model.node(name).depth if name is not None else -1
+        self.query_one(DepthChart).selected_depth = depth
+
+    # ----------------------------------------------------------------- widget messages
+
+    def on_node_table_node_highlighted(self, event: NodeTable.NodeHighlighted) -> None:
+        """Follow the cursor in the detail panel and the depth chart."""
+        if event.node != self.selected or self.query_one("#node-detail").node != event.node:
+            self._show(event.node)
+
+    def on_node_table_sort_requested(self, event: NodeTable.SortRequested) -> None:
+        """A header click sorts by that column (again: reverses)."""
+        self.action_sort(event.column)
+
+    def on_filter_bar_changed(self, event: FilterBar.Changed) -> None:
+        """Apply the name and op filters."""
+        if event.query == self.model.name_query and event.op == self.model.op_filter:
+            return
+        self.model.name_query = event.query
+        self.model.op_filter = event.op
+        self.refresh_table()
+
+    @on(Input.Submitted, "#name-filter")
+    def _filter_done(self) -> None:
+        self.table.focus()
+
+    def on_detail_panel_jump_requested(self, event: DetailPanel.JumpRequested) -> None:
+        """Jump to the neighbour picked in the detail panel."""
+        self.select_node(event.node)
+
+    def on_exclusion_panel_jump_requested(self, event: ExclusionPanel.JumpRequested) -> None:
+        """Jump to the node picked in the exclusion list."""
+        self.select_node(event.node)
+
+    def select_node(self, name: str) -> None:
+        """Select ``name`` in the table (clearing the filters if they hide it) and focus the table."""
+        self.selected = name
+        if not any(n.name == name for n in self.model.rows()):
+            self.model.clear_filters()
+            self.query_one(FilterBar).set_filters("", None)
+            self.notify(f"filters cleared to show {name}", timeout=3)
+        self.refresh_table()
+        self._show(name)
+        self.table.focus()
+
+    # ----------------------------------------------------------------- actions
+
+    def action_toggle_exclusion(self) -> None:
+        """Exclude or include the node under the cursor."""
+        name = self.table.current
+        if name is None:
+            self.notify("no node selected", severity="warning")
+            return
+        excluded = self.model.toggle(name)
+        if self.model.sort_key == "excluded":
+            self.refresh_table()
+        else:
+            self.table.set_excluded(name, excluded)
+        self.query_one(ExclusionPanel).refresh_set()
+        self.query_one(DetailPanel).show_node(name)
+
+    def action_jump(self, direction: str) -> None:
+        """Jump to the worst producer (``up``) or consumer (``down``) of the selected node."""
+        name = self.table.current
+        if name is None:
+            return
+        nodes = self.model.predecessors(name) if direction == "up" else self.model.successors(name)
+        target = self.model.worst(nodes)
+        if target is None:
+            what = "producer (graph input or weights only)" if direction == "up" else "consumer (graph output)"
+            self.notify(f"{name} has no {what}", timeout=3)
+            return
+        self.select_node(target.name)
+
+    def action_sort(self, key: str) -> None:
+        """Sort by column ``key`` (the current column again: reverse)."""
+        self.model.set_sort(key)
+        self.refresh_table()
+
+    def action_cycle_sort(self) -> None:
+        """Sort by the next column."""
+        self.model.cycle_sort()
+        self.refresh_table()
+
+    def action_reverse_sort(self) -> None:
+        """Reverse the sort direction."""
+        self.model.set_sort(self.model.sort_key, not self.model.descending)
+        self.refresh_table()
+
+    def action_focus_filter(self) -> None:
+        """Focus the name filter."""
+        self.query_one("#name-filter", Input).focus()
+
+    def action_cycle_op(self) -> None:
+        """Step the op-type filter through every op type and back to all."""
+        op = self.model.cycle_op_filter()
+        self.query_one(FilterBar).set_filters(self.model.name_query, op)
+        self.refresh_table()
+
+    def action_escape(self) -> None:
+        """Cancel a running verify; otherwise leave the filter input."""
+        if self.verify_state == "running" and self._verify_worker is not None:
+            self._verify_worker.cancel()
+            return
+        if isinstance(self.focused, Input):
+            self.table.focus()
+
+    def action_help(self) -> None:
+        """Show the key bindings."""
+        self.app.push_screen(HelpScreen())
+
+    # ----------------------------------------------------------------- export
+
+    def action_export(self) -> None:
+        """Ask for a path (default next to the report) and write the proposal there."""
+        self.app.push_screen(ExportDialog(str(self.qapp.export_path)), self._export_to)
+
+    def _export_to(self, path: str | None) -> None:
+        if not path:
+            return
+        self.export(path)
+
+    def export(self, path: str | Path) -> Proposal | None:
+        """Write the current exclusion set as a proposal to ``path``; errors become notifications."""
+        proposal = self.model.to_proposal()
+        try:
+            atomic_write_text(path, dumps(proposal))
+        except QDebugError as e:
+            self.notify(e.one_line(), title="export failed", severity="error", timeout=10)
+            return None
+        self.last_export = Path(path)
+        n = len(proposal.nodes_to_exclude)
+        self.notify(f"wrote {path} ({n} node{'s' if n != 1 else ''} excluded)", title="proposal exported", timeout=8)
+        if n == 0:
+            self.notify("the proposal excludes no node (full static quantization)", severity="warning")
+        return proposal
+
+    def action_copy_snippet(self) -> None:
+        """Copy the ``quantize_static`` snippet to the clipboard and show it."""
+        snippet = self.model.to_proposal().snippet
+        self.app.copy_to_clipboard(snippet)
+        self.app.push_screen(
+            TextDialog("quantize_static snippet", snippet, "copied to the clipboard (OSC 52) · esc closes")
+        )
+
+    # ----------------------------------------------------------------- verify
+
+    def action_verify(self) -> None:
+        """Run the verify callable on the current set in a thread, with progress and cancel."""
+        if self.qapp.verify_fn is None:
+            self.notify(VERIFY_UNAVAILABLE, title="verify", severity="warning", timeout=8)
+            return
+        if self.verify_state == "running":
+            self.notify("verify is already running (esc cancels)", severity="warning")
+            return
+        self.verify_state = "running"
+        self.verify_result = None
+        self.query_one(VerifyPanel).start()
+        self._verify_worker = self._run_verify(self.model.to_proposal())
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="verify", name="verify")
+    def _run_verify(self, proposal: Proposal) -> Any:
+        worker = get_current_worker()
+        verify_fn = self.qapp.verify_fn
+        assert verify_fn is not None
+
+        def progress(fraction: float, text: str) -> None:
+            if not worker.is_cancelled:
+                self.post_message(VerifyProgress(float(fraction), str(text)))
+
+        return verify_fn(proposal, progress, lambda: worker.is_cancelled)
+
+    def on_verify_progress(self, event: VerifyProgress) -> None:
+        """Move the progress bar."""
+        if self.verify_state == "running":
+            self.query_one(VerifyPanel).progress(event.fraction, event.text)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """Show the verify outcome: result dialog, cancellation or the error."""
+        if event.worker is not self._verify_worker:
+            return
+        panel = self.query_one(VerifyPanel)
+        if event.state == WorkerState.SUCCESS:
+            self.verify_state = "done"
+            self.verify_result = event.worker.result
+            lines = summary_lines(self.verify_result)
+            panel.finish("done", lines, "bold green")
+            self.app.push_screen(TextDialog("verify result", "\n".join(lines)))
+        elif event.state == WorkerState.CANCELLED:
+            self.verify_state = "cancelled"
+            panel.finish("cancelled", [], "yellow")
+            self.notify("verify cancelled", severity="warning")
+        elif event.state == WorkerState.ERROR:
+            self.verify_state = "failed"
+            err = event.worker.error
+            if isinstance(err, QDebugError):
+                message = err.one_line()
+                details = message
+            else:
+                message = f"{type(err).__name__}: {err}"
+                details = "".join(traceback.format_exception(err)) if err is not None else message
+            panel.finish("failed", [message], "bold red")
+            self.notify(message, title="verify failed", severity="error", timeout=10)
+            self.app.push_screen(TextDialog("verify failed", details))
+
+
+class HelpScreen(ModalScreen[None]):
+    """The key bindings."""
+
+    BINDINGS = [
+        Binding("escape,question_mark,q", "close", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        """A two-column table of keys."""
+        t = Text()
+        for key, text in HELP_ROWS:
+            t.append(f"{key:>12}  ", style="bold cyan")
+            t.append(text + "\n")
+        t.append(
+            "\nColumns: local SQNR = error this node's own Q/DQ adds; accumulated = FP32 vs quantized\n"
+            "model at this node; introduced = how much worse the node makes it (the ranking).\n"
+            "Non-finite values (+inf exact, nan undefined) sort after the numbers.",
+            style="dim",
+        )
+        with Vertical(id="dialog"):
+            yield Label(Text("qdebug keys", style="bold"), id="dialog-title")
+            yield VerticalScroll(Static(t))
+            yield Label(Text("esc / ? closes", style="dim"))
+
+    def action_close(self) -> None:
+        """Close."""
+        self.dismiss(None)
+
+
+class TextDialog(ModalScreen[None]):
+    """A scrollable block of text (snippet, verify result, error) with a title."""
+
+    BINDINGS = [Binding("escape,q,enter", "close", "Close")]
+
+    def __init__(self, title: str, body: str, footnote: str = "esc closes") -> None:
+        super().__init__()
+        self.title_text = title
+        self.body = body
+        self.footnote = footnote
+
+    def compose(self) -> ComposeResult:
+        """Title, body, footnote."""
+        with Vertical(id="dialog"):
+            yield Label(Text(self.title_text, style="bold"), id="dialog-title")
+            with VerticalScroll():
+                yield Static(Text(self.body), id="dialog-body")
+            yield Label(Text(self.footnote, style="dim"))
+
+    def action_close(self) -> None:
+        """Close."""
+        self.dismiss(None)
+
+
+class ExportDialog(ModalScreen[str | None]):
+    """Ask where to write the proposal; returns the path or ``None`` (cancelled)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, default_path: str) -> None:
+        super().__init__()
+        self.default_path = default_path
+
+    def compose(self) -> ComposeResult:
+        """Prompt and path input."""
+        with Vertical(id="dialog", classes="small"):
+            yield Label(Text("Export proposal to", style="bold"), id="dialog-title")
+            yield Input(value=self.default_path, id="export-path")
+            yield Label(Text("enter writes · esc cancels", style="dim"))
+
+    @on(Input.Submitted, "#export-path")
+    def _submit(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        """Close without writing."""
+        self.dismiss(None)

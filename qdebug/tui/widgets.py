@@ -1,0 +1,547 @@
+"""The widgets of the main screen. Each one renders part of a :class:`LayerModel`.
+
+Widgets never change the model: they post their own small dataclass messages
+(``NodeTable.NodeHighlighted``, ``DetailPanel.JumpRequested``...) and the
+screen, which owns the model, acts on them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import DataTable, Input, Label, ListItem, ListView, ProgressBar, Select, Static
+
+from qdebug.records import ErrorStats, NodeRecord, Report, TensorRecord
+from qdebug.tui import charts
+from qdebug.tui.model import COLUMNS, LayerModel, column, fmt_db, fmt_num
+
+EXCLUDED_MARK = "✗"
+
+
+# --------------------------------------------------------------------------- styles
+
+
+def sqnr_style(x: float) -> str:
+    """Colour of an SQNR value: red below 20 dB, yellow below 30 dB, green above; nan dimmed."""
+    if math.isnan(x):
+        return "dim"
+    if x < 20:
+        return "bold red"
+    if x < 30:
+        return "yellow"
+    return "green"
+
+
+def introduced_style(x: float) -> str:
+    """Colour of an introduced-error value: red above 3 dB, yellow above 1 dB."""
+    if math.isnan(x):
+        return "dim"
+    if x > 3:
+        return "bold red"
+    if x > 1:
+        return "yellow"
+    return ""
+
+
+def db_text(x: float, style: str, suffix: str = "") -> Text:
+    """A right-aligned dB cell."""
+    return Text(fmt_db(x) + suffix, style=style, justify="right")
+
+
+# --------------------------------------------------------------------------- header
+
+
+class SummaryBar(Static):
+    """Model name, FP32 vs quantized task metric and output SQNR: the verdict in two lines."""
+
+    def __init__(self, report: Report, **kwargs) -> None:
+        super().__init__(summary_text(report), **kwargs)
+
+
+def summary_text(report: Report) -> Text:
+    """The header text of ``report`` (two lines)."""
+    m = report.model
+    cfg = report.config
+    name = m.path.rsplit("/", 1)[-1] or "(unnamed model)"
+    t = Text()
+    t.append("qdebug ", style="bold")
+    t.append(name, style="bold cyan")
+    t.append(
+        f"  opset {m.opset} · {len(report.nodes)} nodes · {report.samples} samples · "
+        f"{cfg.method} {cfg.activation_type}/{cfg.weight_type}"
+        f"{' per-channel' if cfg.per_channel else ''}",
+        style="dim",
+    )
+    t.append("\n")
+    task = report.task
+    if task is not None:
+        delta = task.quantized - task.fp32
+        t.append(f"{task.name} ({task.data}, {task.samples}): ")
+        t.append(f"FP32 {task.fp32:.4g}", style="bold")
+        t.append(" → ")
+        t.append(f"INT8 {task.quantized:.4g}", style="bold")
+        t.append(f" ({delta:+.4g})", style="bold red" if delta < 0 else "green")
+    else:
+        t.append("no task metric", style="dim")
+    for out in report.outputs:
+        t.append(" │ ", style="dim")
+        t.append(f"{out.name} SQNR ")
+        t.append(f"{fmt_db(out.error.sqnr_db)} dB", style=sqnr_style(out.error.sqnr_db))
+    if report.deployed_gap:
+        t.append(" │ ", style="dim")
+        t.append(f"deployed gap {report.deployed_gap:.3g}", style="yellow")
+    return t
+
+
+# --------------------------------------------------------------------------- filters
+
+
+class FilterBar(Horizontal):
+    """Fuzzy name search and op-type select above the table."""
+
+    @dataclass
+    class Changed(Message):
+        """The user changed the name query or the op filter."""
+
+        query: str
+        op: str | None
+        """``None``: every op type."""
+
+    def __init__(self, op_types: tuple[str, ...], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._ops = op_types
+
+    def compose(self) -> ComposeResult:
+        """An input and a select, both one line high."""
+        yield Input(placeholder="fuzzy filter by name  (/)", id="name-filter", compact=True)
+        yield Select(
+            [(op, op) for op in self._ops],
+            prompt="all ops  (o)",
+            id="op-filter",
+            compact=True,
+        )
+
+    @property
+    def query(self) -> str:
+        """The current name query."""
+        return self.query_one("#name-filter", Input).value
+
+    @property
+    def op(self) -> str | None:
+        """The current op filter (``None`` for all)."""
+        sel = self.query_one("#op-filter", Select)
+        return None if sel.is_blank() else str(sel.value)
+
+    def set_filters(self, query: str, op: str | None) -> None:
+        """Show ``query`` and ``op`` (posts ``Changed`` only through the child widgets' own events)."""
+        inp = self.query_one("#name-filter", Input)
+        if inp.value != query:
+            inp.value = query
+        sel = self.query_one("#op-filter", Select)
+        if op is None:
+            if not sel.is_blank():
+                sel.clear()
+        elif sel.value != op:
+            sel.value = op
+
+    @on(Input.Changed, "#name-filter")
+    @on(Select.Changed, "#op-filter")
+    def _changed(self, event: Message) -> None:
+        event.stop()
+        self.post_message(self.Changed(self.query, self.op))
+
+
+# --------------------------------------------------------------------------- table
+
+
+class NodeTable(DataTable):
+    """The node table; its row keys are node names."""
+
+    @dataclass
+    class NodeHighlighted(Message):
+        """The cursor moved to ``node`` (keyboard or mouse)."""
+
+        node: str
+
+    @dataclass
+    class SortRequested(Message):
+        """The user clicked the header of column ``column``."""
+
+        column: str
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+
+    def show(self, model: LayerModel, rows: list[NodeRecord], selected: str | None) -> None:
+        """Rebuild the table from ``rows``, keeping the cursor on ``selected`` when shown."""
+        self.clear(columns=True)
+        for col in COLUMNS:
+            label = Text(col.label, justify="right" if col.numeric else "left")
+            if col.key == model.sort_key:
+                label.append(" ▼" if model.descending else " ▲", style="bold")
+            self.add_column(label, key=col.key)
+        for n in rows:
+            self.add_row(*row_cells(n, model.is_excluded(n.name)), key=n.name)
+        if selected is not None and any(n.name == selected for n in rows):
+            self.move_cursor(row=self.get_row_index(selected), scroll=True)
+        elif rows:
+            self.move_cursor(row=0)
+
+    def set_excluded(self, name: str, excluded: bool) -> None:
+        """Update the exclusion mark of one row (no-op when the row is filtered out)."""
+        if name in self.rows:
+            self.update_cell(name, "excluded", _mark(excluded))
+
+    @property
+    def current(self) -> str | None:
+        """The node under the cursor, or ``None`` for an empty table."""
+        if self.row_count == 0:
+            return None
+        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
+        return str(key.value)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """Translate the row key into a node name."""
+        event.stop()
+        if event.row_key.value is not None:
+            self.post_message(self.NodeHighlighted(str(event.row_key.value)))
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        """A header click asks the screen to sort."""
+        event.stop()
+        if event.column_key.value is not None:
+            self.post_message(self.SortRequested(str(event.column_key.value)))
+
+
+def _mark(excluded: bool) -> Text:
+    return Text(EXCLUDED_MARK if excluded else "", style="bold magenta", justify="center")
+
+
+def row_cells(n: NodeRecord, excluded: bool) -> tuple[Text, ...]:
+    """The cells of one node row, in :data:`~qdebug.tui.model.COLUMNS` order."""
+    name_style = "bold magenta" if excluded else ("" if n.quantized else "dim")
+    return (
+        Text(n.name, style=name_style),
+        Text(n.op_type, style="cyan"),
+        db_text(n.local_sqnr_db, sqnr_style(n.local_sqnr_db)),
+        db_text(n.accumulated_sqnr_db, sqnr_style(n.accumulated_sqnr_db)),
+        db_text(n.introduced_db, introduced_style(n.introduced_db)),
+        Text(fmt_num(n.kl), justify="right", style="dim" if math.isnan(n.kl) else ""),
+        _mark(excluded),
+    )
+
+
+# --------------------------------------------------------------------------- depth overview
+
+
+class DepthChart(Widget):
+    """Worst accumulated SQNR along topological depth, with a caret under the selected node's depth."""
+
+    selected_depth: reactive[int] = reactive(-1)
+    CHART_ROWS = 2
+
+    def __init__(self, profile: list[float], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.profile = profile
+
+    def render(self) -> Text:
+        """Title line, the chart, and the caret line."""
+        width = max(self.size.width, 1)
+        t = Text()
+        n = len(self.profile)
+        if n == 0:
+            return Text("no nodes", style="dim")
+        lo, hi = min(self.profile), max(self.profile)
+        t.append("accumulated SQNR by depth ", style="bold")
+        t.append(f"{fmt_db(hi)} → {fmt_db(lo)} dB", style="dim")
+        d = self.selected_depth
+        if 0 <= d < n:
+            t.append(f"  ^ depth {d}: {fmt_db(self.profile[d])} dB", style="bold magenta")
+        t.append("\n")
+        chart_width = min(width, max(n, 1) * max(1, width // max(n, 1)))
+        for row in charts.sparkline(self.profile, chart_width, self.CHART_ROWS):
+            t.append(row, style="cyan")
+            t.append("\n")
+        if 0 <= d < n:
+            t.append(charts.caret(d, n, chart_width), style="bold magenta")
+        return t
+
+
+# --------------------------------------------------------------------------- detail
+
+
+class NodeItem(ListItem):
+    """A list row standing for one node."""
+
+    def __init__(self, node: str, text: Text, **kwargs) -> None:
+        super().__init__(Label(text), **kwargs)
+        self.node = node
+
+
+class NodeDetail(Widget):
+    """Text description of one node: metrics, tensors with histograms, quantization."""
+
+    node: reactive[str | None] = reactive(None, layout=True)
+
+    def __init__(self, model: LayerModel, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+
+    def render(self) -> Text:
+        """Everything about the node, laid out for the widget's width."""
+        if self.node is None or not self.model.has_node(self.node):
+            return Text("no node selected (the filter matches nothing?)", style="dim")
+        return node_detail_text(self.model, self.model.node(self.node), max(self.size.width, 20))
+
+
+def _stats_line(t: Text, label: str, s: ErrorStats | None) -> None:
+    t.append(f" {label:<5} ", style="dim")
+    if s is None:
+        t.append("—\n", style="dim")
+        return
+    t.append(f"SQNR {fmt_db(s.sqnr_db)} dB", style=sqnr_style(s.sqnr_db))
+    t.append(f"  cos {fmt_num(s.cosine)}  mse {fmt_num(s.mse)}  max|Δ| {fmt_num(s.max_abs)}")
+    if s.nonfinite:
+        t.append(f"  {s.nonfinite} non-finite skipped", style="yellow")
+    t.append("\n")
+
+
+def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
+    t.append("output ", style="bold")
+    t.append(tensor.name + "\n", style="bold cyan")
+    if tensor.summary is not None:
+        s = tensor.summary
+        t.append(" range ", style="dim")
+        t.append(f"[{fmt_num(s.min)}, {fmt_num(s.max)}]  mean {fmt_num(s.mean)}  std {fmt_num(s.std)}\n")
+    if tensor.quant is not None:
+        q = tensor.quant
+        t.append(" quant ", style="dim")
+        axis = f"  axis {q.axis} ({q.channels} ch)" if q.axis is not None else ""
+        t.append(f"scale {fmt_num(q.scale)}  zp {q.zero_point}  {q.qtype}{axis}\n")
+    else:
+        t.append(" quant ", style="dim")
+        t.append("not quantized\n", style="dim")
+    _stats_line(t, "local", tensor.local)
+    _stats_line(t, "accum", tensor.accumulated)
+    kl = tensor.local.kl if tensor.local is not None else math.nan
+    if not math.isnan(kl):
+        t.append(" KL    ", style="dim")
+        t.append(f"{fmt_num(kl)} nats\n")
+    h = tensor.histogram
+    if h is not None and h.ref_counts:
+        bar_w = max(8, width - 7)
+        ref, cand = charts.histogram(h.ref_counts, h.cand_counts, bar_w, height=2)
+        for i, row in enumerate(ref):
+            t.append(" FP32 " if i == len(ref) - 1 else "      ", style="dim")
+            t.append(row + "\n", style="green")
+        for i, row in enumerate(cand):
+            t.append(" INT8 " if i == len(cand) - 1 else "      ", style="dim")
+            t.append(row + "\n", style="magenta")
+        lo, hi = fmt_num(h.edges[0]), fmt_num(h.edges[-1])
+        span = len(ref[0]) if ref else bar_w
+        gap = max(1, span - len(lo) - len(hi))
+        t.append("      " + lo + " " * gap + hi + "\n", style="dim")
+    if tensor.note:
+        t.append(f" note: {tensor.note}\n", style="italic dim")
+
+
+def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
+    """The detail text of node ``n`` for a panel ``width`` cells wide."""
+    t = Text(no_wrap=False, overflow="fold")
+    t.append(n.name + "\n", style="bold")
+    t.append(n.op_type, style="cyan")
+    t.append(f" · depth {n.depth} · ")
+    t.append("quantized" if n.quantized else "not quantized", style="" if n.quantized else "dim")
+    if n.original_name and n.original_name != n.name:
+        t.append(f" · was {n.original_name}", style="dim")
+    if model.is_excluded(n.name):
+        t.append(" · EXCLUDED", style="bold magenta")
+    t.append("\n")
+    t.append("introduced ", style="dim")
+    t.append(f"{fmt_db(n.introduced_db)} dB", style=introduced_style(n.introduced_db) or "bold")
+    t.append("  KL ", style="dim")
+    t.append(fmt_num(n.kl) + "\n")
+    t.append("local ", style="dim")
+    t.append(f"{fmt_db(n.local_sqnr_db)} dB", style=sqnr_style(n.local_sqnr_db))
+    t.append("  accumulated ", style="dim")
+    t.append(f"{fmt_db(n.accumulated_sqnr_db)} dB\n", style=sqnr_style(n.accumulated_sqnr_db))
+    r = model.proposal_reason(n.name)
+    if r is not None:
+        t.append(f"proposal ({r.action}): {r.reason}\n", style="magenta")
+    t.append("\n")
+    for out in n.outputs:
+        tensor = model.tensor(out)
+        if tensor is None:
+            t.append("output ", style="bold")
+            t.append(f"{out}: no numbers\n", style="dim")
+        else:
+            _tensor_block(t, tensor, width)
+    t.append("inputs\n", style="bold")
+    for inp in n.inputs:
+        if not inp:
+            continue
+        t.append(f" {inp} ", style="")
+        tensor = model.tensor(inp)
+        weight = model.weight(inp)
+        if tensor is not None and tensor.accumulated is not None:
+            s = tensor.accumulated.sqnr_db
+            t.append(f"acc {fmt_db(s)} dB", style=sqnr_style(s))
+            if tensor.local is not None:
+                t.append(f" local {fmt_db(tensor.local.sqnr_db)} dB", style="dim")
+        elif weight is not None:
+            s = weight.error.sqnr_db
+            per = f" per-axis {weight.quant.axis}" if weight.quant.axis is not None else ""
+            t.append(f"weight {fmt_db(s)} dB {weight.quant.qtype}{per}", style=sqnr_style(s))
+        else:
+            t.append("(weight/constant, no numbers)", style="dim")
+        t.append("\n")
+    return t
+
+
+class DetailPanel(VerticalScroll):
+    """The selected node's detail and its neighbours (Enter on a neighbour jumps to it)."""
+
+    @dataclass
+    class JumpRequested(Message):
+        """The user picked neighbour ``node``."""
+
+        node: str
+
+    def __init__(self, model: LayerModel, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+
+    def compose(self) -> ComposeResult:
+        """Detail text, then the neighbour list."""
+        yield NodeDetail(self.model, id="node-detail")
+        yield Label("neighbours  [ worst producer  ] worst consumer  enter: jump", classes="section")
+        yield ListView(id="neighbours")
+
+    def show_node(self, name: str | None) -> None:
+        """Describe node ``name`` (``None``: nothing selected)."""
+        self.query_one(NodeDetail).node = name
+        self.query_one(NodeDetail).refresh(layout=True)
+        lv = self.query_one("#neighbours", ListView)
+        lv.clear()
+        if name is None:
+            return
+        items = []
+        for arrow, nodes in (("←", self.model.predecessors(name)), ("→", self.model.successors(name))):
+            for n in nodes:
+                t = Text(f"{arrow} ")
+                t.append(n.name)
+                t.append(f" {n.op_type} ", style="cyan")
+                t.append(f"{fmt_db(n.accumulated_sqnr_db)} dB", style=sqnr_style(n.accumulated_sqnr_db))
+                items.append(NodeItem(n.name, t))
+        if not items:
+            items.append(ListItem(Label(Text("(no neighbours)", style="dim")), disabled=True))
+        lv.extend(items)
+
+    @on(ListView.Selected, "#neighbours")
+    def _picked(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, NodeItem):
+            self.post_message(self.JumpRequested(event.item.node))
+
+
+# --------------------------------------------------------------------------- exclusions
+
+
+class ExclusionPanel(Vertical):
+    """The exclusion set, its size and share, and each node's reason (Enter jumps to a node)."""
+
+    @dataclass
+    class JumpRequested(Message):
+        """The user picked excluded node ``node``."""
+
+        node: str
+
+    def __init__(self, model: LayerModel, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+
+    def compose(self) -> ComposeResult:
+        """Title, proposal line, list."""
+        yield Static(id="exclusion-title")
+        yield ListView(id="exclusions")
+
+    def on_mount(self) -> None:
+        """Fill from the model."""
+        self.refresh_set()
+
+    def refresh_set(self) -> None:
+        """Redraw from the model's current exclusion set."""
+        m = self.model
+        names = m.excluded
+        t = Text()
+        t.append(f"Excluded {len(names)}", style="bold magenta" if names else "bold")
+        t.append(f" / {m.quantizable} quantizable ({100 * m.excluded_share():.1f}%)")
+        p = m.proposal
+        if p is not None:
+            t.append(f"\nproposal ({p.source})", style="dim")
+            if p.metric:
+                t.append(f" {p.metric}: {p.static_metric:.4g} → expected {p.expected_metric:.4g}", style="dim")
+        self.query_one("#exclusion-title", Static).update(t)
+        lv = self.query_one("#exclusions", ListView)
+        index = lv.index
+        lv.clear()
+        items = []
+        for name in names:
+            r = m.reason(name)
+            line = Text(f"{EXCLUDED_MARK} ", style="bold magenta")
+            line.append(name, style="bold")
+            line.append(f" {r.op_type}", style="cyan")
+            line.append("\n  " + r.reason, style="dim")
+            items.append(NodeItem(name, line))
+        if not items:
+            items.append(ListItem(Label(Text("none: x / space excludes the selected node", style="dim")), disabled=True))
+        lv.extend(items)
+        if index is not None and names:
+            lv.index = min(index, len(names) - 1)
+
+    @on(ListView.Selected, "#exclusions")
+    def _picked(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, NodeItem):
+            self.post_message(self.JumpRequested(event.item.node))
+
+
+# --------------------------------------------------------------------------- verify
+
+
+class VerifyPanel(Vertical):
+    """Progress of a running verify (escape cancels) and the last result."""
+
+    def compose(self) -> ComposeResult:
+        """Status line, progress bar, result text."""
+        yield Static("verify", id="verify-status")
+        yield ProgressBar(total=1.0, show_eta=False, id="verify-progress")
+        yield Static(id="verify-result")
+
+    def start(self) -> None:
+        """Show the panel with an empty bar."""
+        self.display = True
+        self.query_one("#verify-status", Static).update(Text("verify: starting…  (esc cancels)", style="bold"))
+        bar = self.query_one(ProgressBar)
+        bar.display = True
+        bar.update(total=1.0, progress=0.0)
+        self.query_one("#verify-result", Static).update("")
+
+    def progress(self, fraction: float, text: str) -> None:
+        """Move the bar to ``fraction`` (0..1) and show ``text``."""
+        self.query_one(ProgressBar).update(progress=min(max(fraction, 0.0), 1.0))
+        self.query_one("#verify-status", Static).update(Text(f"verify: {text}  (esc cancels)", style="bold"))
+
+    def finish(self, status: str, lines: list[str], style: str = "") -> None:
+        """Show the outcome (``status``) and the result lines; hide the bar."""
+        self.query_one(ProgressBar).display = False
+        self.query_one("#verify-status", Static).update(Text(f"verify: {status}", style=style or "bold"))
+        self.query_one("#verify-result", Static).update(Text("\n".join(lines)))

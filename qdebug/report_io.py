@@ -142,9 +142,13 @@ def _silent_unlink(path: str) -> None:
 def check_writable(path: str | Path) -> None:
     """Fail before long work starts if ``path`` cannot be created (directory missing/unwritable)."""
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if directory.exists() and not os.access(directory, os.W_OK):
-        raise QDebugError(f"output directory {directory} is not writable", "choose another -o path", ExitCode.OUTPUT)
+    ancestor = path.parent if str(path.parent) else Path(".")
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise QDebugError(f"cannot create {path}: {ancestor} is not a directory", "choose another -o path", ExitCode.OUTPUT)
+    if not os.access(ancestor, os.W_OK):
+        raise QDebugError(f"output directory {ancestor} is not writable", "choose another -o path", ExitCode.OUTPUT)
     if path.is_dir():
         raise QDebugError(f"output path {path} is a directory", "give a file name with -o", ExitCode.OUTPUT)
 

@@ -1,4 +1,12 @@
-"""(tui: not implemented yet.)"""
+"""Browse an analysis report in the terminal (Textual app).
+
+Sort and filter nodes, see histograms and neighbours, toggle exclusions,
+export them as a proposal, and run verify in the background when the
+model and data recorded in the report are reachable.
+
+example:
+  qdebug tui report.json --proposal proposal.json
+"""
 
 from __future__ import annotations
 
@@ -6,11 +14,29 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No flags yet."""
+    """Flags of ``qdebug tui``."""
+    p.add_argument("report", help="report.json written by qdebug analyze")
+    p.add_argument("--proposal", default=None, help="proposal.json from qdebug propose (its exclusions are preselected)")
+    p.add_argument("--screenshot", default=None, help="write an SVG screenshot of the app to this path and exit")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not implemented yet."""
-    from qdebug.errors import ExitCode, QDebugError
+    """Open the app (the TUI itself never imports onnxruntime; verify runs through the core)."""
+    from qdebug.report_io import load_report
 
-    raise QDebugError("qdebug tui is not implemented yet", "use qdebug analyze", ExitCode.USAGE)
+    report = load_report(args.report)  # a clear one-line error before the screen is taken over
+    if args.screenshot:
+        from qdebug.tui.app import save_screenshot
+
+        save_screenshot(args.report, args.screenshot, proposal_path=args.proposal)
+        return 0
+    verify_fn = None
+    try:
+        from qdebug.verify import make_tui_verify
+
+        verify_fn = make_tui_verify(report)
+    except ImportError:  # verify not available in this build
+        verify_fn = None
+    from qdebug.tui.app import run_tui
+
+    return run_tui(args.report, args.proposal, verify_fn=verify_fn)

@@ -1,0 +1,31 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.models import small_cnn, small_data
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Keep the calibration cache out of the user's home during tests."""
+    monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "qdebug-cache"))
+
+
+@pytest.fixture
+def cnn(tmp_path: Path) -> tuple[Path, Path]:
+    """(model, calib data) of a tiny CNN with unnamed nodes."""
+    return small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "calib.npz")
+
+
+def fixture_path(*parts: str) -> Path:
+    """Path of a committed fixture (they are committed: a missing one is a failure, not a skip)."""
+    path = FIXTURES.joinpath(*parts)
+    assert path.exists(), f"fixture {path} missing (run python fixtures/make_fixtures.py)"
+    return path

@@ -1,0 +1,62 @@
+"""Tiny models built in the tests themselves (the committed fixtures live in fixtures/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _init(name: str, arr: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(arr, dtype=np.float32), name)
+
+
+def small_cnn(path: Path, *, unnamed: bool = True, opset: int = 17, seed: int = 0) -> Path:
+    """Conv-Relu-Conv-BN-Add-Relu-GAP-Flatten-Gemm with two unnamed nodes."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        _init("w1", rng.normal(0, 0.5, (4, 1, 3, 3))),
+        _init("b1", np.zeros(4)),
+        _init("w2", rng.normal(0, 0.3, (4, 4, 3, 3))),
+        _init("b2", np.zeros(4)),
+        _init("fc_w", rng.normal(0, 0.3, (4, 10))),
+        _init("fc_b", np.zeros(10)),
+        _init("bn_s", np.ones(4)),
+        _init("bn_b", np.zeros(4)),
+        _init("bn_m", np.zeros(4)),
+        _init("bn_v", np.ones(4)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c2", "bn_s", "bn_b", "bn_m", "bn_v"], ["bn2"], name="bn2"),
+        helper.make_node("Add", ["bn2", "r1"], ["add"], name="res_add"),
+        helper.make_node("Relu", ["add"], ["r2"], name="" if unnamed else "relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gap"], name="" if unnamed else "gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "small_cnn",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def small_data(path: Path, n: int = 40, seed: int = 1, labels: bool = True) -> Path:
+    """Random images for small_cnn."""
+    rng = np.random.default_rng(seed)
+    arrays = {"input": rng.random((n, 1, 8, 8)).astype(np.float32)}
+    if labels:
+        arrays["labels"] = rng.integers(0, 10, n)
+    np.savez(path, **arrays)
+    return path

@@ -1,0 +1,163 @@
+"""End-to-end tests of `qdebug analyze` against independent numpy computations."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from qdebug.cli.main import main
+from qdebug.graph.instrument import with_outputs
+from qdebug.graph.load import load_model, normalize
+from qdebug.report_io import load_report
+
+
+def _session(model: onnx.ModelProto, outputs: list[str], optimize: bool = True) -> ort.InferenceSession:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for name in outputs:
+        m.graph.output.append(onnx.ValueInfoProto(name=name))
+    opts = ort.SessionOptions()
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _dq_of(model: onnx.ModelProto, tensor: str) -> str:
+    """Follow tensor -> QuantizeLinear -> DequantizeLinear in the test itself (no qdebug code)."""
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor)
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0])
+    return dq.output[0]
+
+
+def _sqnr(ref: np.ndarray, cand: np.ndarray) -> float:
+    ref = ref.astype(np.float64)
+    noise = np.sum((ref - cand) ** 2)
+    return math.inf if noise == 0 else 10 * math.log10(np.sum(ref**2) / noise)
+
+
+@pytest.fixture
+def analyzed(cnn, tmp_path):
+    model, calib = cnn
+    out = tmp_path / "report.json"
+    code = main(["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q", "--batch-size", "7"])
+    assert code == 0
+    return model, calib, out, load_report(out)
+
+
+def test_report_is_strict_versioned_json(analyzed):
+    _, _, out, report = analyzed
+    raw = json.loads(out.read_text())  # strict JSON: no NaN/Infinity literals
+    assert raw["schema_version"] == 1
+    assert report.samples == 40
+    assert {n.name for n in report.nodes} >= {"conv1", "conv2", "fc"}
+    # unnamed nodes got deterministic names and the map back to "" is kept
+    assert ("Relu_5", "") in report.name_map and ("GlobalAveragePool_6", "") in report.name_map
+
+
+def test_accumulated_and_local_match_numpy(analyzed):
+    """Report numbers equal an independent computation on all captured tensors at once."""
+    _, calib, _, report = analyzed
+    fp32 = onnx.load(report.normalized_model)
+    qdq = onnx.load(report.quantized_model.path)
+    x = np.load(calib)["input"]
+    checked = 0
+    for tensor in ("c2", "bn2", "flat", "logits"):
+        rec = report.tensor(tensor)
+        ref = _session(fp32, [tensor]).run([tensor], {"input": x})[0]
+        dq = _dq_of(qdq, rec.quantized_name if tensor == "logits" else tensor) if tensor != "logits" else None
+        if dq is None:
+            cand = _session(qdq, []).run(["logits"], {"input": x})[0]
+        else:
+            cand = _session(qdq, [dq]).run([dq], {"input": x})[0]
+        assert rec.accumulated is not None
+        assert rec.accumulated.sqnr_db == pytest.approx(_sqnr(ref, cand), abs=1e-3)
+        assert rec.accumulated.max_abs == pytest.approx(float(np.max(np.abs(ref - cand))), rel=1e-4)
+        assert rec.summary.min == pytest.approx(float(ref.min()), rel=1e-5)
+        assert rec.summary.max == pytest.approx(float(ref.max()), rel=1e-5)
+        checked += 1
+        if dq is not None:
+            sess = _session(qdq, [tensor, dq], optimize=False)
+            pre, post = sess.run([tensor, dq], {"input": x})
+            assert rec.local is not None
+            assert rec.local.sqnr_db == pytest.approx(_sqnr(pre, post), abs=1e-3)
+    assert checked == 4
+
+
+def test_folded_relu_is_paired_with_its_producer(analyzed):
+    """ORT folds Relu into the quantization range; the pre-Relu FP32 tensor has no counterpart."""
+    report = analyzed[3]
+    c1 = report.tensor("c1")
+    assert c1.accumulated is None and "folded" in c1.note
+    r1 = report.tensor("r1")
+    assert r1.accumulated is not None and r1.local is not None
+    # local error of r1 compares relu(pre-Q) with DQ: small, not the whole negative half
+    assert r1.local.sqnr_db > 30
+
+
+def test_nodes_have_introduced_error(analyzed):
+    report = analyzed[3]
+    fc = report.node("fc")
+    assert fc.quantized
+    assert math.isfinite(fc.introduced_db)
+    assert fc.accumulated_sqnr_db == report.tensor("logits").accumulated.sqnr_db
+
+
+def test_deployed_outputs_are_bit_identical(analyzed):
+    assert analyzed[3].deployed_gap == 0.0
+
+
+def test_csv_export(cnn, tmp_path):
+    model, calib = cnn
+    csv = tmp_path / "nodes.csv"
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(tmp_path / "r.json"), "-q", "--csv", str(csv)]) == 0
+    lines = csv.read_text().splitlines()
+    assert lines[0].startswith("node,original_name,op_type")
+    assert len(lines) == 1 + 9
+
+
+def test_instrumentation_is_deterministic_and_pure(cnn):
+    model_path, _ = cnn
+    loaded = load_model(model_path)
+    before = loaded.proto.SerializeToString()
+    a = normalize(loaded)
+    b = normalize(loaded)
+    assert a.proto.SerializeToString() == b.proto.SerializeToString()
+    assert loaded.proto.SerializeToString() == before
+    names = [n.output[0] for n in a.proto.graph.node]
+    x = with_outputs(a.proto, names)
+    y = with_outputs(a.proto, names)
+    assert x.SerializeToString() == y.SerializeToString()
+    assert len(a.proto.graph.output) == 1 and len(x.graph.output) == len(names)
+
+
+def test_user_files_are_not_modified(cnn, tmp_path):
+    model, calib = cnn
+    before = (model.read_bytes(), calib.read_bytes())
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(tmp_path / "r.json"), "-q"]) == 0
+    assert (model.read_bytes(), calib.read_bytes()) == before
+
+
+def test_user_supplied_quantized_model(analyzed, tmp_path):
+    model, calib, _, report = analyzed
+    out = tmp_path / "r2.json"
+    code = main(["analyze", str(model), "--calib", str(calib), "--quantized", report.quantized_model.path, "-o", str(out), "-q"])
+    assert code == 0
+    again = load_report(out)
+    assert again.config.quantized_given
+    assert again.tensor("c2").accumulated.sqnr_db == pytest.approx(report.tensor("c2").accumulated.sqnr_db)
+
+
+def test_calibration_cache_is_reused(cnn, tmp_path, monkeypatch):
+    model, calib = cnn
+    monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(tmp_path / "a.json"), "-q"]) == 0
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(tmp_path / "b.json"), "-q"]) == 0
+    a, b = load_report(tmp_path / "a.json"), load_report(tmp_path / "b.json")
+    assert any("reused from cache" in n for n in b.notes)
+    assert not any("reused from cache" in n for n in a.notes)
+    assert a.ranges == b.ranges

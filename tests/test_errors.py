@@ -1,0 +1,185 @@
+"""Bad input: one clear line on stderr, a documented non-zero exit code, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from qdebug.cli.main import main
+from qdebug.errors import ExitCode
+from tests.models import small_cnn, small_data
+
+
+def run_cli(args, capsys):
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def assert_one_line(err: str, *needles: str) -> None:
+    lines = [l for l in err.splitlines() if l.startswith("qdebug: error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_missing_model(tmp_path, capsys):
+    calib = small_data(tmp_path / "c.npz")
+    code, err = run_cli(["analyze", tmp_path / "nope.onnx", "--calib", calib, "-q"], capsys)
+    assert code == ExitCode.INPUT
+    assert_one_line(err, "not found", "nope.onnx")
+
+
+def test_corrupt_model(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01garbage" * 50)
+    calib = small_data(tmp_path / "c.npz")
+    code, err = run_cli(["analyze", bad, "--calib", calib, "-q"], capsys)
+    assert code == ExitCode.INPUT
+    assert_one_line(err, "not a readable ONNX model")
+
+
+def test_non_onnx_file(tmp_path, capsys):
+    txt = tmp_path / "model.onnx"
+    txt.write_text("hello, I am not a model\n")
+    code, err = run_cli(["analyze", txt, "--calib", small_data(tmp_path / "c.npz"), "-q"], capsys)
+    assert code == ExitCode.INPUT
+    assert "Traceback" not in err
+
+
+def test_old_opset_refused_then_upgraded(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m9.onnx", opset=9)
+    calib = small_data(tmp_path / "c.npz")
+    code, err = run_cli(["analyze", model, "--calib", calib, "-q", "-o", tmp_path / "r.json"], capsys)
+    assert code == ExitCode.MODEL
+    assert_one_line(err, "opset 9", "--upgrade-opset")
+    code, err = run_cli(["analyze", model, "--calib", calib, "-q", "--upgrade-opset", "-o", tmp_path / "r.json"], capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    "arrays, needle",
+    [
+        ({"image": np.zeros((4, 1, 8, 8), np.float32)}, "no array for model input"),
+        ({"input": np.zeros((4, 1, 8, 8), np.float64)}, "dtype float64"),
+        ({"input": np.zeros((4, 8, 8), np.float32)}, "rank 4"),
+        ({"input": np.zeros((4, 1, 9, 8), np.float32)}, "axis 2 must be 8"),
+        ({"input": np.zeros((0, 1, 8, 8), np.float32)}, "no samples"),
+        ({"input": np.full((4, 1, 8, 8), np.nan, np.float32)}, "NaN/Inf"),
+        ({"input": np.zeros((4, 1, 8, 8), np.float32), "labels": np.zeros(3, np.int64)}, "disagree"),
+    ],
+)
+def test_bad_data(tmp_path, capsys, arrays, needle):
+    model = small_cnn(tmp_path / "m.onnx")
+    data = tmp_path / "d.npz"
+    np.savez(data, **arrays)
+    code, err = run_cli(["analyze", model, "--calib", data, "-q", "-o", tmp_path / "r.json"], capsys)
+    assert code == ExitCode.DATA, err
+    assert_one_line(err, needle)
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_corrupt_npz(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    data = tmp_path / "d.npz"
+    data.write_bytes(b"PK\x03\x04broken")
+    code, err = run_cli(["analyze", model, "--calib", data, "-q"], capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "not a readable .npz")
+
+
+def test_quantized_model_from_another_model(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz")
+    assert main(["analyze", str(model), "--calib", str(calib), "-q", "-o", str(tmp_path / "r.json")]) == 0
+    capsys.readouterr()
+    other = tmp_path / "other.onnx"
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q"),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.UINT8, [], [0])],
+    )
+    g.node[0].input[0] = "input"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(other))
+    code, err = run_cli(["analyze", model, "--calib", calib, "--quantized", other, "-q", "-o", tmp_path / "r2.json"], capsys)
+    assert code == ExitCode.MODEL
+    assert_one_line(err, "does not derive from")
+
+
+def test_unknown_provider(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "--provider", "FooExecutionProvider"], capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line(err, "FooExecutionProvider", "CPUExecutionProvider")
+
+
+def test_unwritable_output_checked_before_work(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who can write anywhere")
+        code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", ro / "r.json"], capsys)
+        assert code == ExitCode.OUTPUT
+        assert_one_line(err, "not writable")
+    finally:
+        os.chmod(ro, 0o700)
+
+
+def test_output_under_a_file_checked_before_work(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", blocker / "r.json"], capsys)
+    assert code == ExitCode.OUTPUT
+    assert_one_line(err, "is not a directory")
+    assert not list(tmp_path.glob("**/normalized.onnx"))
+
+
+def test_output_is_a_directory(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", tmp_path], capsys)
+    assert code == ExitCode.OUTPUT
+    assert_one_line(err, "is a directory")
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main(["analyze"]) == ExitCode.USAGE
+    assert main(["no-such-command"]) == ExitCode.USAGE
+    assert main([]) == ExitCode.USAGE
+
+
+def test_help_imports_neither_onnxruntime_nor_textual():
+    code = (
+        "import sys\n"
+        "from qdebug.cli.main import main\n"
+        "main(['--help'])\n"
+    )
+    probe = code + "print('onnxruntime' in sys.modules, 'textual' in sys.modules)\n"
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, runpy\n" + probe.replace("main(['--help'])", "rc = main(['analyze', '--help'])")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_python_dash_m_works():
+    out = subprocess.run([sys.executable, "-m", "qdebug", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("qdebug ")

@@ -223,30 +223,54 @@ def _check_known_domains(model: ModelProto, path: Path) -> None:
 def _infer_shapes(model: ModelProto, notes: list[str]) -> ModelProto:
     """Run shape inference, falling back gracefully on dynamic shapes.
 
-    ORT's symbolic inference (what ``quant_pre_process`` uses) gives the most
-    complete shapes but fails on many dynamic models; ``auto_merge`` fixes many
-    of those; plain ONNX inference always gives at least the element types.
+    ONNX inference runs first: it is fast and is what ORT's quantizer itself
+    uses. Only when it fails, or leaves activations without a type, is ORT's
+    symbolic inference tried (what ``quant_pre_process`` uses; it fails with
+    defaults on many dynamic models, so ``auto_merge=True`` is tried next).
+    Importing it is slow where torch is installed, hence not the first choice.
     """
+    inferred: ModelProto | None = None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as e:
+        notes.append(f"ONNX shape inference failed ({e.__class__.__name__})")
+    if inferred is not None and not _untyped_activations(inferred):
+        return inferred
+    symbolic = _symbolic_inference(model, notes)
+    if symbolic is not None:
+        return symbolic
+    if inferred is not None:
+        notes.append(
+            f"{len(_untyped_activations(inferred))} tensor(s) have no inferred type; ORT infers them at run time"
+        )
+        return inferred
+    return model
+
+
+def _untyped_activations(model: ModelProto) -> list[str]:
+    typed = {vi.name for vi in model.graph.value_info if vi.type.tensor_type.elem_type}
+    typed |= {vi.name for vi in model.graph.output} | {i.name for i in model.graph.initializer}
+    return [o for n in model.graph.node for o in n.output if o and o not in typed]
+
+
+def _symbolic_inference(model: ModelProto, notes: list[str]) -> ModelProto | None:
+    if model.ByteSize() >= (1 << 31) - (1 << 20):
+        return None
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     except Exception:  # pragma: no cover - depends on the ORT build
-        SymbolicShapeInference = None  # noqa: N806
-    if SymbolicShapeInference is not None and model.ByteSize() < (1 << 31) - (1 << 20):
-        for auto_merge in (False, True):
-            try:
-                inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=auto_merge)
-            except Exception:
-                continue
-            if inferred is not None:
-                if auto_merge:
-                    notes.append("symbolic shape inference needed auto_merge=True (dynamic dimensions merged)")
-                return inferred
-        notes.append("symbolic shape inference failed on this model; used ONNX shape inference instead")
-    try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception as e:
-        notes.append(f"ONNX shape inference failed ({e.__class__.__name__}); tensor types come from ORT at run time")
-        return model
+        return None
+    for auto_merge in (False, True):
+        try:
+            out = SymbolicShapeInference.infer_shapes(model, auto_merge=auto_merge)
+        except Exception:
+            continue
+        if out is not None:
+            how = "with auto_merge=True (dynamic dimensions merged)" if auto_merge else "(ORT symbolic)"
+            notes.append(f"shape inference completed {how}")
+            return out
+    notes.append("ORT symbolic shape inference failed even with auto_merge=True; kept ONNX inference results")
+    return None
 
 
 def save_model(model: ModelProto, path: Path) -> None:

@@ -45,7 +45,8 @@ class QDebugApp(App[Any]):
 
     CSS_PATH = "qdebug.tcss"
     TITLE = "qdebug"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
 
     def __init__(
         self,
@@ -83,7 +84,9 @@ def load_proposal(path: str | Path) -> Proposal:
     """Load a proposal file (QDebugError for a missing/invalid file or another kind of record)."""
     proposal = load_record(Proposal, path, "proposal")
     if proposal.kind != "proposal":
-        raise QDebugError(f"{path} is not a proposal (kind {proposal.kind!r})", "pass a file written by propose/tui")
+        raise QDebugError(
+            f"{path} is not a proposal (kind {proposal.kind!r})", "pass a file written by propose/tui"
+        )
     return proposal
 
 

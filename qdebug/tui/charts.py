@@ -6,7 +6,6 @@ caret goes) is unit-tested on strings.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -75,7 +74,9 @@ def sparkline(
     return _levels(fracs, height)
 
 
-def histogram(ref: Sequence[int], cand: Sequence[int], width: int, height: int = 1) -> tuple[list[str], list[str]]:
+def histogram(
+    ref: Sequence[int], cand: Sequence[int], width: int, height: int = 1
+) -> tuple[list[str], list[str]]:
     """Two block charts of the same bins, on one shared scale so the shapes compare.
 
     Bins are summed into ``width`` columns (at most one column per bin); any
@@ -102,8 +103,3 @@ def caret(index: int, n: int, width: int) -> str:
     if col < 0:
         return ""
     return " " * col + "^"
-
-
-def finite_or(x: float, default: float) -> float:
-    """``x`` when finite, else ``default``."""
-    return x if math.isfinite(x) else default

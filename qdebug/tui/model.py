@@ -37,16 +37,24 @@ class Column:
     numeric: bool
     descending: bool
     """Default direction on first selection: worst first (high introduced dB, low SQNR)."""
+    title: str = ""
+    """What the column means (help screen)."""
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("name", "Node", numeric=False, descending=False),
-    Column("op", "Op", numeric=False, descending=False),
-    Column("local", "Local dB", numeric=True, descending=False),
-    Column("accumulated", "Accum dB", numeric=True, descending=False),
-    Column("introduced", "Intro dB", numeric=True, descending=True),
-    Column("kl", "KL", numeric=True, descending=True),
-    Column("excluded", "Excl", numeric=False, descending=True),
+    Column("name", "Node", numeric=False, descending=False, title="node name (normalized model)"),
+    Column("op", "Op", numeric=False, descending=False, title="op type"),
+    Column("local", "Local", numeric=True, descending=False, title="local SQNR, dB: error of its own Q/DQ"),
+    Column(
+        "accumulated",
+        "Accum",
+        numeric=True,
+        descending=False,
+        title="accumulated SQNR, dB: FP32 vs quantized",
+    ),
+    Column("introduced", "Intro", numeric=True, descending=True, title="introduced dB: error the node adds"),
+    Column("kl", "KL", numeric=True, descending=True, title="KL divergence FP32 -> quantized, nats"),
+    Column("excluded", "X", numeric=False, descending=True, title="excluded (kept in FP32)"),
 )
 COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
 DEFAULT_SORT = "introduced"
@@ -207,6 +215,10 @@ class LayerModel:
     def tensor(self, name: str) -> TensorRecord | None:
         """The tensor record of ``name``, or ``None`` (weights, tensors without numbers)."""
         return self._tensors.get(name)
+
+    def producer(self, tensor: str) -> str | None:
+        """The node producing ``tensor`` (``None`` for graph inputs, weights and constants)."""
+        return self._producer.get(tensor)
 
     def weight(self, name: str) -> WeightRecord | None:
         """The quantized-weight record of initializer ``name``, or ``None``."""
@@ -465,9 +477,14 @@ def quantize_snippet(report: Report, proposal: Proposal) -> str:
         else f"CalibrationMethod.MinMax  # analysis used {cfg.method!r}"
     )
     lines = [
-        "from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static",
+        "from onnxruntime.quantization import (",
+        "    CalibrationMethod,",
+        "    QuantFormat,",
+        "    QuantType,",
+        "    quantize_static,",
+        ")",
         "",
-        "# data_reader: your onnxruntime.quantization.CalibrationDataReader over the calibration data",
+        "# data_reader: a CalibrationDataReader over your calibration data",
         "quantize_static(",
         f"    {proposal.normalized_model or report.normalized_model!r},",
         f"    {_output_name(report)!r},",

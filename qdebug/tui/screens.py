@@ -7,6 +7,7 @@ in a thread worker that reports progress and honours cancellation.
 
 from __future__ import annotations
 
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,12 +25,13 @@ from qdebug.errors import QDebugError
 from qdebug.records import Proposal
 from qdebug.report_io import atomic_write_text, dumps
 from qdebug.tui.messages import VerifyProgress
-from qdebug.tui.model import COLUMN_KEYS, LayerModel, column
+from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, column
 from qdebug.tui.widgets import (
     DepthChart,
     DetailPanel,
     ExclusionPanel,
     FilterBar,
+    NodeDetail,
     NodeTable,
     SummaryBar,
     VerifyPanel,
@@ -43,20 +45,23 @@ VERIFY_UNAVAILABLE = (
     "(run `qdebug tui` where the model and data are, or use `qdebug verify`)"
 )
 
+PROGRESS_INTERVAL_S = 0.1
+"""Least time between two progress updates from the verify worker."""
+
 HELP_ROWS: tuple[tuple[str, str], ...] = (
-    ("↑ ↓ / click", "select a node (the detail panel follows)"),
-    ("x  space", "exclude / include the selected node (keep it in FP32)"),
-    ("[", "jump to the worst producer (lowest accumulated SQNR upstream)"),
+    ("↑ ↓  click", "select a node (the detail panel follows)"),
+    ("x  space", "exclude / include the node (keep it in FP32)"),
+    ("[", "jump to the worst producer (lowest accumulated SQNR)"),
     ("]", "jump to the worst consumer"),
-    ("tab, enter", "focus the neighbour / exclusion lists, enter jumps to a node"),
+    ("tab  enter", "focus the neighbour / exclusion list; enter jumps"),
     ("s", "sort by the next column"),
     ("r", "reverse the sort"),
-    ("1 … 7", "sort by column 1 … 7 (again: reverse); or click a header"),
-    ("/", "fuzzy-filter by node name (enter or esc returns to the table)"),
+    ("1 … 7", "sort by that column (again: reverse), or click it"),
+    ("/", "fuzzy-filter by name (enter / esc: back to table)"),
     ("o", "cycle the op-type filter"),
     ("e", "export the exclusion set as a proposal JSON"),
     ("c", "copy the quantize_static snippet (and show it)"),
-    ("v", "verify the current set (when the model and data are reachable)"),
+    ("v", "verify the set (needs the model and data)"),
     ("esc", "cancel a running verify"),
     ("?", "this help"),
     ("q", "quit"),
@@ -80,8 +85,11 @@ class MainScreen(Screen):
         Binding("right_square_bracket", "jump('down')", "Consumer", key_display="]"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("r", "reverse_sort", "Reverse", show=False),
-        *(Binding(str(i + 1), f"sort({key!r})", column(key).label, show=False) for i, key in enumerate(COLUMN_KEYS)),
-        Binding("slash", "focus_filter", "Filter", key_display="/"),
+        *(
+            Binding(str(i + 1), f"sort({key!r})", column(key).label, show=False)
+            for i, key in enumerate(COLUMN_KEYS)
+        ),
+        Binding("slash", "focus_filter", "Filter", key_display="/", show=False),
         Binding("o", "cycle_op", "Op", show=False),
         Binding("e", "export", "Export"),
         Binding("c", "copy_snippet", "Snippet"),
@@ -100,6 +108,10 @@ class MainScreen(Screen):
         self.verify_result: Any = None
         self.last_export: Path | None = None
         self._verify_worker: Worker | None = None
+
+    def _notify(self, message: str, **kwargs: Any) -> None:
+        """Notify without markup: messages carry node names and paths, which may contain brackets."""
+        self.notify(message, markup=False, **kwargs)
 
     @property
     def qapp(self) -> QDebugApp:
@@ -120,7 +132,7 @@ class MainScreen(Screen):
                 yield DetailPanel(self.model, id="detail")
                 yield ExclusionPanel(self.model, id="exclusion")
                 yield VerifyPanel(id="verify")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         """Fill the table, select the most sensitive node, warn about proposal mismatches."""
@@ -132,13 +144,16 @@ class MainScreen(Screen):
         m = self.model
         if m.unknown_proposal_nodes:
             names = ", ".join(m.unknown_proposal_nodes[:5])
-            self.notify(
-                f"the proposal names {len(m.unknown_proposal_nodes)} node(s) not in the report, ignored: {names}",
+            count = len(m.unknown_proposal_nodes)
+            self._notify(
+                f"the proposal names {count} node(s) not in the report, ignored: {names}",
                 severity="warning",
                 timeout=10,
             )
         if m.sha_mismatch:
-            self.notify("the proposal was made for another model (SHA-256 differs)", severity="warning", timeout=10)
+            self._notify(
+                "the proposal was made for another model (SHA-256 differs)", severity="warning", timeout=10
+            )
 
     # ----------------------------------------------------------------- redraw
 
@@ -151,6 +166,7 @@ class MainScreen(Screen):
         """Rebuild the table from the model, keeping the selection when it is still shown."""
         rows = self.model.rows()
         self.table.show(self.model, rows, self.selected)
+        self.query_one(FilterBar).set_count(len(rows), len(self.model.report.nodes))
         if not rows:
             self._show(None)
         self.query_one(DepthChart).refresh()
@@ -165,7 +181,7 @@ class MainScreen(Screen):
 
     def on_node_table_node_highlighted(self, event: NodeTable.NodeHighlighted) -> None:
         """Follow the cursor in the detail panel and the depth chart."""
-        if event.node != self.selected or self.query_one("#node-detail").node != event.node:
+        if event.node != self.selected or self.query_one(NodeDetail).node != event.node:
             self._show(event.node)
 
     def on_node_table_sort_requested(self, event: NodeTable.SortRequested) -> None:
@@ -198,7 +214,7 @@ class MainScreen(Screen):
         if not any(n.name == name for n in self.model.rows()):
             self.model.clear_filters()
             self.query_one(FilterBar).set_filters("", None)
-            self.notify(f"filters cleared to show {name}", timeout=3)
+            self._notify(f"filters cleared to show {name}", timeout=3)
         self.refresh_table()
         self._show(name)
         self.table.focus()
@@ -209,7 +225,7 @@ class MainScreen(Screen):
         """Exclude or include the node under the cursor."""
         name = self.table.current
         if name is None:
-            self.notify("no node selected", severity="warning")
+            self._notify("no node selected", severity="warning")
             return
         excluded = self.model.toggle(name)
         if self.model.sort_key == "excluded":
@@ -217,7 +233,7 @@ class MainScreen(Screen):
         else:
             self.table.set_excluded(name, excluded)
         self.query_one(ExclusionPanel).refresh_set()
-        self.query_one(DetailPanel).show_node(name)
+        self.query_one(NodeDetail).refresh(layout=True)
 
     def action_jump(self, direction: str) -> None:
         """Jump to the worst producer (``up``) or consumer (``down``) of the selected node."""
@@ -227,8 +243,10 @@ class MainScreen(Screen):
         nodes = self.model.predecessors(name) if direction == "up" else self.model.successors(name)
         target = self.model.worst(nodes)
         if target is None:
-            what = "producer (graph input or weights only)" if direction == "up" else "consumer (graph output)"
-            self.notify(f"{name} has no {what}", timeout=3)
+            what = (
+                "producer (graph input or weights only)" if direction == "up" else "consumer (graph output)"
+            )
+            self._notify(f"{name} has no {what}", timeout=3)
             return
         self.select_node(target.name)
 
@@ -286,13 +304,15 @@ class MainScreen(Screen):
         try:
             atomic_write_text(path, dumps(proposal))
         except QDebugError as e:
-            self.notify(e.one_line(), title="export failed", severity="error", timeout=10)
+            self._notify(e.one_line(), title="export failed", severity="error", timeout=10)
             return None
         self.last_export = Path(path)
         n = len(proposal.nodes_to_exclude)
-        self.notify(f"wrote {path} ({n} node{'s' if n != 1 else ''} excluded)", title="proposal exported", timeout=8)
+        self._notify(
+            f"wrote {path} ({n} node{'s' if n != 1 else ''} excluded)", title="proposal exported", timeout=8
+        )
         if n == 0:
-            self.notify("the proposal excludes no node (full static quantization)", severity="warning")
+            self._notify("the proposal excludes no node (full static quantization)", severity="warning")
         return proposal
 
     def action_copy_snippet(self) -> None:
@@ -308,10 +328,10 @@ class MainScreen(Screen):
     def action_verify(self) -> None:
         """Run the verify callable on the current set in a thread, with progress and cancel."""
         if self.qapp.verify_fn is None:
-            self.notify(VERIFY_UNAVAILABLE, title="verify", severity="warning", timeout=8)
+            self._notify(VERIFY_UNAVAILABLE, title="verify", severity="warning", timeout=8)
             return
         if self.verify_state == "running":
-            self.notify("verify is already running (esc cancels)", severity="warning")
+            self._notify("verify is already running (esc cancels)", severity="warning")
             return
         self.verify_state = "running"
         self.verify_result = None
@@ -324,9 +344,15 @@ class MainScreen(Screen):
         verify_fn = self.qapp.verify_fn
         assert verify_fn is not None
 
+        last = [0.0]
+
         def progress(fraction: float, text: str) -> None:
-            if not worker.is_cancelled:
-                self.post_message(VerifyProgress(float(fraction), str(text)))
+            # throttled: a chatty callable must not flood the UI's message queue
+            now = time.monotonic()
+            if worker.is_cancelled or (now - last[0] < PROGRESS_INTERVAL_S and fraction < 1.0):
+                return
+            last[0] = now
+            self.post_message(VerifyProgress(float(fraction), str(text)))
 
         return verify_fn(proposal, progress, lambda: worker.is_cancelled)
 
@@ -349,7 +375,7 @@ class MainScreen(Screen):
         elif event.state == WorkerState.CANCELLED:
             self.verify_state = "cancelled"
             panel.finish("cancelled", [], "yellow")
-            self.notify("verify cancelled", severity="warning")
+            self._notify("verify cancelled", severity="warning")
         elif event.state == WorkerState.ERROR:
             self.verify_state = "failed"
             err = event.worker.error
@@ -360,7 +386,7 @@ class MainScreen(Screen):
                 message = f"{type(err).__name__}: {err}"
                 details = "".join(traceback.format_exception(err)) if err is not None else message
             panel.finish("failed", [message], "bold red")
-            self.notify(message, title="verify failed", severity="error", timeout=10)
+            self._notify(message, title="verify failed", severity="error", timeout=10)
             self.app.push_screen(TextDialog("verify failed", details))
 
 
@@ -375,12 +401,15 @@ class HelpScreen(ModalScreen[None]):
         """A two-column table of keys."""
         t = Text()
         for key, text in HELP_ROWS:
-            t.append(f"{key:>12}  ", style="bold cyan")
+            t.append(f"{key:>10}  ", style="bold cyan")
             t.append(text + "\n")
+        t.append("\ncolumns\n", style="bold")
+        for i, col in enumerate(COLUMNS):
+            t.append(f"{i + 1} {col.label:>8}  ", style="bold cyan")
+            t.append(col.title + "\n")
         t.append(
-            "\nColumns: local SQNR = error this node's own Q/DQ adds; accumulated = FP32 vs quantized\n"
-            "model at this node; introduced = how much worse the node makes it (the ranking).\n"
-            "Non-finite values (+inf exact, nan undefined) sort after the numbers.",
+            "\nThe table starts sorted by introduced dB, worst first. Non-finite\n"
+            "values (+inf: exact, nan: undefined) sort after the numbers.",
             style="dim",
         )
         with Vertical(id="dialog"):

@@ -17,11 +17,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import DataTable, Input, Label, ListItem, ListView, ProgressBar, Select, Static
+from textual.widgets import DataTable, Input, Label, OptionList, ProgressBar, Select, Static
+from textual.widgets.option_list import Option
 
 from qdebug.records import ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
-from qdebug.tui.model import COLUMNS, LayerModel, column, fmt_db, fmt_num
+from qdebug.tui.model import COLUMNS, LayerModel, fmt_db, fmt_num
 
 EXCLUDED_MARK = "✗"
 
@@ -71,7 +72,7 @@ def summary_text(report: Report) -> Text:
     m = report.model
     cfg = report.config
     name = m.path.rsplit("/", 1)[-1] or "(unnamed model)"
-    t = Text()
+    t = Text(no_wrap=True, overflow="ellipsis")
     t.append("qdebug ", style="bold")
     t.append(name, style="bold cyan")
     t.append(
@@ -88,7 +89,7 @@ def summary_text(report: Report) -> Text:
         t.append(f"FP32 {task.fp32:.4g}", style="bold")
         t.append(" → ")
         t.append(f"INT8 {task.quantized:.4g}", style="bold")
-        t.append(f" ({delta:+.4g})", style="bold red" if delta < 0 else "green")
+        t.append(f" (Δ {delta:+.4g})", style="bold red" if delta < 0 else "green")
     else:
         t.append("no task metric", style="dim")
     for out in report.outputs:
@@ -128,6 +129,12 @@ class FilterBar(Horizontal):
             id="op-filter",
             compact=True,
         )
+        yield Static(id="row-count")
+
+    def set_count(self, shown: int, total: int) -> None:
+        """Show how many nodes pass the filters."""
+        style = "bold yellow" if shown < total else "dim"
+        self.query_one("#row-count", Static).update(Text(f"{shown}/{total}", style=style))
 
     @property
     def query(self) -> str:
@@ -177,17 +184,27 @@ class NodeTable(DataTable):
 
         column: str
 
+    NAME_WIDTH = 36
+    OP_WIDTH = 10
+
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
 
     def show(self, model: LayerModel, rows: list[NodeRecord], selected: str | None) -> None:
         """Rebuild the table from ``rows``, keeping the cursor on ``selected`` when shown."""
         self.clear(columns=True)
+        names = [n.name for n in model.report.nodes]
+        ops = [n.op_type for n in model.report.nodes]
+        widths = {
+            "name": min(max([len(x) for x in names] + [8]), self.NAME_WIDTH),
+            "op": min(max([len(x) for x in ops] + [4]), self.OP_WIDTH),
+            "excluded": 2,
+        }
         for col in COLUMNS:
             label = Text(col.label, justify="right" if col.numeric else "left")
             if col.key == model.sort_key:
-                label.append(" ▼" if model.descending else " ▲", style="bold")
-            self.add_column(label, key=col.key)
+                label.append("▼" if model.descending else "▲", style="bold")
+            self.add_column(label, key=col.key, width=widths.get(col.key, 7))
         for n in rows:
             self.add_row(*row_cells(n, model.is_excluded(n.name)), key=n.name)
         if selected is not None and any(n.name == selected for n in rows):
@@ -243,10 +260,12 @@ def row_cells(n: NodeRecord, excluded: bool) -> tuple[Text, ...]:
 
 
 class DepthChart(Widget):
-    """Worst accumulated SQNR along topological depth, with a caret under the selected node's depth."""
+    """Worst accumulated SQNR along topological depth, with a caret under the selected node's depth.
+
+    Draws a title line, as many chart rows as the height allows, and the caret line.
+    """
 
     selected_depth: reactive[int] = reactive(-1)
-    CHART_ROWS = 2
 
     def __init__(self, profile: list[float], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -266,8 +285,9 @@ class DepthChart(Widget):
         if 0 <= d < n:
             t.append(f"  ^ depth {d}: {fmt_db(self.profile[d])} dB", style="bold magenta")
         t.append("\n")
-        chart_width = min(width, max(n, 1) * max(1, width // max(n, 1)))
-        for row in charts.sparkline(self.profile, chart_width, self.CHART_ROWS):
+        chart_width = min(width, n * max(1, width // n))
+        rows = max(1, self.size.height - 2)
+        for row in charts.sparkline(self.profile, chart_width, rows):
             t.append(row, style="cyan")
             t.append("\n")
         if 0 <= d < n:
@@ -278,12 +298,24 @@ class DepthChart(Widget):
 # --------------------------------------------------------------------------- detail
 
 
-class NodeItem(ListItem):
-    """A list row standing for one node."""
+class NodeList(OptionList):
+    """A list of nodes (option ids are node names); Enter or a click picks one."""
 
-    def __init__(self, node: str, text: Text, **kwargs) -> None:
-        super().__init__(Label(text), **kwargs)
-        self.node = node
+    def show(self, entries: list[tuple[str, Text]], empty: str) -> None:
+        """Replace the options by ``(node, text)`` entries, or one disabled ``empty`` line."""
+        highlighted = self.highlighted
+        self.clear_options()
+        if entries:
+            self.add_options([Option(text, id=node) for node, text in entries])
+            self.highlighted = min(highlighted or 0, len(entries) - 1)
+        else:
+            self.add_option(Option(Text(empty, style="dim"), disabled=True))
+
+    @property
+    def highlighted_node(self) -> str | None:
+        """The node under the list's cursor."""
+        option = self.highlighted_option
+        return option.id if option is not None else None
 
 
 class NodeDetail(Widget):
@@ -308,7 +340,8 @@ def _stats_line(t: Text, label: str, s: ErrorStats | None) -> None:
         t.append("—\n", style="dim")
         return
     t.append(f"SQNR {fmt_db(s.sqnr_db)} dB", style=sqnr_style(s.sqnr_db))
-    t.append(f"  cos {fmt_num(s.cosine)}  mse {fmt_num(s.mse)}  max|Δ| {fmt_num(s.max_abs)}")
+    t.append(f"  cos {fmt_num(s.cosine)}\n")
+    t.append(f"       mse {fmt_num(s.mse)}  max|Δ| {fmt_num(s.max_abs)}", style="dim")
     if s.nonfinite:
         t.append(f"  {s.nonfinite} non-finite skipped", style="yellow")
     t.append("\n")
@@ -320,7 +353,7 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
     if tensor.summary is not None:
         s = tensor.summary
         t.append(" range ", style="dim")
-        t.append(f"[{fmt_num(s.min)}, {fmt_num(s.max)}]  mean {fmt_num(s.mean)}  std {fmt_num(s.std)}\n")
+        t.append(f"[{fmt_num(s.min)}, {fmt_num(s.max)}]  μ {fmt_num(s.mean)}  σ {fmt_num(s.std)}\n")
     if tensor.quant is not None:
         q = tensor.quant
         t.append(" quant ", style="dim")
@@ -388,20 +421,23 @@ def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
     for inp in n.inputs:
         if not inp:
             continue
-        t.append(f" {inp} ", style="")
+        t.append(f" {inp}\n", style="")
+        t.append("   ")
         tensor = model.tensor(inp)
         weight = model.weight(inp)
         if tensor is not None and tensor.accumulated is not None:
             s = tensor.accumulated.sqnr_db
-            t.append(f"acc {fmt_db(s)} dB", style=sqnr_style(s))
+            t.append(f"accum {fmt_db(s)} dB", style=sqnr_style(s))
             if tensor.local is not None:
-                t.append(f" local {fmt_db(tensor.local.sqnr_db)} dB", style="dim")
+                t.append(f"  local {fmt_db(tensor.local.sqnr_db)} dB", style="dim")
         elif weight is not None:
             s = weight.error.sqnr_db
             per = f" per-axis {weight.quant.axis}" if weight.quant.axis is not None else ""
             t.append(f"weight {fmt_db(s)} dB {weight.quant.qtype}{per}", style=sqnr_style(s))
+        elif model.producer(inp) is not None or inp in model.report.model.inputs:
+            t.append("no numbers", style="dim")
         else:
-            t.append("(weight/constant, no numbers)", style="dim")
+            t.append("weight/constant, no numbers", style="dim")
         t.append("\n")
     return t
 
@@ -422,34 +458,29 @@ class DetailPanel(VerticalScroll):
     def compose(self) -> ComposeResult:
         """Detail text, then the neighbour list."""
         yield NodeDetail(self.model, id="node-detail")
-        yield Label("neighbours  [ worst producer  ] worst consumer  enter: jump", classes="section")
-        yield ListView(id="neighbours")
+        yield Label(Text("neighbours  ([ / ] worst, enter jumps)"), classes="section")
+        yield NodeList(id="neighbours", compact=True)
 
     def show_node(self, name: str | None) -> None:
         """Describe node ``name`` (``None``: nothing selected)."""
         self.query_one(NodeDetail).node = name
         self.query_one(NodeDetail).refresh(layout=True)
-        lv = self.query_one("#neighbours", ListView)
-        lv.clear()
-        if name is None:
-            return
-        items = []
-        for arrow, nodes in (("←", self.model.predecessors(name)), ("→", self.model.successors(name))):
-            for n in nodes:
-                t = Text(f"{arrow} ")
-                t.append(n.name)
-                t.append(f" {n.op_type} ", style="cyan")
-                t.append(f"{fmt_db(n.accumulated_sqnr_db)} dB", style=sqnr_style(n.accumulated_sqnr_db))
-                items.append(NodeItem(n.name, t))
-        if not items:
-            items.append(ListItem(Label(Text("(no neighbours)", style="dim")), disabled=True))
-        lv.extend(items)
+        entries = []
+        if name is not None:
+            for arrow, nodes in (("←", self.model.predecessors(name)), ("→", self.model.successors(name))):
+                for n in nodes:
+                    t = Text(f"{arrow} ")
+                    t.append(n.name)
+                    t.append(f" {n.op_type} ", style="cyan")
+                    t.append(f"{fmt_db(n.accumulated_sqnr_db)} dB", style=sqnr_style(n.accumulated_sqnr_db))
+                    entries.append((n.name, t))
+        self.query_one("#neighbours", NodeList).show(entries, "(no neighbours)")
 
-    @on(ListView.Selected, "#neighbours")
-    def _picked(self, event: ListView.Selected) -> None:
+    @on(OptionList.OptionSelected, "#neighbours")
+    def _picked(self, event: OptionList.OptionSelected) -> None:
         event.stop()
-        if isinstance(event.item, NodeItem):
-            self.post_message(self.JumpRequested(event.item.node))
+        if event.option.id is not None:
+            self.post_message(self.JumpRequested(event.option.id))
 
 
 # --------------------------------------------------------------------------- exclusions
@@ -471,7 +502,7 @@ class ExclusionPanel(Vertical):
     def compose(self) -> ComposeResult:
         """Title, proposal line, list."""
         yield Static(id="exclusion-title")
-        yield ListView(id="exclusions")
+        yield NodeList(id="exclusions", compact=True)
 
     def on_mount(self) -> None:
         """Fill from the model."""
@@ -488,30 +519,25 @@ class ExclusionPanel(Vertical):
         if p is not None:
             t.append(f"\nproposal ({p.source})", style="dim")
             if p.metric:
-                t.append(f" {p.metric}: {p.static_metric:.4g} → expected {p.expected_metric:.4g}", style="dim")
+                t.append(
+                    f" {p.metric}: {p.static_metric:.4g} → expected {p.expected_metric:.4g}", style="dim"
+                )
         self.query_one("#exclusion-title", Static).update(t)
-        lv = self.query_one("#exclusions", ListView)
-        index = lv.index
-        lv.clear()
-        items = []
+        entries = []
         for name in names:
             r = m.reason(name)
             line = Text(f"{EXCLUDED_MARK} ", style="bold magenta")
             line.append(name, style="bold")
             line.append(f" {r.op_type}", style="cyan")
             line.append("\n  " + r.reason, style="dim")
-            items.append(NodeItem(name, line))
-        if not items:
-            items.append(ListItem(Label(Text("none: x / space excludes the selected node", style="dim")), disabled=True))
-        lv.extend(items)
-        if index is not None and names:
-            lv.index = min(index, len(names) - 1)
+            entries.append((name, line))
+        self.query_one("#exclusions", NodeList).show(entries, "none: x / space excludes the selected node")
 
-    @on(ListView.Selected, "#exclusions")
-    def _picked(self, event: ListView.Selected) -> None:
+    @on(OptionList.OptionSelected, "#exclusions")
+    def _picked(self, event: OptionList.OptionSelected) -> None:
         event.stop()
-        if isinstance(event.item, NodeItem):
-            self.post_message(self.JumpRequested(event.item.node))
+        if event.option.id is not None:
+            self.post_message(self.JumpRequested(event.option.id))
 
 
 # --------------------------------------------------------------------------- verify
@@ -529,7 +555,9 @@ class VerifyPanel(Vertical):
     def start(self) -> None:
         """Show the panel with an empty bar."""
         self.display = True
-        self.query_one("#verify-status", Static).update(Text("verify: starting…  (esc cancels)", style="bold"))
+        self.query_one("#verify-status", Static).update(
+            Text("verify: starting…  (esc cancels)", style="bold")
+        )
         bar = self.query_one(ProgressBar)
         bar.display = True
         bar.update(total=1.0, progress=0.0)

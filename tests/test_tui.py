@@ -1,0 +1,681 @@
+"""The terminal UI: view model (plain Python), Pilot behaviour and SVG snapshots.
+
+Everything runs from the synthetic report in ``tui_report.py``; no model is run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from qdebug.errors import QDebugError
+from qdebug.records import SCHEMA_VERSION, NodeRecord, Proposal
+from qdebug.report_io import atomic_write_text, dumps, load_record, save_report
+from qdebug.tui import charts
+from qdebug.tui.model import HAND_REASON, LayerModel, fmt_db, fuzzy_score
+from tests.tui_report import make_proposal, make_report
+
+REPORT = make_report()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _node(
+    name: str, introduced: float, local: float = 30.0, acc: float = 20.0, kl: float = 0.0
+) -> NodeRecord:
+    return NodeRecord(
+        name=name,
+        original_name=name,
+        op_type="Add",
+        inputs=(),
+        outputs=(),
+        depth=1,
+        quantized=True,
+        local_sqnr_db=local,
+        accumulated_sqnr_db=acc,
+        introduced_db=introduced,
+        kl=kl,
+    )
+
+
+# =========================================================================== model
+
+
+def test_model_and_charts_do_not_import_textual():
+    code = (
+        "import sys; import qdebug.tui, qdebug.tui.model, qdebug.tui.charts; "
+        "bad = [m for m in ('textual', 'onnxruntime', 'onnx') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_app_does_not_import_onnxruntime():
+    code = (
+        "import sys; import qdebug.tui.app; "
+        "bad = [m for m in ('onnxruntime', 'onnx') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_default_sort_is_introduced_descending_with_nonfinite_last():
+    m = LayerModel(REPORT)
+    rows = m.rows()
+    assert len(rows) == len(REPORT.nodes) == 32
+    assert rows[0].name == "layer0/attn/softmax"
+    values = [n.introduced_db for n in rows]
+    finite = [v for v in values if math.isfinite(v)]
+    assert finite == sorted(finite, reverse=True)
+    assert values[: len(finite)] == finite  # numbers first
+    assert math.isinf(values[-2]) and math.isnan(values[-1])  # then +inf, then nan
+
+
+def test_numeric_sort_directions_and_edge_values():
+    nodes = (
+        _node("a", 1.0),
+        _node("b", math.nan),
+        _node("c", math.inf),
+        _node("d", 5.0),
+        _node("e", -math.inf),
+        _node("f", 5.0),
+    )
+    m = LayerModel(replace(REPORT, nodes=nodes, tensors=()))
+    assert [n.name for n in m.rows()] == ["d", "f", "a", "c", "e", "b"]  # ties keep graph order
+    m.set_sort("introduced")  # same column again: reverse
+    assert not m.descending
+    assert [n.name for n in m.rows()] == ["a", "d", "f", "e", "c", "b"]  # nan stays last
+
+
+def test_set_sort_defaults_and_cycle():
+    m = LayerModel(REPORT)
+    m.set_sort("local")
+    assert (m.sort_key, m.descending) == ("local", False)  # worst (lowest SQNR) first
+    assert m.rows()[0].name == "layer1/attn/softmax"
+    assert math.isnan(m.rows()[-1].local_sqnr_db)
+    m.set_sort("name")
+    assert [n.name for n in m.rows()] == sorted((n.name for n in REPORT.nodes), key=str.lower)
+    assert m.cycle_sort() == "op"
+    m.set_sort("excluded")
+    m.toggle("layer1/mlp/fc2")
+    assert m.rows()[0].name == "layer1/mlp/fc2"
+
+
+def test_fuzzy_score():
+    assert fuzzy_score("", "anything") == 0
+    assert fuzzy_score("qkmm", "layer0/attn/qk_matmul") is not None
+    assert fuzzy_score("QK", "layer0/attn/qk_matmul") is not None  # case-insensitive
+    assert fuzzy_score("mmqk", "layer0/attn/qk_matmul") is None  # order matters
+    assert fuzzy_score("l1 soft", "layer1/attn/softmax") is not None  # all terms must match
+    assert fuzzy_score("l1 soft", "layer0/mlp/fc1") is None
+    assert fuzzy_score("softmax", "x/softmax") > fuzzy_score("sfx", "x/softmax")  # substring wins
+
+
+def test_filters():
+    m = LayerModel(REPORT)
+    m.name_query = "softmax"
+    assert [n.name for n in m.rows()] == ["layer0/attn/softmax", "layer1/attn/softmax"]
+    m.name_query = "l1 gelu"
+    assert {n.name for n in m.rows()} == {"layer1/mlp/gelu/erf", "layer1/mlp/gelu/mul"}
+    m.name_query = ""
+    m.op_filter = "Erf"
+    assert [n.op_type for n in m.rows()] == ["Erf", "Erf"]
+    m.name_query = "layer1"
+    assert [n.name for n in m.rows()] == ["layer1/mlp/gelu/erf"]
+    m.clear_filters()
+    assert len(m.rows()) == 32
+
+
+def test_cycle_op_filter_goes_round():
+    m = LayerModel(REPORT)
+    ops = m.op_types()
+    assert ops == ("Add", "Erf", "LayerNormalization", "MatMul", "Mul", "Softmax")
+    seen = [m.cycle_op_filter() for _ in range(len(ops) + 1)]
+    assert seen == [*ops, None]
+
+
+def test_neighbours():
+    m = LayerModel(REPORT)
+    assert [n.name for n in m.predecessors("layer0/attn/qk_matmul")] == [
+        "layer0/attn/q_proj",
+        "layer0/attn/k_proj",
+    ]
+    assert [n.name for n in m.successors("layer0/ln1")] == [
+        "layer0/attn/q_proj",
+        "layer0/attn/k_proj",
+        "layer0/attn/v_proj",
+    ]
+    assert m.predecessors("layer0/ln1") == ()  # graph input + weights only
+    assert m.successors("head/matmul") == ()  # graph output
+    # residual Add: the graph input has no producer, the branch has one
+    assert [n.name for n in m.predecessors("layer0/residual1")] == ["layer0/attn/out_proj"]
+    worst = m.worst(m.predecessors("layer1/attn/av_matmul"))
+    assert worst is not None and worst.name == "layer1/attn/softmax"
+    assert m.worst([]) is None
+
+
+def test_exclusion_set_and_share():
+    m = LayerModel(REPORT)
+    assert m.quantizable == 31  # layer0/ln1 is not quantized
+    assert m.excluded == ()
+    assert m.toggle("layer1/mlp/gelu/erf") is True
+    assert m.toggle("layer1/attn/softmax") is True
+    assert m.excluded == ("layer1/attn/softmax", "layer1/mlp/gelu/erf")  # table order
+    assert m.excluded_share() == pytest.approx(2 / 31)
+    assert m.toggle("layer1/attn/softmax") is False
+    assert m.excluded == ("layer1/mlp/gelu/erf",)
+    with pytest.raises(KeyError):
+        m.toggle("no/such/node")
+
+
+def test_proposal_sets_initial_exclusions_and_reasons():
+    p = make_proposal(REPORT)
+    p = replace(p, nodes_to_exclude=(*p.nodes_to_exclude, "ghost/node"))
+    m = LayerModel(REPORT, p)
+    assert set(m.excluded) == {"layer1/attn/softmax", "layer1/mlp/gelu/erf"}
+    assert m.unknown_proposal_nodes == ("ghost/node",)
+    assert m.reason("layer1/attn/softmax").reason.startswith("introduces")
+    m.toggle("layer0/attn/softmax")
+    assert m.reason("layer0/attn/softmax").reason.startswith(HAND_REASON)
+    assert not m.sha_mismatch
+    assert LayerModel(REPORT, replace(p, model_sha256="00" * 32)).sha_mismatch
+
+
+def test_to_proposal_fields_and_snippet():
+    m = LayerModel(REPORT)
+    m.toggle("layer1/mlp/gelu/erf")
+    m.toggle("layer0/attn/softmax")
+    p = m.to_proposal()
+    assert p.schema_version == SCHEMA_VERSION and p.kind == "proposal" and p.source == "tui"
+    assert p.model_path == REPORT.model.path and p.model_sha256 == REPORT.model.sha256
+    assert p.normalized_model == REPORT.normalized_model
+    assert p.nodes_to_exclude == ("layer0/attn/softmax", "layer1/mlp/gelu/erf")
+    assert [r.node for r in p.reasons] == list(p.nodes_to_exclude)
+    r = p.reasons[0]
+    assert r.action == "fp32" and HAND_REASON in r.reason and "16.1 dB" in r.reason
+    assert r.introduced_db == REPORT.node("layer0/attn/softmax").introduced_db
+    assert p.per_channel is True and p.quantizable_nodes == 31
+    assert (p.metric, p.fp32_metric, p.static_metric) == ("top1", 0.9125, 0.8610)
+    compile(p.snippet, "<snippet>", "exec")  # valid Python
+    for part in (
+        "quantize_static(",
+        "quant_format=QuantFormat.QDQ",
+        "activation_type=QuantType.QUInt8",
+        "weight_type=QuantType.QInt8",
+        "per_channel=True",
+        "calibrate_method=CalibrationMethod.MinMax",
+        "'layer0/attn/softmax',",
+        repr(REPORT.normalized_model),
+    ):
+        assert part in p.snippet
+    assert "onnxruntime" not in sys.modules or True  # the snippet is text; nothing imported
+
+
+def test_to_proposal_round_trips_through_json(tmp_path):
+    m = LayerModel(REPORT, make_proposal(REPORT))
+    p = m.to_proposal()
+    path = tmp_path / "p.json"
+    atomic_write_text(path, dumps(p))
+    assert dumps(load_record(Proposal, path, "proposal")) == dumps(p)  # (nan != nan, compare as JSON)
+
+
+def test_depth_profile():
+    m = LayerModel(REPORT)
+    prof = m.depth_profile()
+    assert len(prof) == max(n.depth for n in REPORT.nodes) + 1
+    assert all(math.isfinite(v) for v in prof)
+    assert prof[-1] == pytest.approx(REPORT.node("head/matmul").accumulated_sqnr_db)
+    assert prof[0] == max(prof)  # depth 0 has no node: the best value
+
+
+def test_fmt_db():
+    assert (fmt_db(math.inf), fmt_db(-math.inf), fmt_db(math.nan), fmt_db(3.14159)) == (
+        "+inf",
+        "-inf",
+        "nan",
+        "3.1",
+    )
+
+
+# =========================================================================== charts
+
+
+def test_buckets_and_caret():
+    assert [list(r) for r in charts.buckets(4, 2)] == [[0, 1], [2, 3]]
+    assert [list(r) for r in charts.buckets(2, 4)] == [[0], [0], [1], [1]]
+    covered = sorted({i for r in charts.buckets(29, 10) for i in r})
+    assert covered == list(range(29))
+    assert charts.caret(1, 2, 4) == "  ^"
+    assert charts.caret(5, 2, 4) == ""
+
+
+def test_sparkline_and_histogram():
+    rows = charts.sparkline([0.0, 10.0], 2, height=2)
+    assert rows == [" █", "▁█"]
+    ref, cand = charts.histogram([0, 10, 1], [0, 5, 0], 3)
+    assert ref == [" █▁"]  # a non-empty bin shows at least the lowest block
+    assert cand == [" ▄ "]
+    ref, cand = charts.histogram([1] * 100, [1] * 100, 10)
+    assert len(ref[0]) == 10 and ref == cand
+
+
+# =========================================================================== app (Pilot)
+
+pytest.importorskip("textual")
+
+from textual.notifications import Notify  # noqa: E402
+
+from qdebug.tui.app import QDebugApp, default_export_path, run_tui, save_screenshot  # noqa: E402
+from qdebug.tui.messages import VerifyProgress  # noqa: E402
+from qdebug.tui.screens import ExportDialog, HelpScreen, MainScreen, TextDialog  # noqa: E402
+from qdebug.tui.widgets import DetailPanel, NodeTable, node_detail_text, summary_text  # noqa: E402
+
+SIZE = (120, 40)
+
+
+def table_order(app: QDebugApp) -> list[str]:
+    table = app.main_screen.query_one(NodeTable)
+    return [str(row.key.value) for row in table.ordered_rows]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_default_sort_in_table_and_detail():
+    posted = []
+
+    async def main():
+        app = QDebugApp(REPORT)
+        async with app.run_test(size=SIZE, message_hook=posted.append) as pilot:
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+            assert table_order(app) == [n.name for n in LayerModel(REPORT).rows()]
+            assert app.main_screen.selected == "layer0/attn/softmax"
+            assert app.screen.query_one("#node-detail").node == "layer0/attn/softmax"
+            await pilot.press("down")
+            await pilot.pause()
+            assert app.main_screen.selected == "layer0/attn/qk_matmul"
+
+    run(main())
+    highlighted = [m.node for m in posted if isinstance(m, NodeTable.NodeHighlighted)]
+    assert highlighted[-1] == "layer0/attn/qk_matmul"
+
+
+def test_sort_by_keys_and_header_click():
+    async def main():
+        app = QDebugApp(REPORT)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("3")  # local SQNR, worst first
+            await pilot.pause()
+            assert table_order(app)[0] == "layer1/attn/softmax"
+            await pilot.press("3")  # again: reverse (nan still last)
+            await pilot.pause()
+            order = table_order(app)
+            assert order[0] == "layer0/attn/out_proj" and order[-1] == "layer0/ln1"
+            # mouse: click the "Node" header
+            await pilot.click(NodeTable, offset=(3, 0))
+            await pilot.pause()
+            assert app.model.sort_key == "name"
+            assert table_order(app) == sorted(table_order(app), key=str.lower)
+            # mouse: click the third data row selects it
+            await pilot.click(NodeTable, offset=(3, 3))
+            await pilot.pause()
+            assert app.main_screen.selected == table_order(app)[2]
+
+    run(main())
+
+
+def test_filter_by_name_and_op_and_jump_out_of_the_filter():
+    async def main():
+        app = QDebugApp(REPORT)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("slash", *"l1sm")
+            await pilot.pause()
+            assert table_order(app) == ["layer1/attn/softmax"]
+            assert app.main_screen.selected == "layer1/attn/softmax"
+            await pilot.press("enter")  # back to the table
+            await pilot.pause()
+            assert isinstance(app.focused, NodeTable)
+            await pilot.press("slash", "ctrl+u", "escape")  # clear the query, leave the input
+            await pilot.pause()
+            assert len(table_order(app)) == 32 and isinstance(app.focused, NodeTable)
+            for _ in range(2):  # all -> Add -> Erf
+                await pilot.press("o")
+            await pilot.pause()
+            assert app.model.op_filter == "Erf"
+            assert table_order(app) == ["layer0/mlp/gelu/erf", "layer1/mlp/gelu/erf"]
+            # jumping to a node the filter hides clears the filters
+            await pilot.press("left_square_bracket")
+            await pilot.pause()
+            assert app.main_screen.selected == "layer0/mlp/fc1"
+            assert len(table_order(app)) == 32 and app.model.op_filter is None
+
+    run(main())
+
+
+def test_jump_to_neighbours_keys_and_list():
+    async def main():
+        app = QDebugApp(REPORT)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            screen = app.main_screen
+            await pilot.press("left_square_bracket")  # softmax -> its producer
+            await pilot.pause()
+            assert screen.selected == "layer0/attn/qk_matmul"
+            assert screen.query_one(NodeTable).current == "layer0/attn/qk_matmul"
+            await pilot.press("left_square_bracket")  # worst of q_proj / k_proj
+            await pilot.pause()
+            assert screen.selected == "layer0/attn/k_proj"
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+            assert screen.selected == "layer0/attn/qk_matmul"
+            # the neighbour list: focus it, move to the consumer, enter jumps
+            neighbours = screen.query_one("#neighbours")
+            neighbours.focus()
+            for _ in range(5):
+                await pilot.press("down")
+                if neighbours.highlighted_node == "layer0/attn/softmax":
+                    break
+            await pilot.press("enter")
+            await pilot.pause()
+            assert screen.selected == "layer0/attn/softmax"
+            assert isinstance(app.focused, NodeTable)
+
+    run(main())
+
+
+def test_toggle_exclusion_and_export(tmp_path):
+    report_path = tmp_path / "run.report.json"
+    save_report(REPORT, report_path)
+    notes: list[str] = []
+
+    def hook(message):
+        if isinstance(message, Notify):
+            notes.append(message.notification.message)
+
+    async def main():
+        app = QDebugApp(REPORT, report_path=str(report_path))
+        async with app.run_test(size=SIZE, message_hook=hook) as pilot:
+            await pilot.pause()
+            await pilot.press("x", "down", "down", "space", "down", "x", "x")  # softmax, l1 softmax
+            await pilot.pause()
+            assert app.model.excluded == ("layer0/attn/softmax", "layer1/attn/softmax")
+            panel = app.main_screen.query_one("#exclusions")
+            assert panel.option_count == 2
+            await pilot.press("e")
+            await pilot.pause()
+            assert isinstance(app.screen, ExportDialog)
+            await pilot.press("enter")
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+
+    run(main())
+    out = tmp_path / "run.report.proposal.json"
+    assert default_export_path(report_path) == out
+    p = load_record(Proposal, out, "proposal")
+    assert p.nodes_to_exclude == ("layer0/attn/softmax", "layer1/attn/softmax")
+    assert p.source == "tui" and all(HAND_REASON in r.reason for r in p.reasons)
+    assert "nodes_to_exclude=[" in p.snippet
+    assert any(str(out) in n for n in notes)
+
+
+def test_proposal_is_initial_set_and_export_error_is_shown(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    notes: list[tuple[str, str]] = []
+
+    def hook(message):
+        if isinstance(message, Notify):
+            notes.append((message.notification.severity, message.notification.message))
+
+    async def main():
+        app = QDebugApp(REPORT, make_proposal(REPORT), export_path=blocker / "sub" / "p.json")
+        async with app.run_test(size=SIZE, message_hook=hook) as pilot:
+            await pilot.pause()
+            screen = app.main_screen
+            assert set(app.model.excluded) == {"layer1/attn/softmax", "layer1/mlp/gelu/erf"}
+            first = screen.query_one("#exclusions").get_option_at_index(0)
+            assert first.id == "layer1/attn/softmax" and "introduces" in str(first.prompt)
+            await pilot.press("e", "enter")
+            await pilot.pause()
+            assert screen.last_export is None
+            good = tmp_path / "ok.json"
+            assert screen.export(good) is not None
+            assert load_record(Proposal, good, "proposal").nodes_to_exclude == app.model.excluded
+
+    run(main())
+    assert any(sev == "error" and "cannot write" in msg for sev, msg in notes)
+
+
+def test_help_screen_and_snippet_dialog():
+    async def main():
+        app = QDebugApp(REPORT, make_proposal(REPORT))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+            await pilot.press("c")
+            await pilot.pause()
+            assert isinstance(app.screen, TextDialog)
+            assert "quantize_static(" in app.clipboard
+            assert "'layer1/attn/softmax'," in app.clipboard
+            assert app.screen.body == app.clipboard
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+
+    run(main())
+
+
+class FakeResult:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def summary_lines(self):
+        return ["verify: top1 0.9020 (target 0.9", f"{len(self.nodes)} nodes kept in FP32"]
+
+
+def test_verify_runs_in_a_worker_and_shows_the_result():
+    calls = []
+    posted = []
+
+    def verify_fn(proposal, progress, cancelled):
+        calls.append((proposal.nodes_to_exclude, threading.current_thread() is threading.main_thread()))
+        for i in range(5):
+            progress((i + 1) / 5, f"step {i + 1}/5")
+        return FakeResult(proposal.nodes_to_exclude)
+
+    async def main():
+        app = QDebugApp(REPORT, make_proposal(REPORT), verify_fn=verify_fn)
+        async with app.run_test(size=SIZE, message_hook=posted.append) as pilot:
+            await pilot.pause()
+            await pilot.press("v")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            screen = app.main_screen
+            assert screen.verify_state == "done"
+            assert isinstance(app.screen, TextDialog)
+            assert "2 nodes kept in FP32" in app.screen.body
+            assert "2 nodes kept in FP32" in str(screen.query_one("#verify-result").render())
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+
+    run(main())
+    assert calls == [(("layer1/attn/softmax", "layer1/mlp/gelu/erf"), False)]  # in a thread
+    progress = [m for m in posted if isinstance(m, VerifyProgress)]
+    assert progress and progress[-1].fraction == 1.0 and progress[-1].text == "step 5/5"
+    assert len(progress) < 5  # throttled
+
+
+def test_verify_cancel():
+    started = threading.Event()
+    saw_cancel = threading.Event()
+
+    def verify_fn(proposal, progress, cancelled):
+        for i in range(500):  # at most ~5 s
+            if cancelled():
+                saw_cancel.set()
+                return None
+            progress(i / 500, "evaluating")
+            started.set()
+            threading.Event().wait(0.01)
+        return FakeResult(())
+
+    async def main():
+        app = QDebugApp(REPORT, verify_fn=verify_fn)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("v")
+            for _ in range(200):
+                if started.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            await pilot.pause()
+            assert app.main_screen.verify_state == "running"
+            assert app.main_screen.query_one("#verify").display
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.main_screen.verify_state == "cancelled"
+            assert isinstance(app.screen, MainScreen)
+
+    run(main())
+    assert saw_cancel.wait(5)
+
+
+def test_verify_error_is_shown_and_unavailable_is_notified():
+    notes: list[tuple[str, str]] = []
+
+    def hook(message):
+        if isinstance(message, Notify):
+            notes.append((message.notification.severity, message.notification.message))
+
+    def verify_fn(proposal, progress, cancelled):
+        raise QDebugError("data file eval.npz not found", "pass --eval")
+
+    async def main():
+        app = QDebugApp(REPORT, verify_fn=verify_fn)
+        async with app.run_test(size=SIZE, message_hook=hook) as pilot:
+            await pilot.pause()
+            await pilot.press("v")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert app.main_screen.verify_state == "failed"
+            assert isinstance(app.screen, TextDialog)
+            assert "eval.npz not found -- pass --eval" in app.screen.body
+        app = QDebugApp(REPORT)
+        async with app.run_test(size=SIZE, message_hook=hook) as pilot:
+            await pilot.pause()
+            await pilot.press("v")
+            await pilot.pause()
+            assert app.main_screen.verify_state == "idle"
+
+    run(main())
+    assert ("error", "data file eval.npz not found -- pass --eval") in notes
+    assert any(sev == "warning" and "verify is unavailable" in msg for sev, msg in notes)
+
+
+def test_detail_and_summary_text():
+    m = LayerModel(REPORT, make_proposal(REPORT))
+    text = node_detail_text(m, REPORT.node("layer0/ln1"), 40).plain
+    assert "not quantized" in text and "embeddings" in text
+    text = node_detail_text(m, REPORT.node("layer1/attn/softmax"), 40).plain
+    assert "EXCLUDED" in text and "proposal (fp32)" in text
+    assert "FP32 " in text and "INT8 " in text  # the two histogram rows
+    text = node_detail_text(m, REPORT.node("layer0/attn/q_proj"), 40).plain
+    assert "weight" in text and "int8 per-axis 1" in text
+    head = summary_text(REPORT).plain
+    assert "tiny_transformer.onnx" in head and "FP32 0.9125" in head and "logits SQNR 13.7 dB" in head
+
+
+def test_small_terminal_80x24():
+    async def main():
+        app = QDebugApp(REPORT, make_proposal(REPORT))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            assert app.screen.has_class("-narrow")
+            for key in ("down", "x", "right_square_bracket", "3", "question_mark", "escape", "c", "escape"):
+                await pilot.press(key)
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+            table = app.main_screen.query_one(NodeTable)
+            assert table.region.height >= 8 and table.region.width == 80
+            assert app.main_screen.query_one(DetailPanel).region.height > 0
+            assert "<svg" in app.export_screenshot()
+
+    run(main())
+
+
+def test_degenerate_reports_render():
+    """No task, no tensor numbers, no weights; and a report without nodes."""
+    bare = replace(REPORT, task=None, outputs=(), tensors=(), weights=())
+    empty = replace(REPORT, nodes=(), tensors=())
+    assert LayerModel(empty).depth_profile() == [] and LayerModel(empty).excluded_share() == 0.0
+
+    async def main():
+        for report, keys in ((bare, ("down", "x", "left_square_bracket")), (empty, ("x", "3", "c"))):
+            app = QDebugApp(report)
+            async with app.run_test(size=SIZE) as pilot:
+                await pilot.pause()
+                await pilot.press(*keys)
+                await pilot.pause()
+                assert app.main_screen.query_one(NodeTable).row_count == len(report.nodes)
+                assert "<svg" in app.export_screenshot()
+
+    run(main())
+
+
+def test_run_tui_load_errors_propagate(tmp_path):
+    with pytest.raises(QDebugError, match="report file not found"):
+        run_tui(str(tmp_path / "missing.json"))
+    report_path = tmp_path / "r.json"
+    save_report(REPORT, report_path)
+    with pytest.raises(QDebugError, match="proposal"):
+        run_tui(str(report_path), str(report_path))  # a report is not a proposal
+
+
+def test_save_screenshot(tmp_path):
+    report_path = tmp_path / "r.json"
+    save_report(REPORT, report_path)
+    out = save_screenshot(report_path, tmp_path / "shot.svg", size=(100, 30))
+    text = out.read_text()
+    assert text.startswith("<svg") and "layer0" in text
+
+
+def test_report_json_is_strict():
+    json.loads(dumps(REPORT))  # inf/nan encoded as strings
+
+
+# =========================================================================== snapshots
+
+
+def test_snapshot_main_120x40(snap_compare):
+    assert snap_compare(QDebugApp(REPORT, make_proposal(REPORT)), terminal_size=(120, 40))
+
+
+def test_snapshot_main_80x24(snap_compare):
+    assert snap_compare(QDebugApp(REPORT, make_proposal(REPORT)), terminal_size=(80, 24))
+
+
+def test_snapshot_filtered_and_excluded_120x40(snap_compare):
+    assert snap_compare(
+        QDebugApp(REPORT),
+        press=["slash", *"attn", "enter", "down", "x", "down", "down"],
+        terminal_size=(120, 40),
+    )

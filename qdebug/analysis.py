@@ -58,6 +58,7 @@ class _TensorAcc:
         self.summary = SummaryAccumulator()
         self.acc = TensorErrorAccumulator(edges) if edges is not None else None
         self.local = TensorErrorAccumulator(edges) if (edges is not None and quant is not None) else None
+        self.fakequant = ErrorAccumulator() if quant is not None else None
         self.deferred_edges = edges is None
 
 
@@ -123,17 +124,20 @@ def measure_layers(
                 skipped.setdefault(p.fp32, "quantized counterpart has another shape: not compared")
                 continue
             a.acc.update(ref, cand)
-        del f, d
+        del d
         l = fq_tap.run(batch.feeds)
         for p in local_pairs:
             a = accs[p.fp32]
             pre, post = l.get(p.qdq), l.get(p.dequant)
             if a.local is None or pre is None or post is None or pre.dtype.kind != "f" or pre.shape != post.shape:
                 continue
+            ref = f.get(p.fp32)
+            if a.fakequant is not None and ref is not None and ref.shape == post.shape:
+                a.fakequant.update(ref, post)
             if p.folded is not None:
                 pre = np.clip(pre, p.folded[0], p.folded[1])
             a.local.update(pre, post)
-        del l
+        del l, f
         samples += batch.size
         if progress:
             progress("capture", samples, data.n_samples)
@@ -145,6 +149,34 @@ def measure_layers(
             NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
         )
     return LayerErrors(tuple(records), tuple(not_captured), samples, gap)
+
+
+KERNEL_GAP_DB = 3.0
+"""Deployed-vs-fake-quant SQNR difference above which the report calls out the kernels."""
+
+
+def kernel_gap_notes(tensors: tuple[TensorRecord, ...], limit: int = 3) -> list[str]:
+    """Notes naming tensors where ORT's deployed integer kernels lose much more than fake-quant."""
+    gaps = []
+    for t in tensors:
+        if t.accumulated is None or t.accumulated_fakequant is None:
+            continue
+        gap = t.accumulated_fakequant.sqnr_db - t.accumulated.sqnr_db
+        if math.isfinite(gap) and gap > KERNEL_GAP_DB:
+            gaps.append((gap, t))
+    if not gaps:
+        return []
+    gaps.sort(key=lambda g: -g[0])
+    worst = ", ".join(
+        f"{t.name} ({t.accumulated.sqnr_db:.1f} dB deployed vs {t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant)"
+        for _, t in gaps[:limit]
+    )
+    return [
+        f"deployed INT8 kernels lose more than the QDQ graph's own rounding explains at {len(gaps)} tensor(s), "
+        f"worst: {worst}. On x86 CPUs without VNNI, u8s8 MatMul/Conv kernels can saturate 16-bit "
+        "intermediates (ORT's documented U8S8 saturation): re-quantize with --weight-type QUInt8 (U8U8) or "
+        "keep those nodes out of INT8"
+    ]
 
 
 def _deployed_gap(plain: dict[str, np.ndarray], instrumented: dict[str, np.ndarray], outputs: list[str]) -> float:
@@ -187,6 +219,9 @@ def _tensor_records(
                 histogram=hist,
                 quantized_name=p.dequant or p.qdq,
                 note=p.note or skipped.get(p.fp32, ""),
+                accumulated_fakequant=(
+                    a.fakequant.result() if a.fakequant is not None and a.fakequant.count else None
+                ),
             )
         )
     return out

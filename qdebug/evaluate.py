@@ -134,10 +134,14 @@ class Evaluator:
                     acc.update(r[k], c[k])
         return acc.result().sqnr_db
 
-    def score(self, model: onnx.ModelProto, what: str = "quantized model") -> EvalResult:
-        """Run ``model`` over the evaluation set and score it against the FP32 outputs."""
+    def score(self, model: onnx.ModelProto, what: str = "quantized model", *, optimize: bool = True) -> EvalResult:
+        """Run ``model`` over the evaluation set and score it against the FP32 outputs.
+
+        ``optimize=False`` runs it without ORT's graph optimizations: a QDQ model
+        then computes with float fake-quant semantics instead of integer kernels.
+        """
         start = time.perf_counter()
-        session = make_session(model, self.config, what=what)
+        session = make_session(model, self.config, what=what, optimize=optimize)
         candidate = [self._run(session, b.feeds) for b in self.batches]
         value = self._score(candidate)
         outputs = []

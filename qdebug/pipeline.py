@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 
 from qdebug import __version__
-from qdebug.analysis import measure_layers, node_records, quantized_node_names, weight_records
+from qdebug.analysis import kernel_gap_notes, measure_layers, node_records, quantized_node_names, weight_records
 from qdebug.calibrate import Ranges, calibrate
 from qdebug.capture import SessionConfig, check_providers
 from qdebug.data import DataSet, model_input_specs, open_data
@@ -195,6 +195,7 @@ def analyze(
     qnodes = quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
+    notes.extend(kernel_gap_notes(layers.tensors))
 
     eval_set = prep.calib
     eval_label = "calib"
@@ -203,7 +204,8 @@ def analyze(
         eval_label = "eval"
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
     result = evaluator.score(qproto)
-    task = TaskMetric(result.metric, result.fp32_value, result.value, result.samples, eval_label)
+    fakequant = evaluator.score(qproto, optimize=False)
+    task = TaskMetric(result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant.value)
 
     import onnxruntime
 

@@ -95,6 +95,13 @@ class TensorRecord:
     histogram: Histogram | None
     quantized_name: str | None = None
     """Name of the paired tensor in the quantized model (the DQ output when quantized)."""
+    accumulated_fakequant: ErrorStats | None = None
+    """FP32 vs the same DQ output computed un-optimized (float fake-quant arithmetic).
+
+    Differs from ``accumulated`` when the deployed integer kernels compute
+    something else than the QDQ graph's float semantics -- e.g. u8s8 int8
+    MatMul/Conv saturating 16-bit intermediates on x86 CPUs without VNNI.
+    """
     note: str = ""
     """Why a field is missing (e.g. removed activation, not captured inside a subgraph)."""
 
@@ -157,6 +164,12 @@ class TaskMetric:
     samples: int
     data: str
     """Which data set it was measured on: ``eval`` or ``calib``."""
+    quantized_fakequant: float = float("nan")
+    """The quantized model's metric with ORT's optimizations off (float QDQ semantics, no integer kernels).
+
+    Far above ``quantized`` means the deployed integer kernels, not the quantization
+    parameters, lose the accuracy (see ``TensorRecord.accumulated_fakequant``).
+    """
 
 
 @dataclass(frozen=True)
@@ -302,3 +315,9 @@ class Proposal:
     quantizable_nodes: int = 0
     qdq_pairs_delta: int = 0
     """Q/DQ pairs the proposal removes (negative) or adds (positive) vs full static quantization."""
+    method: str = ""
+    """Calibration method the proposal was made with (``""``: not recorded; verify then uses its flags)."""
+    activation_type: str = ""
+    """Activation quantization type of the base quantization (``""``: not recorded)."""
+    weight_type: str = ""
+    """Weight quantization type of the base quantization (``""``: not recorded)."""

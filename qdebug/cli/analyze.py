@@ -69,6 +69,11 @@ def print_summary(report, top: int = 10) -> None:
             f"{task.name} on {task.samples} {task.data} samples: FP32 {fmt_metric(task.name, task.fp32)}  "
             f"quantized {fmt_metric(task.name, task.quantized)}  (drop {drop:.2f}{unit})"
         )
+        if not math.isnan(task.quantized_fakequant):
+            console.print(
+                f"  same QDQ model without ORT's integer kernels (fake-quant): "
+                f"{fmt_metric(task.name, task.quantized_fakequant)}"
+            )
     for o in report.outputs:
         console.print(f"output {o.name}: SQNR {fmt_db(o.error.sqnr_db)} dB, max-abs {o.error.max_abs:.4g}")
     if report.deployed_gap > 0:

@@ -12,9 +12,8 @@ __version__ = "0.1.0"
 
 _API = {
     "analyze": "qdebug.pipeline",
-    "propose": "qdebug.pipeline",
-    "verify": "qdebug.pipeline",
-    "bench": "qdebug.pipeline",
+    "AnalyzeOptions": "qdebug.pipeline",
+    "run_bench": "qdebug.bench",
     "load_report": "qdebug.report_io",
     "save_report": "qdebug.report_io",
     "QDebugError": "qdebug.errors",

@@ -10,9 +10,11 @@ bytes, a fingerprint of the data, the method, the op types and ORT's version.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -147,8 +149,12 @@ def _run_calibrator(
                 providers=list(providers) if providers else None,
                 extra_options={},
             )
-            calibrator.collect_data(ReaderAdapter(data, on_batch))
-            tensors = calibrator.compute_data()
+            # ORT's histogram calibrators (entropy/percentile/distribution) stack every batch's
+            # outputs and fail on a smaller last batch, and print progress on stdout (ours is data).
+            reader = ReaderAdapter(data, on_batch, single_samples=ort_method.name != "MinMax")
+            with contextlib.redirect_stdout(sys.stderr):
+                calibrator.collect_data(reader)
+                tensors = calibrator.compute_data()
         except QDebugError:
             raise
         except Exception as e:

@@ -422,21 +422,31 @@ def _check_batch(batch: Batch, specs: tuple[InputSpec, ...]) -> None:
 class ReaderAdapter:
     """Presents a :class:`DataSet` as an ORT ``CalibrationDataReader`` (one batch per ``get_next``)."""
 
-    def __init__(self, data: DataSet, on_batch: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, data: DataSet, on_batch: Callable[[int], None] | None = None, *, single_samples: bool = False
+    ) -> None:
         self._data = data
-        self._it: Iterator[Batch] | None = None
+        self._it: Iterator[dict[str, np.ndarray]] | None = None
         self._on_batch = on_batch
+        self._single = single_samples
+
+    def _feeds(self) -> Iterator[dict[str, np.ndarray]]:
+        for batch in self._data.batches():
+            if self._single and batch.size > 1:
+                for i in range(batch.size):
+                    yield {k: v[i : i + 1] for k, v in batch.feeds.items()}
+                    if self._on_batch:
+                        self._on_batch(1)
+            else:
+                yield dict(batch.feeds)
+                if self._on_batch:
+                    self._on_batch(batch.size)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         """Next feed dict, or None at the end (ORT's protocol)."""
         if self._it is None:
-            self._it = self._data.batches()
-        batch = next(self._it, None)
-        if batch is None:
-            return None
-        if self._on_batch:
-            self._on_batch(batch.size)
-        return dict(batch.feeds)
+            self._it = self._feeds()
+        return next(self._it, None)
 
     def rewind(self) -> None:
         """Start again from the first batch."""

@@ -73,16 +73,24 @@ def _qtype(name: str) -> Any:
 
 
 def quantize_static_model(
-    model: onnx.ModelProto, ranges: Ranges, spec: QuantSpec, out_path: Path | None = None
+    model: onnx.ModelProto,
+    ranges: Ranges,
+    spec: QuantSpec,
+    out_path: Path | None = None,
+    *,
+    quant_format: str = "QDQ",
 ) -> onnx.ModelProto:
     """Build the static QDQ model of ``model`` from cached ``ranges`` (deep-copied; inputs untouched).
 
     ``model`` must be the normalized model (shape-inferred). Node names in
     ``spec.nodes_to_exclude`` that do not exist are refused, since ORT would
-    silently ignore them.
+    silently ignore them. ``quant_format="QOperator"`` builds the QOperator
+    form (QLinearConv, QLinearMatMul...) instead, through ORT's ``ONNXQuantizer``
+    (what ``quantize_static(quant_format=QuantFormat.QOperator)`` runs).
     """
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
-    from onnxruntime.quantization.quant_utils import update_opset_version
+    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
 
     names = {n.name for n in model.graph.node}
     unknown = [n for n in spec.nodes_to_exclude if n not in names]
@@ -103,18 +111,34 @@ def quantize_static_model(
             work = update_opset_version(
                 work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
             )
-            quantizer = QDQQuantizer(
-                work,
-                spec.per_channel,
-                False,
-                weight_type,
-                activation_type,
-                copy.deepcopy(ranges.tensors),
-                [],
-                list(spec.nodes_to_exclude),
-                op_types_to_quantize(),
-                extra,
-            )
+            if quant_format == "QOperator":
+                quantizer = ONNXQuantizer(
+                    work,
+                    spec.per_channel,
+                    False,
+                    QuantizationMode.QLinearOps,
+                    True,
+                    weight_type,
+                    activation_type,
+                    copy.deepcopy(ranges.tensors),
+                    [],
+                    list(spec.nodes_to_exclude),
+                    op_types_to_quantize(),
+                    extra,
+                )
+            else:
+                quantizer = QDQQuantizer(
+                    work,
+                    spec.per_channel,
+                    False,
+                    weight_type,
+                    activation_type,
+                    copy.deepcopy(ranges.tensors),
+                    [],
+                    list(spec.nodes_to_exclude),
+                    op_types_to_quantize(),
+                    extra,
+                )
             quantizer.quantize_model()
             result = quantizer.model.model
     except QDebugError:

@@ -1,16 +1,267 @@
-"""(bench: not implemented yet.)"""
+"""Compare FP32, dynamic, static and selective-static variants fairly: speed, memory, size, accuracy.
+
+Builds every variant from the same normalized FP32 model (static ones from the
+cached calibration ranges, the selective one from a proposal), scores each on
+the evaluation set, then times each in its own process with the same inputs,
+batch shape, provider and threads: session created once, input buffers
+refilled in place, outputs bound to preallocated buffers (ORT IO binding),
+warm-up excluded, the smaller last batch timed separately. Prints a table,
+writes JSON (-o) and an SVG chart of accuracy vs latency (--chart).
+
+Exits with 4 when a variant failed to build or run (the others are still
+measured and written).
+
+for example:
+  qdebug bench model.onnx --calib calib.npz --eval eval.npz
+  qdebug bench model.onnx --calib calib.npz --eval eval.npz --proposal proposal.json \\
+      --variants fp32,dynamic,static,selective --method minmax,entropy --threads 4 -o bench.json
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+from pathlib import Path
+
+from qdebug.cli.common import fmt_db, fmt_metric
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No flags yet."""
+    """Flags of ``qdebug bench``."""
+    p.add_argument("model", help="FP32 ONNX model")
+    p.add_argument(
+        "--calib", required=True, help="calibration data: .npz, folder of .npz, or module:function"
+    )
+    p.add_argument(
+        "--eval", default=None, help="evaluation data, timed and scored (default: the calibration data)"
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated: fp32,dynamic,static,selective,qoperator "
+        "(default: fp32,dynamic,static, plus selective with --proposal)",
+    )
+    p.add_argument(
+        "--proposal", default=None, help="proposal.json from qdebug propose (for the selective variant)"
+    )
+    p.add_argument(
+        "--method",
+        default="minmax",
+        help="calibration method(s), comma-separated: minmax, entropy, percentile, distribution "
+        "(one static variant each; default: minmax)",
+    )
+    p.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
+    p.add_argument(
+        "--activation-type",
+        default="QUInt8",
+        choices=("QUInt8", "QInt8", "QUInt16", "QInt16"),
+        help="static activation type (default: QUInt8)",
+    )
+    p.add_argument(
+        "--weight-type",
+        default="QInt8",
+        choices=("QUInt8", "QInt8"),
+        help="static weight type (default: QInt8)",
+    )
+    p.add_argument(
+        "--dynamic-ops",
+        default=None,
+        help="op types for dynamic quantization, e.g. MatMul,Gemm (default: ORT's)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="samples per batch (default: 16, or the model's fixed batch)",
+    )
+    p.add_argument("--max-samples", type=int, default=None, help="use at most N calibration samples")
+    p.add_argument(
+        "--metric",
+        default=None,
+        help="task metric: top1, top1_agreement, output_sqnr_db or module:function "
+        "(default: top1 when labels exist)",
+    )
+    p.add_argument(
+        "--upgrade-opset",
+        action="store_true",
+        help="convert models below opset 10 with onnx.version_converter",
+    )
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
+    p.add_argument(
+        "--provider",
+        default="CPUExecutionProvider",
+        help="ONNX Runtime execution provider: any this onnxruntime build offers, e.g. CUDAExecutionProvider",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads for every variant (default: ORT's choice)"
+    )
+    p.add_argument(
+        "--runs", type=int, default=5, help="timed passes over the evaluation set per variant (default: 5)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=3, help="untimed runs of each batch shape first (default: 3)"
+    )
+    p.add_argument(
+        "-o", "--output", default="qdebug-bench.json", help="JSON result (default: qdebug-bench.json)"
+    )
+    p.add_argument(
+        "--chart", default=None, help="SVG chart of accuracy vs latency (default: the -o path with .svg)"
+    )
+    p.add_argument("--no-chart", action="store_true", help="do not write the chart")
+    p.add_argument(
+        "--no-dynamic-layers",
+        action="store_true",
+        help="skip the dynamic variant's per-layer error report (one extra pass over the calibration data)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def bench_options(args: argparse.Namespace):  # -> BenchOptions
+    """BenchOptions from parsed flags."""
+    from qdebug.bench import BenchOptions, parse_methods, parse_variants
+
+    if args.variants:
+        variants = parse_variants(args.variants)
+    else:
+        variants = ("fp32", "dynamic", "static") + (("selective",) if args.proposal else ())
+    dynamic_ops = tuple(o.strip() for o in (args.dynamic_ops or "").split(",") if o.strip())
+    provider = args.provider
+    providers = (provider,) if provider == "CPUExecutionProvider" else (provider, "CPUExecutionProvider")
+    return BenchOptions(
+        variants=variants,
+        methods=parse_methods(args.method),
+        per_channel=args.per_channel,
+        activation_type=args.activation_type,
+        weight_type=args.weight_type,
+        dynamic_ops=dynamic_ops,
+        batch_size=args.batch_size,
+        max_samples=args.max_samples,
+        metric=args.metric,
+        upgrade_opset=args.upgrade_opset,
+        use_cache=not args.no_cache,
+        providers=providers,
+        threads=args.threads,
+        runs=args.runs,
+        warmup=args.warmup,
+        dynamic_layers=not args.no_dynamic_layers,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not implemented yet."""
-    from qdebug.errors import ExitCode, QDebugError
+    """Run the benchmark and print the table."""
+    from qdebug.bench import run_bench
+    from qdebug.cli.progress import stderr_progress
+    from qdebug.errors import ExitCode
 
-    raise QDebugError("qdebug bench is not implemented yet", "use qdebug analyze", ExitCode.USAGE)
+    options = bench_options(args)
+    chart = None if args.no_chart else (args.chart or str(Path(args.output).with_suffix(".svg")))
+    with stderr_progress(not args.quiet) as progress:
+        report = run_bench(
+            args.model,
+            args.calib,
+            eval_data=args.eval,
+            proposal=args.proposal,
+            output=args.output,
+            chart=chart,
+            options=options,
+            progress=progress,
+        )
+    print_table(report)
+    if report.machine.warning:
+        print(f"qdebug: warning: {report.machine.warning}", file=sys.stderr)
+    print(f"\nresults written to {args.output}" + (f", chart to {chart}" if chart else ""), file=sys.stderr)
+    failed = [v.name for v in report.variants if v.error]
+    return int(ExitCode.MODEL) if failed else 0
+
+
+def _size(n: int) -> str:
+    if n <= 0:
+        return "-"
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g} {unit}"
+    return f"{n} B"
+
+
+def _ms(x: float) -> str:
+    return "-" if not math.isfinite(x) else (f"{x:.3f}" if x < 10 else f"{x:.1f}")
+
+
+def print_table(report) -> None:
+    """The machine, one row per variant, the tail batches and notes, on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    m = report.machine
+    flags = ", ".join(m.int8_flags) or "none"
+    console.print(
+        f"machine: {m.cpu_model} ({m.arch}, {m.cpus_available} CPUs available), INT8 flags: {flags}; "
+        f"ORT {m.ort_version}, {m.providers[0]}, threads {m.threads or 'auto'}"
+    )
+    console.print(
+        f"{report.samples} samples in batches of {report.batch_size}, {report.runs} timed passes, "
+        f"{report.warmup} warm-up runs per batch shape; metric {report.metric}"
+    )
+    table = Table(title="variants (latency per batch; speedup vs FP32 p50)")
+    cols = (
+        "variant",
+        "size",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "samples/s",
+        "speedup",
+        "peak RSS MB",
+        "py B/batch",
+        report.metric,
+        "out SQNR dB",
+    )
+    for c in cols:
+        table.add_column(c, justify="left" if c == "variant" else "right")
+    for v in report.variants:
+        if v.error or v.full is None:
+            table.add_row(v.name, _size(v.model_bytes), "failed", *[""] * 8)
+            continue
+        f = v.full
+        table.add_row(
+            v.name,
+            _size(v.model_bytes),
+            _ms(f.p50_ms),
+            _ms(f.p95_ms),
+            _ms(f.p99_ms),
+            f"{f.throughput:.1f}",
+            "-" if not math.isfinite(v.speedup) else f"{v.speedup:.2f}x",
+            f"{v.peak_rss_mb:.0f}",
+            f"{v.alloc_bytes_per_batch:.0f}",
+            fmt_metric(report.metric, v.metric_value),
+            fmt_db(v.output_sqnr_db),
+        )
+    console.print(table)
+    tails = [v for v in report.variants if v.tail is not None]
+    if tails:
+        t0 = tails[0].tail
+        console.print(
+            f"last batch ({t0.batch_size} samples, timed separately, not padded): "
+            + "  ".join(f"{v.name} p50 {_ms(v.tail.p50_ms)} ms" for v in tails)
+        )
+    for v in report.variants:
+        if v.worst_layers:
+            worst = ", ".join(
+                f"{w.node} ({w.op_type}) {fmt_db(w.introduced_db)} dB" for w in v.worst_layers[:3]
+            )
+            console.print(
+                f"{v.name}: most error added by {worst}; per-layer report {v.layer_report} (qdebug tui)"
+            )
+    for v in report.variants:
+        if v.error:
+            console.print(f"[red]{v.name} failed[/red]: {v.error}")
+        for note in v.notes:
+            console.print(f"note: {v.name}: {note}")
+        if v.binding and v.binding != "iobinding":
+            console.print(
+                f"note: {v.name} timed with {v.binding} (IO binding to preallocated outputs refused)"
+            )
+    for note in report.notes:
+        console.print(f"note: {note}")

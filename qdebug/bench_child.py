@@ -1,0 +1,354 @@
+"""The measuring side of ``qdebug bench``: one variant, one process.
+
+``python -m qdebug.bench_child SPEC.json`` times one model and writes its
+result JSON (path named in the spec). The parent (:mod:`qdebug.bench`) starts
+one such process per variant, one after another, so each variant's peak RSS is
+its own and no variant inherits another's arena, thread pool or page cache of
+weights.
+
+This module imports only the standard library, numpy and onnxruntime (not
+onnx, not the rest of qdebug), so the memory it reports is the model's and the
+runtime's, not the tool's.
+
+The loop (:class:`Harness`), identical for every variant:
+
+* the session is created once, with the same options as
+  ``qdebug.capture.make_session`` (``ORT_ENABLE_ALL``, the given providers and
+  intra-op threads);
+* one set of input buffers per distinct batch shape is allocated before any
+  timing; each batch is copied into them with ``np.copyto`` -- nothing is
+  allocated per batch;
+* inputs and outputs are bound once per shape with ORT IO binding, outputs to
+  preallocated numpy buffers (fallbacks, in order: outputs allocated by ORT,
+  then plain ``session.run`` on the preallocated inputs; the mode used is
+  reported);
+* warm-up runs (every batch shape, ``warmup`` times) are excluded;
+* one timed batch = refill the bound inputs + run; timings go into a
+  preallocated array; the garbage collector is paused during the timed passes;
+* batches smaller than the largest (the last, partial batch) are timed and
+  reported separately, never padded;
+* Python-side allocations are measured with ``tracemalloc`` over a separate,
+  short loop of the same steps after the timed passes (tracing slows the
+  interpreter, so it never runs while timing).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+IOBINDING_PREALLOCATED = "iobinding"
+"""Inputs and outputs bound once to preallocated numpy buffers."""
+IOBINDING_ORT_OUTPUTS = "iobinding-ort-outputs"
+"""Inputs bound to preallocated buffers; outputs allocated by ORT on each run (shape not fixed)."""
+SESSION_RUN = "session.run"
+"""Plain ``session.run`` over the preallocated input buffers (IO binding refused by the provider)."""
+_MODES = [IOBINDING_PREALLOCATED, IOBINDING_ORT_OUTPUTS, SESSION_RUN]
+
+
+def make_session(model_path: str, providers: Sequence[str], threads: int) -> Any:
+    """An InferenceSession with the options of ``qdebug.capture.make_session`` (kept in step with it)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model_path, opts, providers=list(providers))
+
+
+@dataclass
+class Step:
+    """One batch of the loop: copy the batch into the bound buffers, then run."""
+
+    copies: tuple[tuple[np.ndarray, np.ndarray], ...]
+    """(destination buffer, source batch array) per input."""
+    run: Callable[[], Any]
+    size: int
+    """Samples in the batch."""
+
+
+class Harness:
+    """The timed loop over one session (see the module docstring).
+
+    Args:
+        session: an ``onnxruntime.InferenceSession``.
+        batches: the batches, each a mapping input name -> array (batch on axis 0).
+        use_iobinding: False forces plain ``session.run`` (for comparisons).
+
+    """
+
+    def __init__(
+        self, session: Any, batches: Sequence[Mapping[str, np.ndarray]], *, use_iobinding: bool = True
+    ) -> None:
+        if not batches:
+            raise ValueError("no batches to time")
+        self.session = session
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.notes: list[str] = []
+        sizes = [len(b[self.input_names[0]]) for b in batches]
+        self.full_size = max(sizes)
+        by_shape: dict[tuple, tuple[tuple[np.ndarray, ...], Callable[[], Any], str]] = {}
+        steps = []
+        first: list[Step] = []
+        for b in batches:
+            key = tuple((b[n].shape, b[n].dtype.str) for n in self.input_names)
+            if key not in by_shape:
+                bufs = tuple(np.empty(b[n].shape, b[n].dtype) for n in self.input_names)
+                for buf, n in zip(bufs, self.input_names, strict=True):
+                    np.copyto(buf, b[n])
+                by_shape[key] = (bufs, *self._bind(bufs, use_iobinding))
+            bufs, run, _ = by_shape[key]
+            srcs = (np.ascontiguousarray(b[n]) for n in self.input_names)
+            copies = tuple(zip(bufs, srcs, strict=True))
+            steps.append(Step(copies, run, len(b[self.input_names[0]])))
+            if len(first) < len(by_shape):
+                first.append(steps[-1])
+        self.steps = steps
+        self.shapes = len(by_shape)
+        self.mode = max((m for _, _, m in by_shape.values()), key=_MODES.index)
+        """The least direct binding mode used for any batch shape."""
+        self._first_of_shape = first
+        self.last_wall_ns = 0
+        """Wall time of the last timed loop (all batches, bookkeeping included, setup excluded)."""
+
+    # ------------------------------------------------------------------ binding
+
+    def _bind(self, bufs: tuple[np.ndarray, ...], use_iobinding: bool) -> tuple[Callable[[], Any], str]:
+        sess = self.session
+        feeds = dict(zip(self.input_names, bufs, strict=True))
+        reference = sess.run(self.output_names, feeds)
+        if not use_iobinding:
+            return (lambda: sess.run(self.output_names, feeds)), SESSION_RUN
+        try:
+            io = sess.io_binding()
+            for name, buf in zip(self.input_names, bufs, strict=True):
+                io.bind_input(name, "cpu", 0, buf.dtype.type, buf.shape, buf.ctypes.data)
+        except Exception as e:  # a provider that refuses host-memory inputs
+            self.notes.append(f"IO binding refused ({e.__class__.__name__}); timed with session.run")
+            return (lambda: sess.run(self.output_names, feeds)), SESSION_RUN
+        outs = [np.empty_like(r) for r in reference]
+        try:
+            for name, out in zip(self.output_names, outs, strict=True):
+                io.bind_output(name, "cpu", 0, out.dtype.type, out.shape, out.ctypes.data)
+            sess.run_with_iobinding(io)
+            sess.run_with_iobinding(io)  # twice: a changing output shape shows on the second run
+            if not all(o.shape == r.shape for o, r in zip(outs, reference, strict=True)):
+                raise ValueError("output shape changed")
+        except Exception as e:
+            self.notes.append(
+                f"outputs could not be bound to preallocated buffers ({e.__class__.__name__}); "
+                "ORT allocates them"
+            )
+            try:
+                io.clear_binding_outputs()
+                for name in self.output_names:
+                    io.bind_output(name, "cpu")
+                sess.run_with_iobinding(io)
+            except Exception as e2:
+                self.notes.append(f"IO binding failed ({e2.__class__.__name__}); timed with session.run")
+                return (lambda: sess.run(self.output_names, feeds)), SESSION_RUN
+            self._keep(io, outs)
+            return (lambda: sess.run_with_iobinding(io)), IOBINDING_ORT_OUTPUTS
+        self._keep(io, outs)
+        return (lambda: sess.run_with_iobinding(io)), IOBINDING_PREALLOCATED
+
+    def _keep(self, io: Any, outs: list[np.ndarray]) -> None:
+        """Keep the binding and its output buffers alive as long as the harness."""
+        self.__dict__.setdefault("_alive", []).append((io, outs))
+
+    # ------------------------------------------------------------------ loops
+
+    def warmup(self, runs: int) -> None:
+        """Run every distinct batch shape ``runs`` times (not timed), after a garbage collection.
+
+        The collection happens here rather than at the start of :meth:`time`
+        because it walks the whole heap and leaves the caches cold for the
+        first timed batch.
+        """
+        gc.collect()
+        for _ in range(runs):
+            for step in self._first_of_shape:
+                for dst, src in step.copies:
+                    np.copyto(dst, src)
+                step.run()
+
+    def time(self, passes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Time ``passes`` passes over all batches; returns (full-batch ns, tail-batch ns)."""
+        steps = self.steps
+        n = len(steps) * passes
+        times = np.zeros(n, dtype=np.int64)
+        full = np.zeros(n, dtype=bool)
+        for i, s in enumerate(steps * passes):
+            full[i] = s.size == self.full_size
+        order = steps * passes
+        copyto = np.copyto
+        clock = time.perf_counter_ns
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            i = 0
+            start = clock()
+            for step in order:
+                t0 = clock()
+                for dst, src in step.copies:
+                    copyto(dst, src)
+                step.run()
+                times[i] = clock() - t0
+                i += 1
+            self.last_wall_ns = clock() - start
+        finally:
+            if was_enabled:
+                gc.enable()
+        return times[full], times[~full]
+
+    def allocations(self, batches: int) -> dict[str, float]:
+        """Python-side allocations per batch of the loop body, measured with tracemalloc.
+
+        Returns ``peak_max``/``peak_mean``: bytes allocated above the level at
+        the start of a batch, at the batch's peak (a buffer allocated and freed
+        within the batch counts here), after subtracting the same measurement
+        of an empty batch; and ``net``: bytes still held per batch afterwards.
+        """
+        steps = self.steps
+        order = [steps[i % len(steps)] for i in range(max(1, batches))]
+        empty = [Step((), _nothing, 0)] * len(order)
+        floor = float(np.median(_trace(empty)[:-2]))
+        peaks = _trace(order)
+        start, end = peaks[-2:]
+        peaks = np.maximum(peaks[:-2] - floor, 0.0)
+        return {
+            "peak_max": float(peaks.max()),
+            "peak_mean": float(peaks.mean()),
+            "net": (end - start) / len(order),
+            "batches": float(len(order)),
+        }
+
+
+def _nothing() -> None:
+    return None
+
+
+def _trace(order: Sequence[Step]) -> np.ndarray:
+    """Per step: tracemalloc peak above the level at the step's start; then the totals before and after."""
+    out = np.zeros(len(order) + 2, dtype=np.float64)
+    copyto = np.copyto
+    tracemalloc.start()
+    try:
+        out[-2] = tracemalloc.get_traced_memory()[0]
+        for i, step in enumerate(order):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            for dst, src in step.copies:
+                copyto(dst, src)
+            step.run()
+            out[i] = tracemalloc.get_traced_memory()[1] - before
+        out[-1] = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return out
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def memory_bytes() -> dict[str, int]:
+    """Current and peak resident set size of this process, in bytes.
+
+    Linux: ``VmRSS``/``VmHWM`` from ``/proc/self/status``; elsewhere the peak
+    from ``getrusage`` (kilobytes on Linux, bytes on macOS) and no current value.
+    """
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    key, value = line.split(":", 1)
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak if sys.platform == "darwin" else peak * 1024
+    return {"rss": out.get("VmRSS", 0), "peak": out.get("VmHWM", peak)}
+
+
+# ---------------------------------------------------------------------- entry
+
+
+def load_batches(path: str, input_names: Sequence[str], count: int) -> list[dict[str, np.ndarray]]:
+    """The batches the parent wrote: arrays ``b{i}_{j}`` (batch i, input j) in one .npz."""
+    with np.load(path, allow_pickle=False) as z:
+        return [
+            {name: np.ascontiguousarray(z[f"b{i}_{j}"]) for j, name in enumerate(input_names)}
+            for i in range(count)
+        ]
+
+
+def measure(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Time one model as described by ``spec`` (see :func:`qdebug.bench.child_spec`)."""
+    import onnxruntime as ort
+
+    batches = load_batches(spec["inputs"], spec["input_names"], spec["batches"])
+    before_session = memory_bytes()["rss"]
+    session = make_session(spec["model"], spec["providers"], spec["threads"])
+    after_session = memory_bytes()["rss"]
+    harness = Harness(session, batches)
+    harness.warmup(spec["warmup"])
+    full, tail = harness.time(spec["runs"])
+    allocs = harness.allocations(spec["alloc_batches"])
+    mem = memory_bytes()
+    return {
+        "ok": True,
+        "full_ns": full.tolist(),
+        "tail_ns": tail.tolist(),
+        "full_size": harness.full_size,
+        "tail_sizes": sorted({s.size for s in harness.steps if s.size != harness.full_size}),
+        "mode": harness.mode,
+        "shapes": harness.shapes,
+        "notes": harness.notes,
+        "peak_rss": mem["peak"],
+        "rss_before_session": before_session,
+        "rss_after_session": after_session,
+        "alloc_peak_max": allocs["peak_max"],
+        "alloc_peak_mean": allocs["peak_mean"],
+        "alloc_net": allocs["net"],
+        "alloc_batches": allocs["batches"],
+        "providers": list(session.get_providers()),
+        "ort_version": ort.__version__,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m qdebug.bench_child SPEC.json``: write the result JSON named in the spec."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m qdebug.bench_child SPEC.json", file=sys.stderr)
+        return 2
+    with open(args[0]) as f:
+        spec = json.load(f)
+    try:
+        result = measure(spec)
+    except Exception as e:  # reported to the parent, which names the variant
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        result = {"ok": False, "error": f"{e.__class__.__name__}: {first[:300]}"}
+    tmp = spec["result"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, spec["result"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

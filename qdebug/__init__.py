@@ -10,9 +10,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_API = {
+_API: dict[str, str | tuple[str, str]] = {
     "analyze": "qdebug.pipeline",
     "AnalyzeOptions": "qdebug.pipeline",
+    "propose_exclusions": ("qdebug.propose", "propose"),
+    "verify_proposal": ("qdebug.verify", "verify"),
     "run_bench": "qdebug.bench",
     "load_report": "qdebug.report_io",
     "save_report": "qdebug.report_io",
@@ -26,9 +28,10 @@ __all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:
-    module = _API.get(name)
-    if module is None:
+    target = _API.get(name)
+    if target is None:
         raise AttributeError(f"module 'qdebug' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    module, attr = target if isinstance(target, tuple) else (target, name)
+    return getattr(importlib.import_module(module), attr)

@@ -197,6 +197,15 @@ class ErrorAccumulator:
         self.count += count
         self.nonfinite += nonfinite
 
+    def add_sums(self, ref2: float, noise2: float, cand2: float, dot: float, max_abs: float, count: int) -> None:
+        """Add one batch given as its sums (computed elsewhere, e.g. inside ORT); all must be finite."""
+        self.sum_ref2 += ref2
+        self.sum_noise2 += noise2
+        self.sum_cand2 += cand2
+        self.sum_dot += dot
+        self.max_abs = max(self.max_abs, max_abs)
+        self.count += count
+
     def merge(self, other: ErrorAccumulator) -> ErrorAccumulator:
         """Return a new accumulator holding both; ``self`` and ``other`` are unchanged."""
         if not isinstance(other, ErrorAccumulator):
@@ -275,6 +284,10 @@ class SummaryAccumulator:
             mean = s / a.size
             d = a - mean
             self._combine(a.size, mean, float(np.dot(d, d)), float(a.min()), float(a.max()))
+
+    def add_moments(self, n: int, mean: float, m2: float, lo: float, hi: float) -> None:
+        """Add one batch given as its count, mean, sum of squared deviations, min and max (all finite)."""
+        self._combine(n, mean, max(m2, 0.0), lo, hi)
 
     def merge(self, other: SummaryAccumulator) -> SummaryAccumulator:
         """Return a new accumulator holding both; ``self`` and ``other`` are unchanged."""

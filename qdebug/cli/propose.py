@@ -1,16 +1,179 @@
-"""(propose: not implemented yet.)"""
+"""Propose which nodes to keep out of quantization, and prove it on the evaluation data.
+
+Reads the analysis report (the model, data and quantization settings recorded
+in it; each path can be overridden), checks the model still matches the
+report (sha256), and searches the smallest set of nodes to keep FP32 -- or,
+with --allow, 16-bit activations / per-channel weights -- that meets the
+target. Candidates are re-quantized from the cached calibration ranges and
+scored on the evaluation set; the number of evaluations and their time are
+reported. Writes proposal.json, <stem>.selective.onnx (the selectively
+quantized model) next to it, and prints a ready-to-paste quantize_static
+snippet.
+
+The default target is a 1-point drop of the task metric vs FP32 (top1
+points), or 30 dB output SQNR for a metric without an FP32 value.
+
+exit codes: 0 when the target is met; 6 when no proposal within --max-nodes
+meets it (the best proposal found is still written); 3 when the model is not
+the one the report was made from.
+
+Example:
+  qdebug propose report.json --target-drop 1 --max-nodes 8 -o proposal.json
+
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+
+from qdebug.cli.common import fmt_metric
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No flags yet."""
+    """Flags of ``qdebug propose``."""
+    p.add_argument("report", help="analysis report written by qdebug analyze")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument(
+        "--target-drop",
+        type=float,
+        default=None,
+        metavar="POINTS",
+        help="allowed metric drop vs FP32, in points for top1 (default: 1)",
+    )
+    target.add_argument(
+        "--target-sqnr",
+        type=float,
+        default=None,
+        metavar="DB",
+        help="required worst output SQNR in dB (instead of a metric drop)",
+    )
+    p.add_argument("--max-nodes", type=int, default=None, metavar="K", help="keep at most K nodes FP32")
+    p.add_argument(
+        "--allow",
+        default="fp32",
+        metavar="LIST",
+        help="comma list of fp32, int16, per-channel (default: fp32); the cheapest that meets the "
+        "target is kept: per-channel < int16 < fp32",
+    )
+    p.add_argument("--model", default=None, help="FP32 model (default: the path recorded in the report)")
+    p.add_argument("--calib", default=None, help="calibration data (default: the report's)")
+    p.add_argument("--eval", default=None, help="evaluation data (default: the report's)")
+    p.add_argument(
+        "--metric",
+        default=None,
+        help="task metric: top1, top1_agreement, output_sqnr_db or module:function (default: the report's)",
+    )
+    p.add_argument(
+        "--eval-max-samples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="score candidates on the first N evaluation samples",
+    )
+    p.add_argument(
+        "--max-evaluations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="evaluation budget (default: 2*ceil(log2 L)+10 for L candidate nodes)",
+    )
+    p.add_argument("-o", "--output", default="proposal.json", help="proposal path (default: proposal.json)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
+    p.add_argument("--provider", default="CPUExecutionProvider", help="ONNX Runtime execution provider")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
+    p.add_argument("--snippet", action="store_true", help="also print the quantize_static snippet on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not implemented yet."""
+    """Search, write the proposal, print the summary; exit 6 when the target is not met."""
+    from qdebug.cli.progress import stderr_progress
     from qdebug.errors import ExitCode, QDebugError
+    from qdebug.propose import ProposeOptions, propose
 
-    raise QDebugError("qdebug propose is not implemented yet", "use qdebug analyze", ExitCode.USAGE)
+    if args.max_evaluations is not None and args.max_evaluations < 1:
+        raise QDebugError("--max-evaluations must be >= 1", "pass a positive number", ExitCode.USAGE)
+    providers = (
+        (args.provider,)
+        if args.provider == "CPUExecutionProvider"
+        else (args.provider, "CPUExecutionProvider")
+    )
+    options = ProposeOptions(
+        target_drop=args.target_drop,
+        target_sqnr=args.target_sqnr,
+        max_nodes=args.max_nodes,
+        allow=tuple(args.allow.split(",")),
+        metric=args.metric,
+        eval_max_samples=args.eval_max_samples,
+        max_evaluations=args.max_evaluations,
+        use_cache=not args.no_cache,
+        providers=providers,
+        threads=args.threads,
+    )
+    with stderr_progress(not args.quiet) as progress:
+        result = propose(
+            args.report,
+            output=args.output,
+            options=options,
+            model=args.model,
+            calib=args.calib,
+            eval_data=args.eval,
+            progress=progress,
+        )
+    print_summary(result)
+    if args.snippet:
+        print()
+        print(result.proposal.snippet, end="")
+    print(
+        f"\nproposal written to {args.output}; selective model: {result.proposal.quantized_model}",
+        file=sys.stderr,
+    )
+    if not result.met:
+        print(
+            f"qdebug: target not met ({result.target.describe()}); wrote the best proposal found",
+            file=sys.stderr,
+        )
+        return int(ExitCode.TARGET_NOT_MET)
+    return 0
+
+
+def print_summary(result) -> None:
+    """Target, metric FP32 / static / selective, what is excluded and why, and the search cost."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    p = result.proposal
+    name = p.metric
+    console.print(f"target: {result.target.describe()}  ->  {'MET' if result.met else 'NOT MET'}")
+    console.print(
+        f"{name}: FP32 {fmt_metric(name, p.fp32_metric)}  static {fmt_metric(name, p.static_metric)}  "
+        f"selective {fmt_metric(name, p.expected_metric)}"
+    )
+    share = len(p.nodes_to_exclude) / p.quantizable_nodes if p.quantizable_nodes else math.nan
+    console.print(
+        f"nodes kept FP32: {len(p.nodes_to_exclude)} of {p.quantizable_nodes} quantizable "
+        f"({100 * share:.1f}%); "
+        f"16-bit tensors: {len(p.tensor_overrides)}; per-channel: {p.per_channel}; "
+        f"Q/DQ pairs vs static: {p.qdq_pairs_delta:+d}"
+    )
+    trials = result.trials
+    qsec = sum(t.quantize_seconds for t in trials)
+    esec = sum(t.eval_seconds for t in trials)
+    console.print(
+        f"search: {result.evaluations} evaluations (budget {result.max_evaluations}, "
+        f"L={result.candidates} candidate "
+        f"nodes), {result.reranks} re-rank capture(s); re-quantize {qsec:.2f} s + evaluate {esec:.2f} s; "
+        f"total {result.seconds:.1f} s"
+    )
+    if p.reasons:
+        table = Table(title="proposal")
+        for col in ("node", "op", "action", "introduced dB", "region", "why"):
+            table.add_column(col, justify="right" if col in ("introduced dB", "region") else "left")
+        for r in p.reasons:
+            intro = "-" if math.isnan(r.introduced_db) else f"{r.introduced_db:.1f}"
+            why = r.reason.split("; ")[0]
+            table.add_row(r.node, r.op_type, r.action, intro, str(r.region) if r.region >= 0 else "-", why)
+        console.print(table)

@@ -1,16 +1,114 @@
-"""(verify: not implemented yet.)"""
+"""Verify a proposal: FP32 vs full static vs selective static, side by side.
+
+Re-quantizes the model with the proposal's nodes_to_exclude and overrides
+(from the cached calibration ranges), and compares the three variants on the
+task metric, output SQNR, recovered fraction (sel - static) / (fp32 - static),
+nodes kept FP32, model size, and latency p50/p95 + throughput (same
+provider, threads and batch; one session per variant; warm-up; input buffers
+bound once). For a metric with no finite FP32 value (output_sqnr_db) the
+verdict uses --target-sqnr. Quantization settings default to the ones the
+proposal records (else minmax / QUInt8 / QInt8).
+
+exit codes: 0 when the recovery (and --target-sqnr, if given) is met; 6 when
+not (for CI gating); 3 for a proposal made for another model or naming nodes
+the model does not have; 5 for evaluation data without labels when top1 is
+asked.
+
+Example:
+  qdebug verify model.onnx --calib calib.npz --eval eval.npz --proposal proposal.json -o verify.json
+
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from qdebug.cli.common import add_quant_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No flags yet."""
+    """Flags of ``qdebug verify``."""
+    p.add_argument("model", help="FP32 ONNX model the proposal was made for")
+    p.add_argument(
+        "--calib", required=True, help="calibration data: .npz, folder of .npz, or module:function"
+    )
+    p.add_argument("--eval", default=None, help="evaluation data (default: the calibration data)")
+    p.add_argument(
+        "--proposal", required=True, help="proposal.json from qdebug propose (or exported by the TUI)"
+    )
+    p.add_argument(
+        "--min-recovery",
+        type=float,
+        default=0.9,
+        metavar="FRACTION",
+        help="share of the lost metric the selective model must recover (default: 0.9)",
+    )
+    p.add_argument(
+        "--target-sqnr",
+        type=float,
+        default=None,
+        metavar="DB",
+        help="also require the selective model's worst output SQNR >= DB (needed for output_sqnr_db)",
+    )
+    p.add_argument(
+        "--eval-max-samples", type=int, default=None, metavar="N", help="evaluate on the first N samples"
+    )
+    p.add_argument(
+        "--runs", type=int, default=50, help="timed runs per variant (0: skip latency; default: 50)"
+    )
+    p.add_argument("--warmup", type=int, default=5, help="untimed warm-up runs per variant (default: 5)")
+    p.add_argument(
+        "-o", "--output", default=None, help="write verify.json here (and the models to <stem>_files/)"
+    )
+    add_quant_arguments(p)
+    # None = take the setting recorded in the proposal
+    p.set_defaults(method=None, activation_type=None, weight_type=None)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Not implemented yet."""
+    """Verify and print the side-by-side table; exit 6 when the target is not met."""
+    from qdebug.cli.progress import stderr_progress
     from qdebug.errors import ExitCode, QDebugError
+    from qdebug.verify import VerifyOptions, verify
 
-    raise QDebugError("qdebug verify is not implemented yet", "use qdebug analyze", ExitCode.USAGE)
+    if args.runs < 0 or args.warmup < 0:
+        raise QDebugError("--runs and --warmup must be >= 0", "pass a count", ExitCode.USAGE)
+    providers = (
+        (args.provider,)
+        if args.provider == "CPUExecutionProvider"
+        else (args.provider, "CPUExecutionProvider")
+    )
+    options = VerifyOptions(
+        min_recovery=args.min_recovery,
+        target_sqnr=args.target_sqnr,
+        metric=args.metric,
+        method=args.method,
+        activation_type=args.activation_type,
+        weight_type=args.weight_type,
+        per_channel=args.per_channel,
+        batch_size=args.batch_size,
+        max_samples=args.max_samples,
+        eval_max_samples=args.eval_max_samples,
+        runs=args.runs,
+        warmup=args.warmup,
+        use_cache=not args.no_cache,
+        providers=providers,
+        threads=args.threads,
+    )
+    with stderr_progress(not args.quiet) as progress:
+        result = verify(
+            args.model,
+            args.calib,
+            args.eval,
+            args.proposal,
+            options=options,
+            output=args.output,
+            progress=progress,
+        )
+    print(f"{result.metric} on {result.samples} samples; {result.quantizable_nodes} quantizable nodes")
+    for line in result.summary_lines():
+        print(line)
+    if args.output:
+        print(f"\nverify report written to {args.output}", file=sys.stderr)
+    return 0 if result.met else int(ExitCode.TARGET_NOT_MET)

@@ -1,0 +1,240 @@
+"""`qdebug verify`: side-by-side FP32 / static / selective, exit codes for CI, bad inputs, the TUI adapter."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+
+from qdebug.capture import SessionConfig
+from qdebug.cli.main import main
+from qdebug.errors import ExitCode
+from qdebug.propose import ProposeOptions, propose
+from qdebug.records import Proposal
+from qdebug.report_io import dumps, load_report
+from qdebug.verify import VerifyOptions, judge, make_tui_verify, time_sessions, verify
+from tests.conftest import fixture_path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(model, calib, eval, report, proposal path): analyze + propose once for the module."""
+    tmp = tmp_path_factory.mktemp("verify")
+    model = fixture_path("transformer", "model.onnx")
+    calib = fixture_path("transformer", "calib.npz")
+    evaluation = fixture_path("transformer", "eval.npz")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QDEBUG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "qdebug-cache"))
+        assert (
+            main(
+                [
+                    "analyze",
+                    str(model),
+                    "--calib",
+                    str(calib),
+                    "--eval",
+                    str(evaluation),
+                    "-o",
+                    str(tmp / "report.json"),
+                    "-q",
+                ]
+            )
+            == 0
+        )
+        report = load_report(tmp / "report.json")
+        drop = 10 * (report.task.fp32 - report.task.quantized)  # 10% of the loss, in points
+        result = propose(report, output=tmp / "proposal.json", options=ProposeOptions(target_drop=drop))
+    assert result.met
+    return model, calib, evaluation, report, tmp / "proposal.json"
+
+
+def _write(proposal: Proposal, path) -> str:
+    path.write_text(dumps(proposal))
+    return str(path)
+
+
+def _args(setup, proposal, *extra):
+    model, calib, evaluation, _, _ = setup
+    return [
+        "verify",
+        str(model),
+        "--calib",
+        str(calib),
+        "--eval",
+        str(evaluation),
+        "--proposal",
+        str(proposal),
+        "-q",
+        *extra,
+    ]
+
+
+def test_verify_met_exits_0_with_side_by_side_report(setup, tmp_path, capsys):
+    model, _, _, _, proposal_path = setup
+    out = tmp_path / "verify.json"
+    assert main(_args(setup, proposal_path, "--runs", "10", "-o", str(out))) == 0
+    stdout = capsys.readouterr().out
+    assert "fp32" in stdout and "selective" in stdout and "PASS" in stdout
+    raw = json.loads(out.read_text())
+    assert raw["kind"] == "verify" and raw["met"] is True
+    v = {x["name"]: x for x in raw["variants"]}
+    assert set(v) == {"fp32", "static", "selective"}
+    assert raw["recovered_fraction"] >= 0.9
+    fp32, static, sel = v["fp32"]["metric"], v["static"]["metric"], v["selective"]["metric"]
+    assert raw["recovered_fraction"] == pytest.approx((sel - static) / (fp32 - static))
+    assert 0 < v["selective"]["nodes_excluded"] <= 0.1 * raw["quantizable_nodes"]
+    assert v["selective"]["excluded_share"] == pytest.approx(
+        v["selective"]["nodes_excluded"] / raw["quantizable_nodes"]
+    )
+    assert v["selective"]["size_bytes"] < v["fp32"]["size_bytes"] == model.stat().st_size
+    assert v["static"]["size_bytes"] <= v["selective"]["size_bytes"]
+    for x in v.values():
+        t = x["timing"]
+        assert t["runs"] == 10 and t["batch"] == 16 and 0 < t["p50_ms"] <= t["p95_ms"] and t["throughput"] > 0
+    assert v["fp32"]["output_sqnr_db"] == "inf"
+    assert (tmp_path / "verify_files" / "selective.onnx").exists()
+
+
+def test_empty_proposal_is_not_met_exit_6(setup, tmp_path, capsys):
+    proposal = dataclasses.replace(
+        Proposal(1, "proposal", "", setup[3].model.sha256, "", ()), method="minmax"
+    )
+    code = main(_args(setup, _write(proposal, tmp_path / "empty.json"), "--runs", "0"))
+    assert code == ExitCode.TARGET_NOT_MET
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_min_recovery_zero_passes_an_empty_proposal(setup, tmp_path):
+    proposal = Proposal(1, "proposal", "", setup[3].model.sha256, "", ())
+    assert (
+        main(_args(setup, _write(proposal, tmp_path / "e.json"), "--runs", "0", "--min-recovery", "0")) == 0
+    )
+
+
+def test_unknown_node_is_refused(setup, tmp_path, capsys):
+    proposal = Proposal(1, "proposal", "", setup[3].model.sha256, "", ("layer0/ln1", "no/such/node"))
+    code = main(_args(setup, _write(proposal, tmp_path / "bad.json"), "--runs", "0"))
+    assert code == ExitCode.INPUT
+    err = capsys.readouterr().err
+    assert "'no/such/node'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_proposal_for_another_model_is_refused(setup, tmp_path, capsys):
+    proposal = Proposal(1, "proposal", "", "0" * 64, "", ("layer0/ln1",))
+    code = main(_args(setup, _write(proposal, tmp_path / "other.json"), "--runs", "0"))
+    assert code == ExitCode.INPUT
+    assert "another model" in capsys.readouterr().err
+
+
+def test_a_report_is_not_a_proposal(setup, tmp_path):
+    report_json = tmp_path / "r.json"
+    report_json.write_text(dumps(setup[3]))
+    assert main(_args(setup, report_json, "--runs", "0")) == ExitCode.INPUT
+
+
+def test_eval_data_without_labels_for_top1(setup, tmp_path, capsys):
+    model, calib, evaluation, _, proposal_path = setup
+    nolabels = tmp_path / "nolabels.npz"
+    np.savez(nolabels, input=np.load(evaluation)["input"][:32])
+    code = main(
+        [
+            "verify",
+            str(model),
+            "--calib",
+            str(calib),
+            "--eval",
+            str(nolabels),
+            "--proposal",
+            str(proposal_path),
+            "--metric",
+            "top1",
+            "--runs",
+            "0",
+            "-q",
+        ]
+    )
+    assert code == ExitCode.DATA
+    assert "labels" in capsys.readouterr().err
+
+
+def test_output_sqnr_metric_needs_a_target_sqnr(setup, tmp_path, capsys):
+    proposal_path = setup[4]
+    assert main(_args(setup, proposal_path, "--metric", "output_sqnr_db", "--runs", "0")) == ExitCode.USAGE
+    assert "--target-sqnr" in capsys.readouterr().err
+    assert (
+        main(_args(setup, proposal_path, "--metric", "output_sqnr_db", "--target-sqnr", "3", "--runs", "0"))
+        == 0
+    )
+    assert (
+        main(_args(setup, proposal_path, "--metric", "output_sqnr_db", "--target-sqnr", "60", "--runs", "0"))
+        == ExitCode.TARGET_NOT_MET
+    )
+
+
+def test_library_verify_matches_the_proposal(setup):
+    model, calib, evaluation, _, proposal_path = setup
+    result = verify(model, calib, evaluation, proposal_path, options=VerifyOptions(runs=0))
+    proposal = json.loads(proposal_path.read_text())
+    assert result.met
+    assert result.variant("selective").metric == pytest.approx(proposal["expected_metric"])
+    assert result.variant("static").metric == pytest.approx(proposal["static_metric"])
+    assert result.variant("fp32").timing is None
+    lines = result.summary_lines()
+    assert lines[-1].startswith("PASS") and any("top1" in x for x in lines)
+
+
+def test_judge():
+    rec, met, verdict = judge("top1", 0.9, 0.5, 0.88, 10.0, 0.9, None)
+    assert rec == pytest.approx(0.95) and met and verdict.startswith("PASS")
+    rec, met, _ = judge("top1", 0.9, 0.5, 0.8, 10.0, 0.9, None)
+    assert rec == pytest.approx(0.75) and not met
+    rec, met, _ = judge("top1", 0.9, 0.9, 0.9, 10.0, 0.9, None)  # nothing lost
+    assert math.isnan(rec) and met
+    rec, met, _ = judge("output_sqnr_db", math.inf, 5.0, 20.0, 20.0, 0.9, 25.0)
+    assert math.isnan(rec) and not met
+    assert judge("output_sqnr_db", math.inf, 5.0, 30.0, 30.0, 0.9, 25.0)[1]
+
+
+def test_time_sessions_is_fair_and_minimal(setup):
+    model = onnx.load(str(setup[0]))
+    feeds = {"input": np.load(setup[2])["input"][:8]}
+    timings = time_sessions(
+        {"a": model, "b": model}, feeds, SessionConfig(intra_op_threads=1), runs=12, warmup=2
+    )
+    assert set(timings) == {"a", "b"}
+    for t in timings.values():
+        assert t.runs == 12 and t.batch == 8 and t.warmup == 2 and t.threads == 1
+        assert 0 < t.p50_ms <= t.p95_ms and t.throughput == pytest.approx(8 / (t.mean_ms / 1e3))
+
+
+def test_tui_verify_adapter(setup):
+    report = setup[3]
+    proposal_path = setup[4]
+    from qdebug.report_io import load_record
+
+    proposal = load_record(Proposal, proposal_path, "proposal")
+    fn = make_tui_verify(report, runs=3)
+    assert fn is not None
+    seen = []
+    result = fn(proposal, lambda fraction, text: seen.append((fraction, text)), lambda: False)
+    assert result.met and seen and all(0.0 <= f <= 1.0 for f, _ in seen)
+    lines = result.summary_lines()
+    assert all(isinstance(x, str) for x in lines) and lines[-1].startswith("PASS")
+    # a second call reuses the prepared context and honours cancellation
+    assert fn(proposal, lambda f, t: None, lambda: True).verdict == "cancelled"
+
+
+def test_tui_verify_unavailable_when_files_are_not_reachable(setup, tmp_path):
+    report = setup[3]
+    gone = dataclasses.replace(
+        report, model=dataclasses.replace(report.model, path=str(tmp_path / "gone.onnx"))
+    )
+    assert make_tui_verify(gone) is None
+    no_calib = dataclasses.replace(
+        report, config=dataclasses.replace(report.config, calib=str(tmp_path / "x.npz"))
+    )
+    assert make_tui_verify(no_calib) is None

@@ -22,7 +22,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.capture import SessionConfig, Tap
+from qdebug.capture import SessionConfig, Tap, make_session
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.graph.reduce import PAIR_STATS, REF_STATS, PairSpec, build_reduction_model, compatible
 from qdebug.data import DataSet
 from qdebug.graph.match import GraphIndex, Pairing, subgraph_tensors
 from qdebug.metrics import (
@@ -40,7 +42,7 @@ SQNR_CAP_DB = 120.0
 Progress = Callable[[str, int, int | None], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayerErrors:
     """The per-tensor results of :func:`measure_layers`."""
 
@@ -48,6 +50,8 @@ class LayerErrors:
     not_captured: tuple[NotCaptured, ...]
     samples: int
     deployed_gap: float
+    outputs: ModelOutputs
+    engine: str
 
 
 class _TensorAcc:
@@ -56,10 +60,23 @@ class _TensorAcc:
     def __init__(self, quant: QuantParams | None, fallback: tuple[float, float] | None) -> None:
         edges = _edges(quant, fallback)
         self.summary = SummaryAccumulator()
-        self.acc = TensorErrorAccumulator(edges) if edges is not None else None
-        self.local = TensorErrorAccumulator(edges) if (edges is not None and quant is not None) else None
+        self.acc = TensorErrorAccumulator(edges)
+        self.local = TensorErrorAccumulator(edges) if quant is not None else None
         self.fakequant = ErrorAccumulator() if quant is not None else None
         self.deferred_edges = edges is None
+
+    def ensure_edges(self, ref: np.ndarray, lo: float | None = None, hi: float | None = None) -> None:
+        """Fix histogram edges from the first batch for tensors with neither a grid nor a calibrated range."""
+        if not self.deferred_edges:
+            return
+        self.deferred_edges = False
+        if lo is None or hi is None:
+            finite = ref[np.isfinite(ref)]
+            if not finite.size:
+                return
+            lo, hi = float(finite.min()), float(finite.max())
+        if math.isfinite(lo) and math.isfinite(hi) and self.acc.error.count == 0:
+            self.acc = TensorErrorAccumulator(range_edges(lo, hi))
 
 
 def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | None:
@@ -70,6 +87,16 @@ def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.nda
     return None
 
 
+@dataclass(frozen=True, eq=False)
+class ModelOutputs:
+    """Per-batch graph outputs seen during the capture (reused as the task metric when eval == calib)."""
+
+    reference: list[dict[str, np.ndarray]]
+    deployed: list[dict[str, np.ndarray]]
+    fakequant: list[dict[str, np.ndarray]]
+    labels: list[np.ndarray] | None
+
+
 def measure_layers(
     fp32: onnx.ModelProto,
     qdq: onnx.ModelProto,
@@ -78,66 +105,47 @@ def measure_layers(
     config: SessionConfig,
     ranges: dict[str, tuple[float, float]] | None = None,
     progress: Progress | None = None,
+    *,
+    engine: str = "auto",
 ) -> LayerErrors:
-    """Stream ``data`` through the three sessions and accumulate every tensor's error."""
+    """Stream ``data`` through the models and accumulate every tensor's error.
+
+    ``engine="graph"`` computes the reductions inside ORT on merged models
+    (:mod:`qdebug.graph.reduce`); ``"numpy"`` copies every tensor out and reduces
+    it in numpy (exact float64, slower); ``"auto"`` uses the graph engine when
+    both models share an opset and every paired tensor has a known float type.
+    """
     ranges = ranges or {}
-    pairs = [p for p in pairing.tensors if p.qdq is not None]
-    fp_names = [p.fp32 for p in pairing.tensors]
-    acc_names = [p.dequant or p.qdq for p in pairs]
-    local_pairs = [p for p in pairs if p.dequant is not None]
-    local_names = [n for p in local_pairs for n in (p.qdq, p.dequant)]
-
-    fp_tap = Tap(fp32, fp_names, config, what="instrumented FP32 model")
-    dep_tap = Tap(qdq, acc_names, config, optimize=True, what="instrumented quantized model")
-    fq_tap = Tap(qdq, local_names, config, optimize=False, what="fake-quant quantized model")
-    plain = Tap(qdq, [], config, optimize=True, what="quantized model")
-
     accs = {p.fp32: _TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
     skipped: dict[str, str] = {}
+    types = _elem_types(fp32)
+    for p in pairing.tensors:
+        t = types.get(p.fp32)
+        if t is not None and t not in _FLOAT_TYPES:
+            skipped[p.fp32] = f"{onnx.TensorProto.DataType.Name(t).lower()} tensor: not a float tensor, not scored"
+    scored = [p for p in pairing.tensors if p.fp32 not in skipped]
+    use_graph = engine == "graph" or (
+        engine == "auto" and compatible(fp32, qdq) and all(types.get(p.fp32) in _FLOAT_TYPES for p in scored)
+    )
+    numpy_path = _NumpyPath(fp32, qdq, scored, config)
+    graph_path = _GraphPath(fp32, qdq, scored, config) if use_graph else None
+    plain = Tap(qdq, [], config, optimize=True, what="quantized model")
+    outputs = ModelOutputs([], [], [], [] if data.has_labels else None)
     samples = 0
     gap = 0.0
-    first = True
-    for batch in data.batches():
-        f = fp_tap.run(batch.feeds)
-        d = dep_tap.run(batch.feeds)
-        if first:
-            gap = _deployed_gap(plain.run(batch.feeds), d, plain.graph_outputs)
+    for index, batch in enumerate(data.batches()):
+        if graph_path is not None:
+            ref_out, dep_out, fq_out = graph_path.run(batch.feeds, accs, numpy_path, skipped)
+        else:
+            ref_out, dep_out, fq_out = numpy_path.run(batch.feeds, accs, scored, skipped)
+        if index == 0:
+            gap = _deployed_gap(plain.run(batch.feeds), dep_out, plain.graph_outputs)
             del plain
-            first = False
-        for p in pairing.tensors:
-            ref = f.get(p.fp32)
-            if ref is None or ref.dtype.kind != "f":
-                if ref is not None:
-                    skipped.setdefault(p.fp32, f"{ref.dtype} tensor: not a float tensor, not scored")
-                continue
-            a = accs[p.fp32]
-            a.summary.update(ref)
-            if a.deferred_edges:
-                finite = ref[np.isfinite(ref)]
-                edges = range_edges(float(finite.min()), float(finite.max())) if finite.size else None
-                a.acc = TensorErrorAccumulator(edges)
-                a.deferred_edges = False
-            if p.qdq is None:
-                continue
-            cand = d.get(p.dequant or p.qdq)
-            if cand is None or cand.shape != ref.shape:
-                skipped.setdefault(p.fp32, "quantized counterpart has another shape: not compared")
-                continue
-            a.acc.update(ref, cand)
-        del d
-        l = fq_tap.run(batch.feeds)
-        for p in local_pairs:
-            a = accs[p.fp32]
-            pre, post = l.get(p.qdq), l.get(p.dequant)
-            if a.local is None or pre is None or post is None or pre.dtype.kind != "f" or pre.shape != post.shape:
-                continue
-            ref = f.get(p.fp32)
-            if a.fakequant is not None and ref is not None and ref.shape == post.shape:
-                a.fakequant.update(ref, post)
-            if p.folded is not None:
-                pre = np.clip(pre, p.folded[0], p.folded[1])
-            a.local.update(pre, post)
-        del l, f
+        outputs.reference.append(ref_out)
+        outputs.deployed.append(dep_out)
+        outputs.fakequant.append(fq_out)
+        if outputs.labels is not None and batch.labels is not None:
+            outputs.labels.append(batch.labels)
         samples += batch.size
         if progress:
             progress("capture", samples, data.n_samples)
@@ -148,7 +156,162 @@ def measure_layers(
         not_captured.append(
             NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
         )
-    return LayerErrors(tuple(records), tuple(not_captured), samples, gap)
+    engine_used = "graph" if graph_path is not None else "numpy"
+    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used)
+
+
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor whose type shape inference found."""
+    out = {}
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        if vi.type.tensor_type.elem_type:
+            out[vi.name] = vi.type.tensor_type.elem_type
+    return out
+
+
+def _graph_outputs(values: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    return {n: values[n] for n in names if n in values}
+
+
+class _NumpyPath:
+    """Copy every tensor out of ORT and reduce it in float64 numpy (exact; also the NaN fallback)."""
+
+    def __init__(self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig) -> None:
+        self.fp32, self.qdq, self.config, self.scored = fp32, qdq, config, scored
+        self._taps: tuple[Tap, Tap, Tap] | None = None
+
+    def taps(self) -> tuple[Tap, Tap, Tap]:
+        """The three instrumented sessions, created on first use."""
+        if self._taps is None:
+            pairs = [p for p in self.scored if p.qdq is not None]
+            local = [n for p in pairs if p.dequant is not None for n in (p.qdq, p.dequant)]
+            self._taps = (
+                Tap(self.fp32, [p.fp32 for p in self.scored], self.config, what="instrumented FP32 model"),
+                Tap(self.qdq, [p.dequant or p.qdq for p in pairs], self.config, what="instrumented quantized model"),
+                Tap(self.qdq, local, self.config, optimize=False, what="fake-quant quantized model"),
+            )
+        return self._taps
+
+    def run(self, feeds, accs: dict[str, _TensorAcc], pairs: list, skipped: dict[str, str]):
+        """One batch through the three sessions; updates ``accs`` for ``pairs``; returns graph outputs."""
+        fp_tap, dep_tap, fq_tap = self.taps()
+        f = fp_tap.run(feeds)
+        d = dep_tap.run(feeds)
+        for p in pairs:
+            ref = f.get(p.fp32)
+            if ref is None or ref.dtype.kind != "f":
+                if ref is not None:
+                    skipped.setdefault(p.fp32, f"{ref.dtype} tensor: not a float tensor, not scored")
+                continue
+            a = accs[p.fp32]
+            a.summary.update(ref)
+            a.ensure_edges(ref)
+            if p.qdq is None:
+                continue
+            cand = d.get(p.dequant or p.qdq)
+            if cand is None or cand.shape != ref.shape:
+                skipped.setdefault(p.fp32, "quantized counterpart has another shape: not compared")
+                continue
+            a.acc.update(ref, cand)
+        dep_out = _graph_outputs(d, dep_tap.graph_outputs)
+        del d
+        q = fq_tap.run(feeds)
+        for p in pairs:
+            if p.dequant is None:
+                continue
+            a = accs[p.fp32]
+            pre, post = q.get(p.qdq), q.get(p.dequant)
+            if a.local is None or pre is None or post is None or pre.dtype.kind != "f" or pre.shape != post.shape:
+                continue
+            ref = f.get(p.fp32)
+            if a.fakequant is not None and ref is not None and ref.shape == post.shape:
+                a.fakequant.update(ref, post)
+            if p.folded is not None:
+                pre = np.clip(pre, p.folded[0], p.folded[1])
+            a.local.update(pre, post)
+        return _graph_outputs(f, fp_tap.graph_outputs), dep_out, _graph_outputs(q, fq_tap.graph_outputs)
+
+
+class _GraphPath:
+    """Reductions computed inside ORT on two merged models (deployed, and fake-quant)."""
+
+    def __init__(self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig) -> None:
+        acc_specs = [
+            PairSpec(p.fp32, p.fp32, p.dequant or p.qdq or p.fp32, "r", "c" if p.qdq is not None else "r")
+            for p in scored
+        ]
+        self.scored = scored
+        self.local_pairs = [p for p in scored if p.qdq is not None and p.dequant is not None]
+        local_specs = []
+        for p in self.local_pairs:
+            local_specs.append(PairSpec(p.fp32, p.qdq, p.dequant, "c", "c", p.folded))
+            local_specs.append(PairSpec(p.fp32, p.fp32, p.dequant, "r", "c"))
+        self.deployed = build_reduction_model(fp32, qdq, acc_specs)
+        self.fakequant = build_reduction_model(fp32, qdq, local_specs)
+        self.dep_sess = make_session(self.deployed.model, config, what="instrumented models")
+        self.fq_sess = make_session(self.fakequant.model, config, optimize=False, what="fake-quant models")
+        self.dep_names = [o.name for o in self.dep_sess.get_outputs()]
+        self.fq_names = [o.name for o in self.fq_sess.get_outputs()]
+        self.inputs = [i.name for i in self.dep_sess.get_inputs()]
+
+    @staticmethod
+    def _run(sess, names: list[str], feeds) -> dict[str, np.ndarray]:
+        try:
+            return dict(zip(names, sess.run(names, {k: feeds[k] for k in (i.name for i in sess.get_inputs())})))
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise QDebugError(
+                f"ONNX Runtime failed while running the model: {first[:300]}",
+                "check that the data matches what the model expects",
+                ExitCode.DATA,
+            ) from None
+
+    def run(self, feeds, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath, skipped: dict[str, str]):
+        """One batch; pairs whose in-graph sums are not finite are recomputed by the numpy path."""
+        out = self._run(self.dep_sess, self.dep_names, feeds)
+        bad = []
+        for i, p in enumerate(self.scored):
+            col = {k: float(out[f"qdbg/out/{k}"][i]) for k in PAIR_STATS + REF_STATS}
+            if not all(math.isfinite(v) for v in col.values()):
+                bad.append(p)
+                continue
+            a = accs[p.fp32]
+            n = int(col["count"])
+            a.summary.add_moments(n, col["rmean"], col["rm2"], col["rmin"], col["rmax"])
+            rs, cs = self.deployed.sample_outputs[i]
+            a.ensure_edges(out[rs], col["rmin"], col["rmax"])
+            if p.qdq is not None:
+                a.acc.error.add_sums(col["ref2"], col["noise2"], col["cand2"], col["dot"], col["maxabs"], n)
+                if a.acc.histogram is not None:
+                    a.acc.histogram.update(out[rs], out[cs])
+        ref_out = {name[2:]: out[name] for name in self.deployed.ref_outputs}
+        dep_out = {name[2:]: out[name] for name in self.deployed.cand_outputs}
+        del out
+        q = self._run(self.fq_sess, self.fq_names, feeds)
+        for j, p in enumerate(self.local_pairs):
+            if p in bad:
+                continue
+            a = accs[p.fp32]
+            for k, target in ((2 * j, a.local), (2 * j + 1, a.fakequant)):
+                col = {s: float(q[f"qdbg/out/{s}"][k]) for s in PAIR_STATS}
+                if not all(math.isfinite(v) for v in col.values()):
+                    if p not in bad:
+                        bad.append(p)
+                    continue
+                if target is None:
+                    continue
+                err = target.error if isinstance(target, TensorErrorAccumulator) else target
+                err.add_sums(col["ref2"], col["noise2"], col["cand2"], col["dot"], col["maxabs"], int(col["count"]))
+                if isinstance(target, TensorErrorAccumulator) and target.histogram is not None:
+                    rs, cs = self.fakequant.sample_outputs[k]
+                    target.histogram.update(q[rs], q[cs])
+        fq_out = {name[2:]: q[name] for name in self.fakequant.cand_outputs}
+        if bad:
+            _, _, _ = numpy_path.run(feeds, accs, bad, skipped)
+        return ref_out, dep_out, fq_out
 
 
 KERNEL_GAP_DB = 3.0

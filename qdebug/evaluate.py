@@ -74,6 +74,27 @@ class Evaluator:
         self.metric_name, self._user = self._resolve_metric(metric)
         self.fp32_value = self._score(self.reference)
 
+    @classmethod
+    def from_outputs(
+        cls,
+        reference: list[dict[str, np.ndarray]],
+        labels: list[np.ndarray] | None,
+        data: DataSet,
+        metric: str | None = None,
+    ) -> Evaluator:
+        """An evaluator over outputs already computed (e.g. during the layer capture): no session is run."""
+        self = cls.__new__(cls)
+        self.data = data
+        self.batches = []
+        self.output_names = list(reference[0])
+        self.input_names = []
+        self.labels = labels if labels and len(labels) == len(reference) else None
+        self.reference = reference
+        self.samples = sum(len(next(iter(r.values()))) for r in reference)
+        self.metric_name, self._user = self._resolve_metric(metric)
+        self.fp32_value = self._score(self.reference)
+        return self
+
     def _resolve_metric(self, metric: str | None) -> tuple[str, Callable | None]:
         first = self.reference[0][self.output_names[0]]
         if metric in (None, "auto"):
@@ -143,6 +164,11 @@ class Evaluator:
         start = time.perf_counter()
         session = make_session(model, self.config, what=what, optimize=optimize)
         candidate = [self._run(session, b.feeds) for b in self.batches]
+        return self.score_outputs(candidate, time.perf_counter() - start)
+
+    def score_outputs(self, candidate: list[dict[str, np.ndarray]], seconds: float = 0.0) -> EvalResult:
+        """Score candidate outputs (one dict per evaluation batch) against the FP32 outputs."""
+        start = time.perf_counter()
         value = self._score(candidate)
         outputs = []
         for k in self.output_names:
@@ -151,4 +177,5 @@ class Evaluator:
                 if r[k].dtype.kind == "f" and r[k].shape == c[k].shape:
                     acc.update(r[k], c[k])
             outputs.append(OutputMetric(k, acc.result()))
-        return EvalResult(self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, time.perf_counter() - start)
+        elapsed = seconds + time.perf_counter() - start
+        return EvalResult(self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, elapsed)

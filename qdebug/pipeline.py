@@ -50,6 +50,8 @@ class AnalyzeOptions:
     use_cache: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     threads: int = 0
+    engine: str = "auto"
+    """Capture engine: ``graph`` (reductions inside ORT), ``numpy`` (exact float64 copies), ``auto``."""
 
 
 def artifacts_dir(report_path: Path) -> Path:
@@ -191,20 +193,28 @@ def analyze(
         notes.append(f"{len(pairing.unmatched)} FP32 node(s) have no counterpart in the quantized model")
 
     ranges_mm = prep.ranges.minmax() if prep.ranges is not None else {}
-    layers = measure_layers(prep.normalized, qproto, pairing, prep.calib, config, ranges_mm, progress)
+    layers = measure_layers(
+        prep.normalized, qproto, pairing, prep.calib, config, ranges_mm, progress, engine=options.engine
+    )
+    if layers.engine == "numpy" and options.engine == "auto":
+        notes.append("layer capture used the numpy engine (models differ in opset or tensor types are unknown)")
     qnodes = quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
     notes.extend(kernel_gap_notes(layers.tensors))
 
-    eval_set = prep.calib
-    eval_label = "calib"
     if eval_data is not None:
         eval_set = open_data(eval_data, prep.calib.specs, batch_size=options.batch_size, what="evaluation data")
+        evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
+        result = evaluator.score(qproto)
+        fakequant = evaluator.score(qproto, optimize=False)
         eval_label = "eval"
-    evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
-    result = evaluator.score(qproto)
-    fakequant = evaluator.score(qproto, optimize=False)
+    else:  # the capture already ran both models over the calibration data: reuse its outputs
+        outs = layers.outputs
+        evaluator = Evaluator.from_outputs(outs.reference, outs.labels, prep.calib, options.metric)
+        result = evaluator.score_outputs(outs.deployed)
+        fakequant = evaluator.score_outputs(outs.fakequant)
+        eval_label = "calib"
     task = TaskMetric(result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant.value)
 
     import onnxruntime

@@ -12,6 +12,7 @@ example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 
@@ -28,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)")
     p.add_argument("--csv", default=None, help="also write one CSV row per node to this path")
     p.add_argument("--top", type=int, default=10, help="rows in the worst-layers summary (default: 10)")
+    p.add_argument(
+        "--engine", default="auto", choices=("auto", "graph", "numpy"),
+        help="capture engine: reductions inside ORT (graph, fast) or float64 numpy copies (exact); default auto",
+    )
     add_quant_arguments(p)
 
 
@@ -38,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.csv:
         check_writable(args.csv)
+    options = dataclasses.replace(analyze_options(args), engine=args.engine)
     with stderr_progress(not args.quiet) as progress:
         report = analyze(
             args.model,
@@ -45,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             eval_data=args.eval,
             quantized=args.quantized,
             output=args.output,
-            options=analyze_options(args),
+            options=options,
             progress=progress,
         )
     if args.csv:

@@ -438,10 +438,12 @@ def node_records(
         acc_in = _worst([_upstream_sqnr(i, by_name, index) for i in node.input if i and i not in index.inits])
         local = _worst([t.local.sqnr_db for t in outs if t.local])
         if math.isnan(acc_out):
-            introduced = math.nan
+            introduced = added = math.nan
         else:
             in_db = SQNR_CAP_DB if math.isnan(acc_in) else acc_in
             introduced = _nsr_db(acc_out) - _nsr_db(in_db)
+            delta = 10 ** (_nsr_db(acc_out) / 10) - 10 ** (_nsr_db(in_db) / 10)
+            added = 10 * math.log10(delta) if delta > 0 else -math.inf
         kls = [t.local.kl for t in outs if t.local and not math.isnan(t.local.kl)]
         out.append(
             NodeRecord(
@@ -457,6 +459,7 @@ def node_records(
                 introduced_db=introduced,
                 kl=max(kls) if kls else math.nan,
                 domain=node.domain,
+                added_noise_db=added,
             )
         )
     return tuple(out)

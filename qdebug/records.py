@@ -131,6 +131,13 @@ class NodeRecord:
     """
     kl: float
     domain: str = ""
+    added_noise_db: float = float("nan")
+    """Noise the node adds, relative to the signal: ``10*log10(NSR_out - NSR_in)`` (``NSR = 10**(-SQNR/10)``).
+
+    ``-inf`` when it adds none. Unlike ``introduced_db`` (a ratio), this is additive
+    across nodes, so a drop from 56 to 36 dB near the input (-36 dB added) ranks
+    far below a drop from 26 to 5 dB (-5 dB added): the summary ranks by it.
+    """
 
 
 @dataclass(frozen=True)

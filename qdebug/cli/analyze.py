@@ -61,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def rank_nodes(report) -> list:
+    """Nodes worst first: by the noise they add (linear, additive), then by introduced dB."""
+    scored = [n for n in report.nodes if not math.isnan(n.added_noise_db) and n.added_noise_db > -math.inf]
+    return sorted(scored, key=lambda n: (-n.added_noise_db, -n.introduced_db))
+
+
 def print_summary(report, top: int = 10) -> None:
     """Worst layers by introduced error, and the model-level metric, on stdout."""
     from rich.console import Console
@@ -84,16 +90,13 @@ def print_summary(report, top: int = 10) -> None:
         console.print(f"output {o.name}: SQNR {fmt_db(o.error.sqnr_db)} dB, max-abs {o.error.max_abs:.4g}")
     if report.deployed_gap > 0:
         console.print(f"instrumented vs deployed quantized outputs differ by up to {report.deployed_gap:.3g}")
-    ranked = sorted(
-        (n for n in report.nodes if not math.isnan(n.introduced_db)),
-        key=lambda n: -n.introduced_db,
-    )[:top]
-    table = Table(title=f"worst {len(ranked)} nodes by introduced error ({report.samples} samples)")
-    for col in ("node", "op", "introduced dB", "local SQNR", "accum. SQNR", "KL"):
+    ranked = rank_nodes(report)[:top]
+    table = Table(title=f"worst {len(ranked)} nodes by the noise they add ({report.samples} samples)")
+    for col in ("node", "op", "added noise dB", "introduced dB", "local SQNR", "accum. SQNR", "KL"):
         table.add_column(col, justify="left" if col in ("node", "op") else "right")
     for n in ranked:
         kl = "-" if math.isnan(n.kl) else f"{n.kl:.3g}"
-        table.add_row(n.name, n.op_type, fmt_db(n.introduced_db), fmt_db(n.local_sqnr_db), fmt_db(n.accumulated_sqnr_db), kl)
+        table.add_row(n.name, n.op_type, fmt_db(n.added_noise_db), fmt_db(n.introduced_db), fmt_db(n.local_sqnr_db), fmt_db(n.accumulated_sqnr_db), kl)
     console.print(table)
     for note in report.notes:
         console.print(f"note: {note}")

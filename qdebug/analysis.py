@@ -24,7 +24,15 @@ from onnx import numpy_helper
 
 from qdebug.capture import SessionConfig, Tap, make_session
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.graph.reduce import PAIR_STATS, REF_STATS, PairSpec, build_reduction_model, compatible
+from qdebug.graph.reduce import (
+    PAIR_STATS,
+    REF_STATS,
+    PairSpec,
+    build_reduction_model,
+    compatible,
+    dot_from_sums,
+    moments_from_sums,
+)
 from qdebug.data import DataSet
 from qdebug.graph.match import GraphIndex, Pairing, subgraph_tensors
 from qdebug.metrics import (
@@ -250,7 +258,7 @@ class _GraphPath:
             local_specs.append(PairSpec(p.fp32, p.qdq, p.dequant, "c", "c", p.folded))
             local_specs.append(PairSpec(p.fp32, p.fp32, p.dequant, "r", "c"))
         self.deployed = build_reduction_model(fp32, qdq, acc_specs)
-        self.fakequant = build_reduction_model(fp32, qdq, local_specs)
+        self.fakequant = build_reduction_model(fp32, qdq, local_specs, with_ref_stats=False)
         self.dep_sess = make_session(self.deployed.model, config, what="instrumented models")
         self.fq_sess = make_session(self.fakequant.model, config, optimize=False, what="fake-quant models")
         self.dep_names = [o.name for o in self.dep_sess.get_outputs()]
@@ -280,11 +288,13 @@ class _GraphPath:
                 continue
             a = accs[p.fp32]
             n = int(col["count"])
-            a.summary.add_moments(n, col["rmean"], col["rm2"], col["rmin"], col["rmax"])
+            mean, m2 = moments_from_sums(n, col["rsum"], col["ref2"])
+            a.summary.add_moments(n, mean, m2, col["rmin"], col["rmax"])
             rs, cs = self.deployed.sample_outputs[i]
             a.ensure_edges(out[rs], col["rmin"], col["rmax"])
             if p.qdq is not None:
-                a.acc.error.add_sums(col["ref2"], col["noise2"], col["cand2"], col["dot"], col["maxabs"], n)
+                dot = dot_from_sums(col["ref2"], col["cand2"], col["noise2"])
+                a.acc.error.add_sums(col["ref2"], col["noise2"], col["cand2"], dot, col["maxabs"], n)
                 if a.acc.histogram is not None:
                     a.acc.histogram.update(out[rs], out[cs])
         ref_out = {name[2:]: out[name] for name in self.deployed.ref_outputs}
@@ -304,7 +314,8 @@ class _GraphPath:
                 if target is None:
                     continue
                 err = target.error if isinstance(target, TensorErrorAccumulator) else target
-                err.add_sums(col["ref2"], col["noise2"], col["cand2"], col["dot"], col["maxabs"], int(col["count"]))
+                dot = dot_from_sums(col["ref2"], col["cand2"], col["noise2"])
+                err.add_sums(col["ref2"], col["noise2"], col["cand2"], dot, col["maxabs"], int(col["count"]))
                 if isinstance(target, TensorErrorAccumulator) and target.histogram is not None:
                     rs, cs = self.fakequant.sample_outputs[k]
                     target.histogram.update(q[rs], q[cs])
@@ -340,6 +351,103 @@ def kernel_gap_notes(tensors: tuple[TensorRecord, ...], limit: int = 3) -> list[
         "intermediates (ORT's documented U8S8 saturation): re-quantize with --weight-type QUInt8 (U8U8) or "
         "keep those nodes out of INT8"
     ]
+
+
+CONCAT_RANGE_RATIO = 50.0
+"""Concat inputs whose quantization ranges differ by more than this share one scale badly."""
+
+
+def _qspan(t: TensorRecord) -> float:
+    """Width of the range a uint8 scale must cover (min/max with 0 included, as ORT's calibration does)."""
+    assert t.summary is not None
+    return max(t.summary.max, 0.0) - min(t.summary.min, 0.0)
+
+
+def concat_range_notes(fp32: onnx.ModelProto, tensors: tuple[TensorRecord, ...]) -> list[str]:
+    """Notes naming Concat outputs whose inputs' ranges differ by > :data:`CONCAT_RANGE_RATIO`.
+
+    One scale for the concatenated tensor is sized by the widest input, so a narrow
+    input (0-1 class scores next to pixel box coordinates) keeps only a few levels.
+    """
+    by_name = {t.name: t for t in tensors}
+    notes = []
+    for node in fp32.graph.node:
+        if node.op_type != "Concat" or not node.output or node.output[0] not in by_name:
+            continue
+        parts = [by_name[i] for i in node.input if i in by_name and by_name[i].summary is not None]
+        spans = [(_qspan(t), t) for t in parts if math.isfinite(_qspan(t)) and _qspan(t) > 0]
+        if len(spans) < 2:
+            continue
+        (lo_span, small), (hi_span, big) = min(spans, key=lambda x: x[0]), max(spans, key=lambda x: x[0])
+        if hi_span <= CONCAT_RANGE_RATIO * lo_span:
+            continue
+        out = by_name[node.output[0]]
+        detail = ""
+        if out.quant is not None and out.quant.scale > 0:
+            detail = (
+                f"; its shared scale {out.quant.scale:.4g} leaves {small.name} about {lo_span / out.quant.scale:.1f} "
+                "quantization level(s)"
+            )
+        if out.local is not None:
+            detail += f"; local SQNR of {out.name}: {out.local.sqnr_db:.1f} dB"
+        ranges = ", ".join(f"{t.name} [{t.summary.min:.4g}, {t.summary.max:.4g}]" for t in parts if t.summary)
+        notes.append(
+            f"Concat {node.name} joins inputs whose ranges differ by {hi_span / lo_span:.0f}x ({ranges}): one "
+            f"scale for {out.name} wipes out the small one{detail}. Keep {out.name} in float (exclude {node.name} "
+            "and its quantized neighbours), give it 16-bit activations, or concatenate after dequantizing"
+        )
+    return notes
+
+
+def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes: set[str]) -> list[str]:
+    """What ORT's static quantizer leaves in float by construction: subgraphs and recurrent ops."""
+    notes = []
+
+    def count(graph: onnx.GraphProto, op: str | None = None) -> int:
+        total = 0
+        for n in graph.node:
+            total += op is None or n.op_type == op
+            for attr in n.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                    total += count(sub, op)
+        return total
+
+    q_inside = sum(
+        count(sub, "QuantizeLinear")
+        for n in qdq.graph.node
+        for attr in n.attribute
+        for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
+    )
+    for node in fp32.graph.node:
+        subs = [
+            (attr.name, sub)
+            for attr in node.attribute
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
+        ]
+        if not subs:
+            continue
+        inner = sum(count(g) for _, g in subs)
+        if q_inside == 0:
+            extra = ""
+            if node.op_type == "If":
+                extra = (
+                    "; its condition is computed at run time, so it cannot be inlined"
+                    " (with a constant condition, --inline-constant-if inlines the taken branch)"
+                )
+            notes.append(
+                f"{node.op_type} node {node.name} holds {inner} node(s) in {', '.join(a for a, _ in subs)} that stay "
+                f"FP32: ORT's quantizer inserts no QuantizeLinear/DequantizeLinear inside subgraphs{extra}; "
+                "their tensors are listed in not_captured"
+            )
+    rnn = [n for n in fp32.graph.node if n.op_type in ("LSTM", "GRU", "RNN") and n.name not in quantized_nodes]
+    if rnn:
+        names = ", ".join(f"{n.name} ({n.op_type})" for n in rnn)
+        notes.append(
+            f"recurrent node(s) {names} stay FP32: ORT's static quantizer does not quantize LSTM/GRU/RNN "
+            "(quantize_dynamic turns LSTM into DynamicQuantizeLSTM); their outputs are still measured, and the "
+            "error reaching them comes from upstream quantized nodes"
+        )
+    return notes
 
 
 def _deployed_gap(plain: dict[str, np.ndarray], instrumented: dict[str, np.ndarray], outputs: list[str]) -> float:
@@ -558,6 +666,8 @@ def init_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
 
 __all__ = [
     "LayerErrors",
+    "concat_range_notes",
+    "structure_notes",
     "measure_layers",
     "node_records",
     "quantized_node_names",

@@ -6,8 +6,9 @@ alone). Instead, the reference graph and the candidate graph are put side by
 side in one model (reference tensors prefixed ``r/``, candidate ``c/``, graph
 inputs shared), and for every tensor pair the model computes, per batch:
 
-* ``sum(r^2)``, ``sum((r-c)^2)``, ``sum(c^2)``, ``sum(r*c)``, ``max|r-c|``, element count;
-* the reference's ``min``, ``max``, ``mean`` and centred ``sum((r-mean)^2)``;
+* ``sum(r^2)``, ``sum((r-c)^2)``, ``sum(c^2)``, ``max|r-c|``, element count (``sum(r*c)``
+  follows from the three sums of squares, which needs no ``r*c`` temporary);
+* the reference's ``min``, ``max`` and ``sum`` (mean and variance follow from the sums);
 * a systematic subsample (every k-th element, at most ~``SUBSAMPLE`` per tensor
   per batch) of both sides, which is all that leaves ORT: the KL histograms and
   the TUI's histograms are built from it.
@@ -33,8 +34,19 @@ from onnx import TensorProto, helper, numpy_helper
 SUBSAMPLE = 4096
 """Elements per tensor per batch copied out for histograms (every k-th element)."""
 
-PAIR_STATS = ("ref2", "noise2", "cand2", "dot", "maxabs", "count")
-REF_STATS = ("rmin", "rmax", "rmean", "rm2")
+PAIR_STATS = ("ref2", "noise2", "cand2", "maxabs", "count")
+REF_STATS = ("rmin", "rmax", "rsum")
+
+
+def dot_from_sums(ref2: float, cand2: float, noise2: float) -> float:
+    """``sum(r*c)`` from the sums of squares: ``(sum r^2 + sum c^2 - sum (r-c)^2) / 2``."""
+    return 0.5 * (ref2 + cand2 - noise2)
+
+
+def moments_from_sums(n: int, total: float, total_sq: float) -> tuple[float, float]:
+    """(mean, sum of squared deviations) from a count, a sum and a sum of squares (float64)."""
+    mean = total / n if n else 0.0
+    return mean, max(total_sq - total * mean, 0.0)
 
 
 @dataclass(frozen=True)
@@ -105,8 +117,21 @@ class _Builder:
         return out
 
 
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    out = {}
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        if vi.type.tensor_type.elem_type:
+            out[vi.name] = vi.type.tensor_type.elem_type
+    return out
+
+
 def build_reduction_model(
-    ref: onnx.ModelProto, cand: onnx.ModelProto, pairs: Sequence[PairSpec], *, subsample: int = SUBSAMPLE
+    ref: onnx.ModelProto,
+    cand: onnx.ModelProto,
+    pairs: Sequence[PairSpec],
+    *,
+    subsample: int = SUBSAMPLE,
+    with_ref_stats: bool = True,
 ) -> ReductionModel:
     """Merge ``ref`` and ``cand`` and add the reductions for ``pairs`` (see module docstring)."""
     r = _prefixed(ref, "r/")
@@ -125,9 +150,16 @@ def build_reduction_model(
 
     columns: dict[str, list[str]] = {s: [] for s in PAIR_STATS + REF_STATS}
     samples = []
+    ref_types = _elem_types(ref)
+    cand_types = _elem_types(cand)
+
+    def as_float(name: str, which: str, original: str) -> str:
+        known = (ref_types if which == "r" else cand_types).get(original)
+        return name if known == TensorProto.FLOAT else b.op("Cast", [name], "f", to=TensorProto.FLOAT)
+
     for p in pairs:
-        rv = b.op("Cast", [side(p.ref, p.ref_side)], "rf", to=TensorProto.FLOAT)
-        cv = b.op("Cast", [side(p.cand, p.cand_side)], "cf", to=TensorProto.FLOAT)
+        rv = as_float(side(p.ref, p.ref_side), p.ref_side, p.ref)
+        cv = as_float(side(p.cand, p.cand_side), p.cand_side, p.cand)
         if p.clip is not None:
             lo, hi = p.clip
             if np.isfinite(lo):
@@ -135,20 +167,19 @@ def build_reduction_model(
             if np.isfinite(hi):
                 rv = b.op("Min", [rv, b.const("hi", np.array(hi, dtype=np.float32))], "clip")
         d = b.op("Sub", [rv, cv], "d")
+        # sum(r*c) is derived from the three sums of squares (no r*c temporary); see ReductionModel docs
         stats = {
             "ref2": b.op("ReduceSumSquare", [rv], "ref2", keepdims=0),
             "noise2": b.op("ReduceSumSquare", [d], "noise2", keepdims=0),
             "cand2": b.op("ReduceSumSquare", [cv], "cand2", keepdims=0),
-            "dot": b.op("ReduceSum", [b.op("Mul", [rv, cv], "rc")], "dot", keepdims=0),
             "maxabs": b.op("ReduceMax", [b.op("Abs", [d], "ad")], "maxabs", keepdims=0),
-            "rmin": b.op("ReduceMin", [rv], "rmin", keepdims=0),
-            "rmax": b.op("ReduceMax", [rv], "rmax", keepdims=0),
         }
         size = b.op("Size", [rv], "size")
         stats["count"] = b.op("Cast", [size], "count", to=TensorProto.FLOAT)
-        mean = b.op("ReduceMean", [rv], "rmean", keepdims=1)
-        stats["rmean"] = b.op("Reshape", [mean, one], "rmean1")
-        stats["rm2"] = b.op("ReduceSumSquare", [b.op("Sub", [rv, mean], "rc0")], "rm2", keepdims=0)
+        if with_ref_stats:
+            stats["rmin"] = b.op("ReduceMin", [rv], "rmin", keepdims=0)
+            stats["rmax"] = b.op("ReduceMax", [rv], "rmax", keepdims=0)
+            stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
         for key, name in stats.items():
             columns[key].append(b.op("Reshape", [name, one], key + "1"))
         step = b.op("Reshape", [b.op("Max", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step")

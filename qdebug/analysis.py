@@ -259,8 +259,8 @@ class _GraphPath:
             local_specs.append(PairSpec(p.fp32, p.fp32, p.dequant, "r", "c"))
         self.deployed = build_reduction_model(fp32, qdq, acc_specs)
         self.fakequant = build_reduction_model(fp32, qdq, local_specs, with_ref_stats=False)
-        self.dep_sess = make_session(self.deployed.model, config, what="instrumented models")
-        self.fq_sess = make_session(self.fakequant.model, config, optimize=False, what="fake-quant models")
+        self.dep_sess = make_session(self.deployed.model, config, what="instrumented models", arena=False)
+        self.fq_sess = make_session(self.fakequant.model, config, optimize=False, what="fake-quant models", arena=False)
         self.dep_names = [o.name for o in self.dep_sess.get_outputs()]
         self.fq_names = [o.name for o in self.fq_sess.get_outputs()]
         self.inputs = [i.name for i in self.dep_sess.get_inputs()]
@@ -378,23 +378,25 @@ def concat_range_notes(fp32: onnx.ModelProto, tensors: tuple[TensorRecord, ...])
         spans = [(_qspan(t), t) for t in parts if math.isfinite(_qspan(t)) and _qspan(t) > 0]
         if len(spans) < 2:
             continue
-        (lo_span, small), (hi_span, big) = min(spans, key=lambda x: x[0]), max(spans, key=lambda x: x[0])
+        lo_span, small = min(spans, key=lambda x: x[0])
+        hi_span = max(x[0] for x in spans)
         if hi_span <= CONCAT_RANGE_RATIO * lo_span:
             continue
         out = by_name[node.output[0]]
         detail = ""
         if out.quant is not None and out.quant.scale > 0:
             detail = (
-                f"; its shared scale {out.quant.scale:.4g} leaves {small.name} about {lo_span / out.quant.scale:.1f} "
-                "quantization level(s)"
+                f"; its shared scale {out.quant.scale:.4g} leaves {small.name} about "
+                f"{lo_span / out.quant.scale:.1f} quantization level(s)"
             )
         if out.local is not None:
             detail += f"; local SQNR of {out.name}: {out.local.sqnr_db:.1f} dB"
         ranges = ", ".join(f"{t.name} [{t.summary.min:.4g}, {t.summary.max:.4g}]" for t in parts if t.summary)
         notes.append(
-            f"Concat {node.name} joins inputs whose ranges differ by {hi_span / lo_span:.0f}x ({ranges}): one "
-            f"scale for {out.name} wipes out the small one{detail}. Keep {out.name} in float (exclude {node.name} "
-            "and its quantized neighbours), give it 16-bit activations, or concatenate after dequantizing"
+            f"Concat {node.name} joins inputs whose ranges differ by {hi_span / lo_span:.0f}x ({ranges}): "
+            f"one scale for {out.name} wipes out the small one{detail}. Keep {out.name} in float (exclude "
+            f"{node.name} and its quantized neighbours), give it 16-bit activations, or concatenate after "
+            "dequantizing"
         )
     return notes
 
@@ -418,6 +420,7 @@ def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes
         for attr in n.attribute
         for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
     )
+    constants = {i.name for i in fp32.graph.initializer}
     for node in fp32.graph.node:
         subs = [
             (attr.name, sub)
@@ -429,23 +432,26 @@ def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes
         inner = sum(count(g) for _, g in subs)
         if q_inside == 0:
             extra = ""
-            if node.op_type == "If":
+            if node.op_type == "If" and node.input and node.input[0] in constants:
+                extra = "; its condition is a constant: --inline-constant-if inlines the taken branch"
+            elif node.op_type == "If":
                 extra = (
                     "; its condition is computed at run time, so it cannot be inlined"
                     " (with a constant condition, --inline-constant-if inlines the taken branch)"
                 )
             notes.append(
-                f"{node.op_type} node {node.name} holds {inner} node(s) in {', '.join(a for a, _ in subs)} that stay "
-                f"FP32: ORT's quantizer inserts no QuantizeLinear/DequantizeLinear inside subgraphs{extra}; "
+                f"{node.op_type} node {node.name} holds {inner} node(s) in {', '.join(a for a, _ in subs)} "
+                f"that stay FP32: ORT's quantizer inserts no QuantizeLinear/DequantizeLinear inside subgraphs{extra}; "
                 "their tensors are listed in not_captured"
             )
-    rnn = [n for n in fp32.graph.node if n.op_type in ("LSTM", "GRU", "RNN") and n.name not in quantized_nodes]
+    recurrent = ("LSTM", "GRU", "RNN")
+    rnn = [n for n in fp32.graph.node if n.op_type in recurrent and n.name not in quantized_nodes]
     if rnn:
         names = ", ".join(f"{n.name} ({n.op_type})" for n in rnn)
         notes.append(
             f"recurrent node(s) {names} stay FP32: ORT's static quantizer does not quantize LSTM/GRU/RNN "
-            "(quantize_dynamic turns LSTM into DynamicQuantizeLSTM); their outputs are still measured, and the "
-            "error reaching them comes from upstream quantized nodes"
+            "(quantize_dynamic turns LSTM into DynamicQuantizeLSTM); their outputs are still measured, and "
+            "the error reaching them comes from upstream quantized nodes"
         )
     return notes
 

@@ -117,6 +117,64 @@ class _Builder:
         return out
 
 
+def _interleave(
+    rnodes: list[onnx.NodeProto], cnodes: list[onnx.NodeProto], extra: list[onnx.NodeProto]
+) -> list[onnx.NodeProto]:
+    """One topological order that keeps few tensors alive.
+
+    Appending the reductions after both models would keep every activation of
+    both models alive until the end (peak memory = all activations). Instead the
+    two models advance in step (merged by their relative position) and each
+    reduction node is placed as soon as its inputs exist, so ORT can free a
+    tensor right after its pair is reduced.
+    """
+    base = sorted(
+        [(i / max(len(rnodes), 1), 0, i, n) for i, n in enumerate(rnodes)]
+        + [(j / max(len(cnodes), 1), 1, j, n) for j, n in enumerate(cnodes)],
+        key=lambda t: (t[0], t[1], t[2]),
+    )
+    produced_by_extra = {o for n in extra for o in n.output}
+    waiting: dict[str, list[int]] = {}
+    missing: list[int] = []
+    for k, n in enumerate(extra):
+        deps = {i for i in n.input if i}
+        missing.append(len(deps))
+        for d in deps:
+            waiting.setdefault(d, []).append(k)
+    order: list[onnx.NodeProto] = []
+    ready = [k for k, m in enumerate(missing) if m == 0]
+    available: set[str] = set()
+
+    def release(name: str) -> None:
+        if name in available:
+            return
+        available.add(name)
+        for k in waiting.get(name, []):
+            missing[k] -= 1
+            if missing[k] == 0:
+                ready.append(k)
+
+    def drain() -> None:
+        while ready:
+            k = ready.pop()
+            order.append(extra[k])
+            for o in extra[k].output:
+                release(o)
+
+    # graph inputs and initializers (not produced by any node) are available from the start
+    produced = {o for n in rnodes + cnodes for o in n.output} | produced_by_extra
+    for name in list(waiting):
+        if name not in produced:
+            release(name)
+    drain()
+    for *_, node in base:
+        order.append(node)
+        for o in node.output:
+            release(o)
+        drain()
+    return order
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     out = {}
     for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
@@ -203,7 +261,7 @@ def build_reduction_model(
     for o in list(r.graph.output) + list(c.graph.output):
         outputs.append(onnx.ValueInfoProto(name=o.name))
     graph = helper.make_graph(
-        list(r.graph.node) + list(c.graph.node) + b.nodes,
+        _interleave(list(r.graph.node), list(c.graph.node), b.nodes),
         "qdebug_reductions",
         list(ref.graph.input),
         outputs,

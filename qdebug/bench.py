@@ -223,6 +223,7 @@ class BenchOptions:
     """Calibration samples (the evaluation set is used whole)."""
     metric: str | None = None
     upgrade_opset: bool = False
+    inline_constant_if: bool = False
     use_cache: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     threads: int = 0
@@ -611,6 +612,7 @@ def run_bench(
         max_samples=options.max_samples,
         metric=options.metric,
         upgrade_opset=options.upgrade_opset,
+        inline_constant_if=options.inline_constant_if,
         use_cache=options.use_cache,
         providers=options.providers,
         threads=options.threads,

@@ -16,15 +16,31 @@ from pathlib import Path
 import onnx
 
 from qdebug import __version__
-from qdebug.analysis import kernel_gap_notes, measure_layers, node_records, quantized_node_names, weight_records
+from qdebug.analysis import (
+    concat_range_notes,
+    kernel_gap_notes,
+    measure_layers,
+    node_records,
+    quantized_node_names,
+    structure_notes,
+    weight_records,
+)
 from qdebug.calibrate import Ranges, calibrate
 from qdebug.capture import SessionConfig, check_providers
 from qdebug.data import DataSet, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluate import Evaluator
-from qdebug.graph.load import LoadedModel, default_opset, load_model, normalize, save_model, sha256_file
+from qdebug.graph.load import (
+    PER_CHANNEL_OPSET,
+    LoadedModel,
+    default_opset,
+    load_model,
+    normalize,
+    save_model,
+    sha256_file,
+)
 from qdebug.graph.match import is_qdq_model, pair_models
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quantize import QuantSpec, float16_exclusions, quantize_static_model
 from qdebug.records import SCHEMA_VERSION, AnalysisConfig, ModelInfo, Report, TaskMetric
 from qdebug.report_io import check_writable, save_report
 
@@ -47,6 +63,8 @@ class AnalyzeOptions:
     max_samples: int | None = None
     metric: str | None = None
     upgrade_opset: bool = False
+    inline_constant_if: bool = False
+    """Inline the taken branch of If nodes whose condition is a constant (ORT quantizes no subgraph)."""
     use_cache: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     threads: int = 0
@@ -97,13 +115,14 @@ def prepare(
     """Load, normalize and save the model; open the calibration data; calibrate (cached)."""
     check_providers(options.providers)
     loaded = load_model(model_path)
-    norm = normalize(loaded, upgrade_opset=options.upgrade_opset)
+    norm = normalize(loaded, upgrade_opset=options.upgrade_opset, inline_constant_if=options.inline_constant_if)
     normalized_path = workdir / "normalized.onnx"
     save_model(norm.proto, normalized_path)
     specs = model_input_specs(norm.proto)
     data = open_data(calib, specs, batch_size=options.batch_size, max_samples=options.max_samples)
     ranges = None
     if need_ranges:
+        float16_exclusions(norm.proto)  # refuse an all-float16 model before calibrating
         count = [0]
 
         def on_batch(n: int) -> None:
@@ -160,6 +179,19 @@ def analyze(
         )
         quantized_path = workdir / "quantized.onnx"
         qproto = quantize_static_model(prep.normalized, prep.ranges, spec, quantized_path)
+        if options.per_channel and default_opset(prep.normalized) < PER_CHANNEL_OPSET:
+            notes.append(
+                f"per-channel weights need DequantizeLinear's axis (opset {PER_CHANNEL_OPSET}): the quantized model "
+                f"was converted from opset {default_opset(prep.normalized)} with onnx.version_converter (ORT would "
+                "otherwise write a model it cannot load)"
+            )
+        half = float16_exclusions(prep.normalized)
+        if half:
+            notes.append(
+                f"kept {len(half)} node(s) that compute in float16 out of quantization ({', '.join(half[:6])}"
+                f"{'...' if len(half) > 6 else ''}): ORT's quantizer writes an invalid model (float16 scales) for "
+                "them; every qdebug variant excludes them, add them to nodes_to_exclude when you call ORT yourself"
+            )
         if prep.ranges.from_cache:
             notes.append(f"calibration ranges reused from cache {prep.ranges.cache_path}")
         if not is_qdq_model(qproto):
@@ -171,6 +203,7 @@ def analyze(
     else:
         qloaded = load_model(quantized, what="quantized model")
         qproto = qloaded.proto
+        _refuse_integer_ops(qproto, quantized)
         if not is_qdq_model(qproto):
             raise QDebugError(
                 f"{quantized} has no QuantizeLinear/DequantizeLinear nodes",
@@ -202,6 +235,8 @@ def analyze(
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
     notes.extend(kernel_gap_notes(layers.tensors))
+    notes.extend(concat_range_notes(prep.normalized, layers.tensors))
+    notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 
     if eval_data is not None:
         eval_set = open_data(eval_data, prep.calib.specs, batch_size=options.batch_size, what="evaluation data")
@@ -238,6 +273,8 @@ def analyze(
             eval=_abs(eval_data) if eval_data is not None else None,
             metric=options.metric,
             quantized_given=quantized is not None,
+            upgrade_opset=options.upgrade_opset,
+            inline_constant_if=options.inline_constant_if,
         ),
         calibration_cache=str(prep.ranges.cache_path) if prep.ranges and prep.ranges.cache_path else None,
         samples=layers.samples,
@@ -254,6 +291,37 @@ def analyze(
     )
     save_report(report, out)
     return report
+
+
+_INTEGER_OPS = (
+    "QGemm",
+    "QAttention",
+    "QEmbedLayerNormalization",
+    "MatMulInteger",
+    "ConvInteger",
+    "DynamicQuantizeLinear",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "DynamicQuantizeLSTM",
+)
+
+
+def _refuse_integer_ops(qproto: onnx.ModelProto, path: str | Path) -> None:
+    """Refuse QOperator / integer-op models: their tensors between nodes are integers, not pairable floats."""
+    from collections import Counter
+
+    ops = Counter(
+        n.op_type for n in qproto.graph.node if n.op_type.startswith("QLinear") or n.op_type in _INTEGER_OPS
+    )
+    if ops:
+        found = ", ".join(f"{op} x{k}" for op, k in sorted(ops.items()))
+        raise QDebugError(
+            f"{path} is a QOperator-format (integer op) model ({found}): the tensors between its nodes are "
+            "integers, so its layers cannot be paired with the FP32 tensors (only QDQ-format models can)",
+            "pass a QDQ-format model (quantize_static(..., quant_format=QuantFormat.QDQ)) or drop "
+            "--quantized; qdebug bench --variants fp32,static,qoperator compares the QOperator form end to end",
+            ExitCode.MODEL,
+        )
 
 
 def _abs(p: str | Path) -> str:

@@ -1129,6 +1129,8 @@ def _propose(
         batch_size=cfg.batch_size,
         max_samples=cfg.max_samples,
         metric=options.metric or cfg.metric,
+        upgrade_opset=cfg.upgrade_opset,
+        inline_constant_if=cfg.inline_constant_if,
         use_cache=options.use_cache,
         providers=options.providers,
         threads=options.threads,
@@ -1239,13 +1241,16 @@ def _propose(
 
 def _snippet(report: Report, model_path: Path, prep: Any, spec: Any, calib_src: str | Path) -> str:
     """The quantize_static snippet; on the normalized model when an excluded node had no (unique) name."""
-    from qdebug.quantize import quantize_snippet
+    from qdebug.quantize import float16_exclusions, quantize_snippet
 
+    # float16 nodes are excluded from every variant qdebug builds; plain ORT needs them spelled out
+    excluded = tuple(spec.nodes_to_exclude)
+    excluded += tuple(n for n in float16_exclusions(prep.normalized) if n not in excluded)
     renamed = {new for new, old in prep.name_map.items() if new != old}
-    target_model = prep.normalized_path if any(n in renamed for n in spec.nodes_to_exclude) else model_path
+    target_model = prep.normalized_path if any(n in renamed for n in excluded) else model_path
     return quantize_snippet(
         str(Path(target_model).resolve()),
-        spec.nodes_to_exclude,
+        excluded,
         method=report.config.method,
         per_channel=spec.per_channel,
         activation_type=report.config.activation_type,

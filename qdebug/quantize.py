@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,10 @@ def quantize_static_model(
             "use node names from the qdebug report (normalized names)",
             ExitCode.INPUT,
         )
+    forced = float16_exclusions(model)
+    if forced:
+        extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
+        spec = dataclasses.replace(spec, nodes_to_exclude=tuple(spec.nodes_to_exclude) + extra_excluded)
     work = copy.deepcopy(model)
     if spec.per_channel and default_opset(work) < PER_CHANNEL_OPSET:
         work = _upgrade_for_per_channel(work)
@@ -148,6 +153,47 @@ def quantize_static_model(
     if out_path is not None:
         save_model(result, out_path)
     return result
+
+
+_HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def float16_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of top-level nodes reading or writing a float16/bfloat16 tensor (types from shape inference)."""
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        if vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return [
+        n.name
+        for n in model.graph.node
+        if any(types.get(t) in _HALF_TYPES for t in list(n.input) + list(n.output) if t)
+    ]
+
+
+def float16_exclusions(model: onnx.ModelProto) -> list[str]:
+    """The float16 nodes every static variant must exclude; refuses a model with nothing else to quantize.
+
+    ORT's quantizer writes float16 scales into QuantizeLinear/DequantizeLinear
+    for float16 tensors (and float16 bias scales), a model ORT then refuses to
+    load. The float32 part of a mixed model quantizes fine once they are excluded.
+    """
+    half = float16_nodes(model)
+    if not half:
+        return []
+    from qdebug.calibrate import op_types_to_quantize
+
+    ops = set(op_types_to_quantize())
+    skip = set(half)
+    if not any(n.op_type in ops and n.name not in skip for n in model.graph.node):
+        raise QDebugError(
+            f"the model computes in float16 ({len(half)} of {len(model.graph.node)} nodes): ONNX Runtime's "
+            "quantizer writes float16 scales into QuantizeLinear/DequantizeLinear for float16 tensors, a model "
+            "ORT refuses to load, and no float32 node is left to quantize",
+            "quantize the float32 export of the model (or convert it to float32 first)",
+            ExitCode.MODEL,
+        )
+    return half
 
 
 def _upgrade_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:

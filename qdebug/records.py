@@ -206,6 +206,10 @@ class AnalysisConfig:
     metric: str | None = None
     quantized_given: bool = False
     """True when the user supplied the QDQ model (``--quantized``) instead of qdebug building it."""
+    upgrade_opset: bool = False
+    """The model was converted to a newer opset (``--upgrade-opset``); propose/verify do the same."""
+    inline_constant_if: bool = False
+    """If nodes with a constant condition were inlined (``--inline-constant-if``); propose/verify repeat it."""
 
 
 @dataclass(frozen=True)

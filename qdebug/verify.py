@@ -274,6 +274,8 @@ class VerifyOptions:
     use_cache: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     threads: int = 0
+    upgrade_opset: bool = False
+    inline_constant_if: bool = False
 
 
 def load_proposal(path: str | Path) -> Proposal:
@@ -355,6 +357,8 @@ class _Context:
             method=method,
             batch_size=options.batch_size,
             max_samples=options.max_samples,
+            upgrade_opset=options.upgrade_opset,
+            inline_constant_if=options.inline_constant_if,
             use_cache=options.use_cache,
             providers=options.providers,
             threads=options.threads,
@@ -702,6 +706,8 @@ def make_tui_verify(
         use_cache=base.use_cache,
         providers=base.providers,
         threads=base.threads,
+        upgrade_opset=cfg.upgrade_opset,
+        inline_constant_if=cfg.inline_constant_if,
     )
     state: dict[str, Any] = {}
 

@@ -87,6 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="convert models below opset 10 with onnx.version_converter",
     )
+    p.add_argument(
+        "--inline-constant-if",
+        action="store_true",
+        help="replace If nodes whose condition is a constant by their taken branch, so it can be quantized",
+    )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
     p.add_argument(
         "--provider",
@@ -139,6 +144,7 @@ def bench_options(args: argparse.Namespace):  # -> BenchOptions
         max_samples=args.max_samples,
         metric=args.metric,
         upgrade_opset=args.upgrade_opset,
+        inline_constant_if=args.inline_constant_if,
         use_cache=not args.no_cache,
         providers=providers,
         threads=args.threads,

@@ -30,6 +30,10 @@ def add_quant_arguments(p: argparse.ArgumentParser) -> None:
         help="task metric: top1, top1_agreement, output_sqnr_db or module:function (default: top1 when labels exist)",
     )
     p.add_argument("--upgrade-opset", action="store_true", help="convert models below opset 10 with onnx.version_converter")
+    p.add_argument(
+        "--inline-constant-if", action="store_true",
+        help="replace If nodes whose condition is a constant by their taken branch, so it can be quantized",
+    )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
     p.add_argument("--provider", default="CPUExecutionProvider", help="ONNX Runtime execution provider")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
@@ -49,6 +53,7 @@ def analyze_options(args: Any) -> Any:
         max_samples=args.max_samples,
         metric=args.metric,
         upgrade_opset=args.upgrade_opset,
+        inline_constant_if=args.inline_constant_if,
         use_cache=not args.no_cache,
         providers=(args.provider,) if args.provider == "CPUExecutionProvider" else (args.provider, "CPUExecutionProvider"),
         threads=args.threads,

@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         providers=providers,
         threads=args.threads,
+        upgrade_opset=args.upgrade_opset,
+        inline_constant_if=args.inline_constant_if,
     )
     with stderr_progress(not args.quiet) as progress:
         result = verify(

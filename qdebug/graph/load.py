@@ -8,6 +8,10 @@ mutating its input, never touching the user's file):
   node names, and all unnamed nodes share the name ``""``;
 * weights held in ``Constant`` nodes become initializers (ORT's quantizer only
   quantizes initializer weights, so they would otherwise silently stay FP32);
+* a graph input that is also listed as a graph output gets an ``Identity``
+  (ORT's quantizer asserts "Graph is not a DAG" on it);
+* ``If`` nodes whose condition is a constant are inlined (the taken branch
+  replaces the node) when asked -- ORT quantizes no subgraph;
 * shape inference that survives dynamic dimensions (symbolic, then with
   ``auto_merge``, then plain ONNX inference), saying which one worked.
 """
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
-from onnx import ModelProto
+from onnx import ModelProto, numpy_helper
 
 from qdebug.errors import ExitCode, QDebugError
 
@@ -74,19 +78,14 @@ def load_model(path: str | Path, what: str = "model") -> LoadedModel:
     if p.is_dir():
         raise QDebugError(f"{what} path {p} is a directory, not an .onnx file", "pass the .onnx file", ExitCode.INPUT)
     try:
-        proto = onnx.load(str(p), load_external_data=True)
-    except FileNotFoundError as e:
-        raise QDebugError(
-            f"{what} {p} refers to external data that is missing ({Path(e.filename or '').name or e})",
-            "keep the external data files next to the .onnx file",
-            ExitCode.INPUT,
-        ) from None
+        proto = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # protobuf raises several unrelated types for garbage input
         raise QDebugError(
             f"{p} is not a readable ONNX model ({e.__class__.__name__})",
             "pass an .onnx file exported by your framework",
             ExitCode.INPUT,
         ) from None
+    _load_external_data(proto, p, what)
     if not proto.HasField("graph") or len(proto.graph.node) == 0:
         raise QDebugError(f"{p} is not an ONNX model (no graph or no nodes)", "pass a valid .onnx file", ExitCode.INPUT)
     opset = default_opset(proto)
@@ -95,7 +94,54 @@ def load_model(path: str | Path, what: str = "model") -> LoadedModel:
     return LoadedModel(path=p, proto=proto, sha256=sha256_file(p), opset=opset)
 
 
-def normalize(loaded: LoadedModel, *, upgrade_opset: bool = False, min_opset: int = MIN_OPSET) -> NormalizedModel:
+def _load_external_data(proto: ModelProto, path: Path, what: str) -> None:
+    """Read the weights stored next to the model (external data); a missing file is named."""
+    from onnx import external_data_helper
+
+    locations = set()
+    for t in _all_tensors(proto.graph):
+        if external_data_helper.uses_external_data(t):
+            info = {e.key: e.value for e in t.external_data}
+            locations.add(info.get("location", ""))
+    if not locations:
+        return
+    missing = sorted(loc for loc in locations if not (path.parent / loc).is_file())
+    if missing:
+        raise QDebugError(
+            f"{what} {path} stores its weights in external data file(s) that are missing: {', '.join(missing[:3])}",
+            f"keep the external data files next to {path.name} (their paths are relative to it)",
+            ExitCode.INPUT,
+        )
+    try:
+        external_data_helper.load_external_data_for_model(proto, str(path.parent))
+    except Exception as e:
+        raise QDebugError(
+            f"the external data of {what} {path} could not be read ({e.__class__.__name__}: {str(e)[:150]})",
+            "re-save the model with onnx.save_model(..., save_as_external_data=True)",
+            ExitCode.INPUT,
+        ) from None
+
+
+def _all_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """Initializers and tensor attributes of ``graph`` and all its subgraphs."""
+    out = list(graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                out.append(attr.t)
+            out.extend(attr.tensors)
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                out.extend(_all_tensors(sub))
+    return out
+
+
+def normalize(
+    loaded: LoadedModel,
+    *,
+    upgrade_opset: bool = False,
+    min_opset: int = MIN_OPSET,
+    inline_constant_if: bool = False,
+) -> NormalizedModel:
     """Return the normalized copy of ``loaded.proto`` (see module docstring); the input is not mutated."""
     model = ModelProto()
     model.CopyFrom(loaded.proto)
@@ -103,6 +149,10 @@ def normalize(loaded: LoadedModel, *, upgrade_opset: bool = False, min_opset: in
     model = _ensure_opset(model, loaded.path, upgrade_opset, min_opset, notes)
     name_map = _name_nodes(model.graph, notes)
     _constants_to_initializers(model.graph, notes)
+    if _inline_constant_ifs(model.graph, inline_constant_if, notes):
+        _constants_to_initializers(model.graph, [])
+    _drop_initializer_inputs(model.graph, notes)
+    _outputs_that_are_inputs(model.graph, notes)
     _check_known_domains(model, loaded.path)
     model = _infer_shapes(model, notes)
     return NormalizedModel(proto=model, name_map=tuple(name_map), notes=tuple(notes), opset=default_opset(model))
@@ -202,6 +252,164 @@ def _constants_to_initializers(graph: onnx.GraphProto, notes: list[str]) -> None
         del graph.node[:]
         graph.node.extend(keep)
         notes.append(f"turned {moved} Constant node(s) into initializers so their weights can be quantized")
+
+
+def _drop_initializer_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
+    """Remove initializers from ``graph.input`` (IR < 4 exporters list every weight as an input).
+
+    ORT treats such inputs as overridable, so its quantizer and optimizer leave
+    those weights alone (no folding, constant weights seen as activations).
+    """
+    inits = {i.name for i in graph.initializer}
+    keep = [i for i in graph.input if i.name not in inits]
+    dropped = len(graph.input) - len(keep)
+    if dropped:
+        del graph.input[:]
+        graph.input.extend(keep)
+        notes.append(f"removed {dropped} initializer(s) that were also listed as graph inputs (old exporter style)")
+
+
+def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
+    """A graph output that is a graph input gets an ``Identity`` and the name ``<name>__out``.
+
+    ORT's quantizer asserts ("Graph is not a DAG") on a graph input listed as an output.
+    """
+    inputs = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    taken = {o for n in graph.node for o in n.output} | inputs | {n.name for n in graph.node}
+    changed = []
+    for out in graph.output:
+        if out.name not in inputs:
+            continue
+        new = f"{out.name}__out"
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        graph.node.append(onnx.helper.make_node("Identity", [out.name], [new], name=f"{out.name}__out/identity"))
+        changed.append(f"{out.name} -> {new}")
+        out.name = new
+    if changed:
+        notes.append(
+            "graph input(s) also listed as graph output(s) now pass through an Identity node "
+            f"(ORT's quantizer rejects them: 'Graph is not a DAG'); output renamed: {', '.join(changed)}"
+        )
+
+
+def _constant_bool(graph: onnx.GraphProto, name: str) -> bool | None:
+    """The value of a one-element initializer that is not also an (overridable) graph input."""
+    if any(i.name == name for i in graph.input):
+        return None
+    for init in graph.initializer:
+        if init.name == name:
+            value = numpy_helper.to_array(init)
+            return bool(value.ravel()[0]) if value.size == 1 else None
+    return None
+
+
+def _inline_constant_ifs(graph: onnx.GraphProto, enabled: bool, notes: list[str]) -> bool:
+    """Replace each top-level ``If`` whose condition is a constant initializer by its taken branch.
+
+    Returns True when something was inlined. Without ``enabled`` only a note
+    says which If nodes could be inlined (and that their branches stay FP32).
+    """
+    inlined = []
+    candidates = []
+    for _ in range(64):  # nested constant Ifs surface at the top level after each pass
+        index = next(
+            (
+                k
+                for k, n in enumerate(graph.node)
+                if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.input
+                and n.name not in candidates and _constant_bool(graph, n.input[0]) is not None
+            ),
+            None,
+        )
+        if index is None:
+            break
+        node = graph.node[index]
+        taken = _constant_bool(graph, node.input[0])
+        if not enabled:
+            candidates.append(node.name)
+            continue
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if taken else "else_branch"))
+        new_nodes, new_inits = _inline_branch(graph, node, branch)
+        cond = node.input[0]
+        graph.node.remove(node)
+        for k, n in enumerate(new_nodes):
+            graph.node.insert(index + k, n)
+        graph.initializer.extend(new_inits)
+        if not any(cond in n.input for n in graph.node) and cond not in {o.name for o in graph.output}:
+            keep = [i for i in graph.initializer if i.name != cond]
+            del graph.initializer[:]
+            graph.initializer.extend(keep)
+        inlined.append(f"{node.name} ({'then' if taken else 'else'}_branch, {len(branch.node)} node(s))")
+    if inlined:
+        notes.append(
+            f"inlined the taken branch of {len(inlined)} If node(s) with a constant condition "
+            f"(--inline-constant-if): {', '.join(inlined)}; the model is only valid for that condition"
+        )
+    if candidates:
+        notes.append(
+            f"If node(s) {', '.join(candidates)} have a constant condition: their branches stay FP32 because ORT "
+            "quantizes no subgraph; re-run with --inline-constant-if to inline the taken branch and quantize it"
+        )
+    return bool(inlined)
+
+
+def _inline_branch(
+    graph: onnx.GraphProto, node: onnx.NodeProto, branch: onnx.GraphProto
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The nodes and initializers of ``branch``, renamed so they fit in ``graph`` in place of ``node``."""
+    existing = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o.name for o in graph.output}
+    existing |= {o for n in graph.node for o in n.output}
+    produced = [i.name for i in branch.initializer] + [o for n in branch.node for o in n.output if o]
+    rename: dict[str, str] = {}
+    for name in produced:
+        if name in existing:
+            new = f"{node.name}/{name}"
+            while new in existing:
+                new += "_"
+            existing.add(new)
+            rename[name] = new
+    node_outputs = {o for n in branch.node for o in n.output if o}
+    extra: list[onnx.NodeProto] = []
+    claimed: set[str] = set()
+    for bo, target in zip(branch.output, node.output):
+        if not target:
+            continue
+        if bo.name in node_outputs and bo.name not in claimed:
+            claimed.add(bo.name)
+            rename[bo.name] = target
+        else:
+            extra.append(
+                onnx.helper.make_node("Identity", [bo.name], [target], name=f"{node.name}/{target}/identity")
+            )
+    nodes = []
+    for n in list(branch.node) + extra:
+        new = onnx.NodeProto()
+        new.CopyFrom(n)
+        _rename_io(new, rename)
+        nodes.append(new)
+    inits = []
+    for init in branch.initializer:
+        t = onnx.TensorProto()
+        t.CopyFrom(init)
+        t.name = rename.get(t.name, t.name)
+        inits.append(t)
+    return nodes, inits
+
+
+def _rename_io(node: onnx.NodeProto, rename: dict[str, str]) -> None:
+    for k, name in enumerate(node.input):
+        if name in rename:
+            node.input[k] = rename[name]
+    for k, name in enumerate(node.output):
+        if name in rename:
+            node.output[k] = rename[name]
+    for attr in node.attribute:  # nested subgraphs may read renamed outer-scope tensors
+        subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in subs:
+            for sn in sub.node:
+                _rename_io(sn, {k: v for k, v in rename.items() if k not in {o for o in sn.output}})
 
 
 _KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "ai.onnx.training"}

@@ -1,0 +1,744 @@
+"""Real-world graphs (issue 6): every robustness fixture works end to end or stops with one clear line.
+
+Each test runs the CLI in-process: an unexpected exception would surface here as a
+traceback and fail the test, so "exit code + one-line message" is what is proven.
+The table in docs/robustness.md points at these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from qdebug.cli.main import main
+from qdebug.errors import ExitCode
+from qdebug.report_io import load_report
+from tests.conftest import ROOT, fixture_path
+from tests.models import small_cnn, small_data
+
+SMALL = ["-q", "--max-samples", "16"]
+
+
+def rob(name: str) -> Path:
+    return fixture_path("robustness", name)
+
+
+def run(args, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def analyze(name: str, out: Path, capsys, *extra, calib: Path | None = None):
+    calib = calib or rob(f"{name}_calib.npz")
+    code, err = run(["analyze", rob(f"{name}.onnx"), "--calib", calib, "-o", out, *SMALL, *extra], capsys)
+    assert code == 0, err
+    return load_report(out)
+
+
+def one_line_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("qdebug: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def scored(report) -> set[str]:
+    return {t.name for t in report.tensors if t.accumulated is not None}
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_unnamed_nodes_get_unique_deterministic_names(tmp_path, capsys):
+    report = analyze("unnamed", tmp_path / "r.json", capsys)
+    names = [n.name for n in report.nodes]
+    assert all(names) and len(set(names)) == len(names)
+    assert sum(1 for _, old in report.name_map if old == "") == 5
+    assert any("named 5 unnamed" in n for n in report.notes)
+    assert any(n.quantized for n in report.nodes if (n.name, "") in report.name_map)
+
+
+def test_duplicate_node_names_are_made_unique(tmp_path, capsys):
+    model = onnx.load(str(fixture_path("cnn", "model.onnx")))
+    for node in model.graph.node[1:3]:
+        node.name = model.graph.node[0].name
+    onnx.save(model, str(tmp_path / "dup.onnx"))
+    code, err = run(
+        [
+            "analyze",
+            tmp_path / "dup.onnx",
+            "--calib",
+            fixture_path("cnn", "calib.npz"),
+            "-o",
+            tmp_path / "r.json",
+            *SMALL,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    report = load_report(tmp_path / "r.json")
+    names = [n.name for n in report.nodes]
+    assert len(set(names)) == len(names)
+    assert any("not unique" in n for n in report.notes)
+    dup = model.graph.node[0].name
+    assert sum(1 for new, old in report.name_map if old == dup and new != dup) == 2
+
+
+# --------------------------------------------------------------------------- several inputs, dynamic shapes
+
+
+def _propose_verify_bench(model: Path, calib: Path, report: Path, tmp: Path, capsys, *verify_extra) -> dict:
+    code, err = run(["propose", report, "-o", tmp / "p.json", "-q", "--max-evaluations", "6"], capsys)
+    assert code in (0, ExitCode.TARGET_NOT_MET), err
+    assert (tmp / "p.selective.onnx").is_file()
+    code, err = run(
+        [
+            "verify",
+            model,
+            "--calib",
+            calib,
+            "--proposal",
+            tmp / "p.json",
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+            "--max-samples",
+            "16",
+            "-q",
+            *verify_extra,
+        ],
+        capsys,
+    )
+    assert code in (0, ExitCode.TARGET_NOT_MET), err
+    code, err = run(
+        [
+            "bench",
+            model,
+            "--calib",
+            calib,
+            "--proposal",
+            tmp / "p.json",
+            "--variants",
+            "fp32,static,selective",
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+            "--max-samples",
+            "16",
+            "-o",
+            tmp / "b.json",
+            "-q",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    return json.loads((tmp / "b.json").read_text())
+
+
+def test_multi_io_end_to_end(tmp_path, capsys):
+    report = analyze("multi_io", tmp_path / "r.json", capsys)
+    assert {"image", "features"} <= scored(report)
+    assert {o.name for o in report.outputs} == {
+        "logits",
+        "embedding",
+    }  # an intermediate that is also an output
+    assert all(math.isfinite(o.error.sqnr_db) for o in report.outputs)
+    bench = _propose_verify_bench(
+        rob("multi_io.onnx"), rob("multi_io_calib.npz"), tmp_path / "r.json", tmp_path, capsys
+    )
+    assert {v["name"] for v in bench["variants"]} == {"fp32", "static", "selective"}
+
+
+def test_dynamic_sequence_lengths_from_a_folder_end_to_end(tmp_path, capsys):
+    folder = rob("dynamic_calib")
+    shapes = [np.load(f)["x"].shape for f in sorted(folder.glob("*.npz"))]
+    assert len({s[1] for s in shapes}) == 4  # batches of 4 different sequence lengths
+    code, err = run(
+        ["analyze", rob("dynamic.onnx"), "--calib", folder, "-o", tmp_path / "r.json", "-q"], capsys
+    )
+    assert code == 0, err
+    report = load_report(tmp_path / "r.json")
+    assert report.samples == sum(s[0] for s in shapes)
+    x = next(t for t in report.tensors if t.name == "x")
+    assert x.summary.count == sum(int(np.prod(s)) for s in shapes)  # every batch, every length, was seen
+    assert all(t.accumulated is not None for t in report.tensors if t.quant is not None)
+    _propose_verify_bench(
+        rob("dynamic.onnx"), folder, tmp_path / "r.json", tmp_path, capsys, "--target-sqnr", "20"
+    )
+
+
+# --------------------------------------------------------------------------- integer tensors
+
+
+def test_integer_tensors_are_never_scored(tmp_path, capsys):
+    report = analyze("int_ops", tmp_path / "r.json", capsys)
+    reasons = {n.name: n.reason for n in report.not_captured}
+    ints = {"shape/of_input_out", "shape/batch_out", "shape/unsqueeze_out", "shape/concat_out"}
+    assert ints <= set(reasons)
+    assert all("int64" in reasons[n] and "not scored" in reasons[n] for n in ints)
+    assert not ints & {t.name for t in report.tensors}
+    assert "fc1/matmul_out" in scored(report)
+
+
+def test_int64_inputs(tmp_path, capsys):
+    report = analyze("int64_inputs", tmp_path / "r.json", capsys)
+    reasons = {n.name: n.reason for n in report.not_captured}
+    assert "int64" in reasons["input_ids"] and "int64" in reasons["attention_mask"]
+    assert {"embed/gather_out", "logits"} <= scored(report)
+    assert "embed.table" in {w.name for w in report.weights}
+
+
+# --------------------------------------------------------------------------- graph oddities
+
+
+def test_input_listed_as_output_is_normalized(tmp_path, capsys):
+    report = analyze("input_as_output", tmp_path / "r.json", capsys)
+    note = next(n for n in report.notes if "Identity" in n)
+    assert "Graph is not a DAG" in note and "x -> x__out" in note
+    assert {o.name for o in report.outputs} == {"y", "x__out"}
+
+
+def test_initializers_listed_as_inputs(tmp_path, capsys):
+    model = onnx.load(str(fixture_path("cnn", "model.onnx")))
+    for init in model.graph.initializer:  # what IR < 4 exporters write
+        model.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    code, err = run(
+        [
+            "analyze",
+            tmp_path / "m.onnx",
+            "--calib",
+            fixture_path("cnn", "calib.npz"),
+            "-o",
+            tmp_path / "r.json",
+            *SMALL,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    report = load_report(tmp_path / "r.json")
+    assert report.model.inputs == ("input",)
+    assert any("also listed as graph inputs" in n for n in report.notes)
+    assert "stem.conv.weight" in {w.name for w in report.weights}  # weights still quantized
+
+
+def test_empty_optional_inputs(tmp_path, capsys):
+    model = onnx.load(str(fixture_path("cnn", "model.onnx")))
+    relu = next(n for n in model.graph.node if n.name == "stem/relu")
+    relu.op_type = "Clip"
+    relu.input.extend(["", "clip.max"])  # no min: an empty optional input
+    model.graph.initializer.append(numpy_helper.from_array(np.array(50, np.float32), "clip.max"))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    code, err = run(
+        [
+            "analyze",
+            tmp_path / "m.onnx",
+            "--calib",
+            fixture_path("cnn", "calib.npz"),
+            "-o",
+            tmp_path / "r.json",
+            *SMALL,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    report = load_report(tmp_path / "r.json")
+    assert "stem/relu_out" in scored(report)
+    assert report.node("stem/relu").inputs[1] == ""
+
+
+def test_constant_nodes_become_quantized_weights(tmp_path, capsys):
+    assert not onnx.load(str(rob("constant_weights.onnx"))).graph.initializer
+    report = analyze("constant_weights", tmp_path / "r.json", capsys)
+    assert any("turned 4 Constant" in n for n in report.notes)
+    weights = {w.name: w for w in report.weights}
+    assert {"fc1/weight_out", "fc2/weight_out"} <= set(weights)
+    assert all(
+        weights[w].error.sqnr_db > 30 and weights[w].quant.qtype == "int8"
+        for w in ("fc1/weight_out", "fc2/weight_out")
+    )
+
+
+def test_custom_op_is_refused(tmp_path, capsys):
+    code, err = run(
+        [
+            "analyze",
+            rob("custom_op.onnx"),
+            "--calib",
+            rob("custom_op_calib.npz"),
+            "-o",
+            tmp_path / "r.json",
+            "-q",
+        ],
+        capsys,
+    )
+    assert code == ExitCode.MODEL
+    line = one_line_error(err)
+    assert "com.example.custom::FancyNorm" in line and "custom/fancy_norm" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+# --------------------------------------------------------------------------- opsets
+
+
+def test_opset9_refused_then_upgraded_end_to_end(tmp_path, capsys):
+    code, err = run(
+        ["analyze", rob("opset9.onnx"), "--calib", rob("opset9_calib.npz"), "-o", tmp_path / "r.json", "-q"],
+        capsys,
+    )
+    assert code == ExitCode.MODEL and "--upgrade-opset" in one_line_error(err)
+    report = analyze("opset9", tmp_path / "r.json", capsys, "--upgrade-opset")
+    assert report.config.upgrade_opset and any("opset 9 to 13" in n for n in report.notes)
+    # propose repeats the upgrade from the report; verify takes the flag
+    code, err = run(
+        ["propose", tmp_path / "r.json", "-o", tmp_path / "p.json", "-q", "--max-evaluations", "4"], capsys
+    )
+    assert code in (0, ExitCode.TARGET_NOT_MET), err
+    code, err = run(
+        [
+            "verify",
+            rob("opset9.onnx"),
+            "--calib",
+            rob("opset9_calib.npz"),
+            "--proposal",
+            tmp_path / "p.json",
+            "--upgrade-opset",
+            "--runs",
+            "0",
+            "-q",
+        ],
+        capsys,
+    )
+    assert code in (0, ExitCode.TARGET_NOT_MET), err
+
+
+def test_per_channel_below_opset13_gives_a_loadable_model(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx", opset=11)
+    calib = small_data(tmp_path / "c.npz", n=16)
+    code, err = run(
+        ["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q", "--per-channel"], capsys
+    )
+    assert code == 0, err
+    report = load_report(tmp_path / "r.json")
+    qmodel = onnx.load(report.quantized_model.path)
+    assert report.quantized_model.opset >= 13
+    ort.InferenceSession(qmodel.SerializeToString(), providers=["CPUExecutionProvider"])  # ORT loads it
+    assert any(w.quant.channels > 1 and w.quant.axis is not None for w in report.weights)
+    assert any("opset 13" in n for n in report.notes)
+
+
+# --------------------------------------------------------------------------- external data
+
+
+def test_external_data_model(tmp_path, capsys):
+    model = onnx.load(str(fixture_path("cnn", "model.onnx")))
+    onnx.save(
+        model,
+        str(tmp_path / "m.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="m.onnx.data",
+        size_threshold=0,
+    )
+    assert (tmp_path / "m.onnx").stat().st_size < 4096  # weights really are outside
+    code, err = run(
+        [
+            "analyze",
+            tmp_path / "m.onnx",
+            "--calib",
+            fixture_path("cnn", "calib.npz"),
+            "-o",
+            tmp_path / "r.json",
+            *SMALL,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    report = load_report(tmp_path / "r.json")
+    assert len(report.weights) >= 6 and report.task.quantized > 0.5
+    (tmp_path / "m.onnx.data").unlink()
+    code, err = run(
+        ["analyze", tmp_path / "m.onnx", "--calib", fixture_path("cnn", "calib.npz"), "-q"], capsys
+    )
+    assert code == ExitCode.INPUT and "m.onnx.data" in one_line_error(err)
+
+
+# --------------------------------------------------------------------------- control flow, recurrent ops
+
+
+def test_if_with_runtime_condition_is_explained(tmp_path, capsys):
+    report = analyze("if_subgraph", tmp_path / "r.json", capsys)
+    note = next(n for n in report.notes if n.startswith("If node branch/if"))
+    assert "inserts no QuantizeLinear" in note and "cannot be inlined" in note
+    reasons = {n.name: n.reason for n in report.not_captured}
+    assert {"then/conv_out", "else/matmul_out"} <= set(reasons)
+    assert "inside If node 'branch/if'" in reasons["then/conv_out"]
+    assert "cond/greater_out" in reasons and "bool" in reasons["cond/greater_out"]
+
+
+def _constant_if_model(path: Path) -> Path:
+    """if_subgraph with the condition folded to a constant (as exporters do for a fixed sample rate)."""
+    model = onnx.load(str(rob("if_subgraph.onnx")))
+    g = model.graph
+    nodes = [n for n in g.node if not n.name.startswith("cond/")]
+    const = helper.make_node(
+        "Constant", [], ["cond/greater_out"], name="cond/const", value=numpy_helper.from_array(np.array(True))
+    )
+    del g.node[:]
+    g.node.extend([const, *nodes])
+    inits = [i for i in g.initializer if i.name != "cond.threshold"]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_constant_if_is_inlined_on_request(tmp_path, capsys):
+    model = _constant_if_model(tmp_path / "if_const.onnx")
+    calib = rob("if_subgraph_calib.npz")
+    code, err = run(["analyze", model, "--calib", calib, "-o", tmp_path / "plain.json", *SMALL], capsys)
+    assert code == 0, err
+    plain = load_report(tmp_path / "plain.json")
+    assert any("--inline-constant-if" in n and "branch/if" in n for n in plain.notes)
+    assert "then/conv_out" in {n.name for n in plain.not_captured}
+
+    code, err = run(
+        ["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", *SMALL, "--inline-constant-if"],
+        capsys,
+    )
+    assert code == 0, err
+    report = load_report(tmp_path / "r.json")
+    assert report.config.inline_constant_if
+    assert any("inlined the taken branch" in n and "then_branch" in n for n in report.notes)
+    assert report.node("then/conv").quantized and "then/conv_out" in scored(report)
+    assert "then.conv.w" in {w.name for w in report.weights}
+    assert not report.not_captured
+    # the inlined model gives the FP32 model's outputs exactly
+    sess_in = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    sess_out = ort.InferenceSession(report.normalized_model, providers=["CPUExecutionProvider"])
+    x = np.load(calib)["input"][8:12]
+    np.testing.assert_array_equal(sess_in.run(None, {"input": x})[0], sess_out.run(None, {"input": x})[0])
+    code, err = run(
+        ["propose", tmp_path / "r.json", "-o", tmp_path / "p.json", "-q", "--max-evaluations", "4"], capsys
+    )
+    assert code in (0, ExitCode.TARGET_NOT_MET), err
+
+
+@pytest.mark.parametrize("name,op", [("loop", "Loop"), ("scan", "Scan")])
+def test_loop_and_scan_bodies_listed_as_not_captured(tmp_path, capsys, name, op):
+    report = analyze(name, tmp_path / "r.json", capsys)
+    body = [n for n in report.not_captured if f"inside {op} node" in n.reason]
+    assert len(body) >= 4
+    assert any(n.startswith(f"{op} node") and "stay FP32" in n for n in report.notes)
+    assert all(math.isfinite(o.error.sqnr_db) for o in report.outputs)
+
+
+@pytest.mark.parametrize("name,op", [("lstm", "LSTM"), ("gru", "GRU")])
+def test_recurrent_ops_are_measured_and_explained(tmp_path, capsys, name, op):
+    report = analyze(name, tmp_path / "r.json", capsys)
+    node = report.node(f"rnn/{name}")
+    assert node.op_type == op and not node.quantized
+    assert any(f"rnn/{name} ({op}) stay FP32" in n for n in report.notes)
+    assert {"rnn/y", "rnn/h_n", "logits"} <= scored(report)  # the recurrent op's outputs are measured
+
+
+# --------------------------------------------------------------------------- float16
+
+
+def test_float16_model_is_refused(tmp_path, capsys):
+    code, err = run(
+        ["analyze", rob("fp16.onnx"), "--calib", rob("fp16_calib.npz"), "-o", tmp_path / "r.json", "-q"],
+        capsys,
+    )
+    assert code == ExitCode.MODEL
+    assert "float16" in one_line_error(err)
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_mixed_float16_keeps_the_half_section_float(tmp_path, capsys):
+    report = analyze("mixed_fp16", tmp_path / "r.json", capsys)
+    note = next(n for n in report.notes if "float16" in n)
+    assert "fc1/matmul" in note and "nodes_to_exclude" in note
+    assert not report.node("fc1/matmul").quantized and report.node("fc0/matmul").quantized
+    qmodel = onnx.load(report.quantized_model.path)
+    ort.InferenceSession(qmodel.SerializeToString(), providers=["CPUExecutionProvider"])
+    half = {i.name for i in qmodel.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16}
+    assert "fc1.w" in half  # the float16 weight stayed float16, not quantized
+    assert all(math.isfinite(o.error.sqnr_db) for o in report.outputs)
+    # the pasteable snippet spells the float16 nodes out, so plain ORT writes a model that loads too
+    capsys.readouterr()
+    code = main(
+        [
+            "propose",
+            str(tmp_path / "r.json"),
+            "-o",
+            str(tmp_path / "p.json"),
+            "-q",
+            "--snippet",
+            "--max-evaluations",
+            "4",
+        ]
+    )
+    assert code in (0, ExitCode.TARGET_NOT_MET)
+    snippet = capsys.readouterr().out
+    excluded = snippet.split("nodes_to_exclude = [")[1].split("]")[0]
+    assert "'fc1/matmul'" in excluded and "'to_fp32/cast'" in excluded
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    x = np.load(rob("mixed_fp16_calib.npz"))["x"]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"x": x[i : i + 4]} for i in range(0, 16, 4)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    names = [n.strip().strip(",'") for n in excluded.split() if n.strip()]
+    quantize_static(
+        str(rob("mixed_fp16.onnx")),
+        str(tmp_path / "ort.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        nodes_to_exclude=names,
+    )
+    ort.InferenceSession(str(tmp_path / "ort.onnx"), providers=["CPUExecutionProvider"])
+
+
+# --------------------------------------------------------------------------- detection head
+
+
+def test_detection_concat_range_mismatch_is_called_out(tmp_path, capsys):
+    report = analyze("detect_concat", tmp_path / "r.json", capsys)
+    note = next(n for n in report.notes if n.startswith("Concat head/concat"))
+    assert "box/to_pixels_out" in note and "cls/sigmoid_out" in note and "detections" in note
+    ratio = float(note.split("differ by ")[1].split("x")[0])
+    assert ratio > 50
+    assert "quantization level" in note and "local SQNR" in note
+
+
+# --------------------------------------------------------------------------- user-supplied quantized models
+
+
+def test_qoperator_model_as_quantized_is_refused(tmp_path, capsys):
+    code, err = run(
+        [
+            "analyze",
+            fixture_path("cnn", "model.onnx"),
+            "--calib",
+            fixture_path("cnn", "calib.npz"),
+            "--quantized",
+            rob("qoperator.onnx"),
+            "-o",
+            tmp_path / "r.json",
+            "-q",
+        ],
+        capsys,
+    )
+    assert code == ExitCode.MODEL
+    line = one_line_error(err)
+    assert "QOperator" in line and "QLinearConv" in line and "QuantFormat.QDQ" in line
+
+
+def test_qdq_model_from_another_tool_pairs_by_structure(tmp_path, capsys):
+    """Every node and internal tensor renamed (another tool's naming): the numbers do not change."""
+    model, calib = fixture_path("cnn", "model.onnx"), fixture_path("cnn", "calib.npz")
+    code, err = run(["analyze", model, "--calib", calib, "-o", tmp_path / "own.json", *SMALL], capsys)
+    assert code == 0, err
+    own = load_report(tmp_path / "own.json")
+    q = onnx.load(own.quantized_model.path)
+    keep = {i.name for i in q.graph.input} | {o.name for o in q.graph.output}
+    rename = {}
+    for k, node in enumerate(q.graph.node):
+        node.name = f"other_tool_{k}"
+        for j, o in enumerate(node.output):
+            if o not in keep:
+                rename.setdefault(o, f"t{len(rename)}")
+                node.output[j] = rename[o]
+    for init in q.graph.initializer:
+        rename.setdefault(init.name, f"c{len(rename)}")
+        init.name = rename[init.name]
+    for node in q.graph.node:
+        for j, i in enumerate(node.input):
+            node.input[j] = rename.get(i, i)
+    del q.graph.value_info[:]
+    onnx.save(q, str(tmp_path / "other.onnx"))
+    code, err = run(
+        [
+            "analyze",
+            model,
+            "--calib",
+            calib,
+            "--quantized",
+            tmp_path / "other.onnx",
+            "-o",
+            tmp_path / "r.json",
+            *SMALL,
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    other = load_report(tmp_path / "r.json")
+    mine = {t.name: t.accumulated.sqnr_db for t in own.tensors if t.accumulated}
+    theirs = {t.name: t.accumulated.sqnr_db for t in other.tensors if t.accumulated}
+    assert mine.keys() == theirs.keys()
+    for name, db in mine.items():
+        assert theirs[name] == pytest.approx(db, abs=1e-3), name
+
+
+# --------------------------------------------------------------------------- memory
+
+
+_PEAK = """
+import resource, sys
+from qdebug.cli.main import main
+code = main(sys.argv[1:])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def test_peak_memory_is_flat_in_the_number_of_samples(tmp_path):
+    """1,000 calibration samples: peak RSS within 15% of the 32-sample run (streamed, not kept per sample)."""
+    x = np.load(fixture_path("cnn", "calib.npz"))["input"]
+    np.savez(tmp_path / "c1000.npz", input=np.resize(x, (1000, *x.shape[1:])))
+    peaks = {}
+    for n in (32, 1000):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _PEAK,
+                "analyze",
+                str(fixture_path("cnn", "model.onnx")),
+                "--calib",
+                str(tmp_path / "c1000.npz"),
+                "--max-samples",
+                str(n),
+                "-o",
+                str(tmp_path / f"r{n}.json"),
+                "-q",
+                "--no-cache",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        peaks[n] = int(proc.stdout.strip().splitlines()[-1])
+    assert load_report(tmp_path / "r1000.json").samples == 1000
+    assert peaks[1000] <= 1.15 * peaks[32], peaks
+
+
+# --------------------------------------------------------------------------- quantizer exceptions
+
+
+def test_quantizer_exception_is_explained_with_the_option_that_avoids_it(tmp_path, capsys, monkeypatch):
+    """Simulated: ORT's int32 bias-scale adjustment for per-channel weights raising inside quantize_model."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    def boom(self):
+        raise ValueError("bias scale is too small for int32 (adjust_tensor_ranges)")
+
+    monkeypatch.setattr(QDQQuantizer, "quantize_model", boom)
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz", n=8)
+    code, err = run(
+        ["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q", "--per-channel"], capsys
+    )
+    assert code == ExitCode.MODEL
+    line = one_line_error(err)
+    assert "quantizer failed" in line and "drop --per-channel" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_inlined_branches_with_duplicate_tensor_names(tmp_path):
+    """Two If nodes whose branches reuse the same tensor names (valid: sibling subgraphs); inlining both
+    renames the clash and keeps the outputs bit-identical."""
+    from qdebug.graph.load import load_model, normalize
+
+    def branch(tag: str, out: str, op: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [
+                helper.make_node(op, ["x"], ["t"], name=f"{tag}/a"),
+                helper.make_node("Abs", ["t"], [out], name=f"{tag}/b"),
+            ],
+            tag,
+            [],
+            [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None)],
+        )
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "If",
+                ["flag"],
+                ["y1"],
+                name="if1",
+                then_branch=branch("t1", "u1", "Neg"),
+                else_branch=branch("e1", "w1", "Relu"),
+            ),
+            helper.make_node(
+                "If",
+                ["flag"],
+                ["y2"],
+                name="if2",
+                then_branch=branch("t2", "u2", "Sigmoid"),
+                else_branch=branch("e2", "w2", "Relu"),
+            ),
+            helper.make_node("Add", ["y1", "y2"], ["out"], name="add"),
+        ],
+        "clash",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.array(True), "flag")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=x)
+    assert (
+        main(
+            [
+                "analyze",
+                str(tmp_path / "m.onnx"),
+                "--calib",
+                str(tmp_path / "c.npz"),
+                "-o",
+                str(tmp_path / "r.json"),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    report = load_report(tmp_path / "r.json")  # without inlining: each 't' is listed with where it lives
+    wheres = sorted(n.reason.split(":")[0] for n in report.not_captured if n.name == "t")
+    assert len(wheres) == 4 and len(set(wheres)) == 4
+    assert any("if1" in n and "condition is a constant" in n for n in report.notes)
+    norm = normalize(load_model(tmp_path / "m.onnx"), inline_constant_if=True)
+    assert not any(n.op_type == "If" for n in norm.proto.graph.node)
+    outputs = [o for n in norm.proto.graph.node for o in n.output]
+    assert len(outputs) == len(set(outputs)) and "if2/t" in outputs
+    before = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    after = ort.InferenceSession(norm.proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    np.testing.assert_array_equal(before[0], after[0])

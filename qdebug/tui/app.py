@@ -10,10 +10,13 @@ This module never imports onnxruntime or onnx: verify runs through the
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.cells import cell_len
 from textual.app import App
 from textual.screen import Screen
 
@@ -126,5 +129,49 @@ def save_screenshot(
     svg = app.run(headless=True, size=size, auto_pilot=auto_pilot)
     if not isinstance(svg, str):
         raise RuntimeError("the TUI exited without a screenshot")
-    atomic_write_text(svg_path, svg)
+    atomic_write_text(svg_path, portable_svg(svg))
     return Path(svg_path)
+
+
+_SVG_TEXT = re.compile(
+    r'(<text class="[^"]*" )x="([0-9.]+)"( y="[0-9.]+" )textLength="([0-9.]+)"([^>]*)>([^<]*)</text>'
+)
+_NBSP = "&#160;"
+
+
+def portable_svg(svg: str) -> str:
+    """Textual's SVG with the spaces at the ends of each text run moved into its position.
+
+    Textual writes one ``<text>`` per styled run and keeps its spaces as
+    ``&#160;``. Some renderers (librsvg's ``rsvg-convert``, which turns the
+    screenshot into a PNG) drop leading and trailing white space of a run, so
+    ``"model.onnx" + "  opset 17"`` shows as ``model.onnxopset 17``. Shifting
+    ``x`` by the leading spaces and dropping both ends draws the same picture
+    in every renderer; runs of spaces only are removed (their background is a
+    separate ``<rect>``).
+    """
+
+    def fix(m: re.Match[str]) -> str:
+        start, x, y, length, rest, body = m.groups()
+        cells = cell_len(html.unescape(body))
+        if cells == 0:
+            return m.group(0)
+        cell = float(length) / cells
+        stripped = body
+        lead = 0
+        while stripped.startswith(_NBSP):
+            stripped = stripped[len(_NBSP) :]
+            lead += 1
+        trail = 0
+        while stripped.endswith(_NBSP):
+            stripped = stripped[: -len(_NBSP)]
+            trail += 1
+        if not stripped:
+            return ""
+        if not lead and not trail:
+            return m.group(0)
+        new_x = float(x) + lead * cell
+        new_length = float(length) - (lead + trail) * cell
+        return f'{start}x="{new_x:g}"{y}textLength="{new_length:g}"{rest}>{stripped}</text>'
+
+    return _SVG_TEXT.sub(fix, svg)

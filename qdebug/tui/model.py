@@ -24,6 +24,9 @@ from qdebug.records import (
     WeightRecord,
 )
 
+KERNEL_GAP_DB = 3.0
+"""Fake-quant minus deployed SQNR above which the detail blames the integer kernels (as ``analyze`` does)."""
+
 HAND_REASON = "excluded by hand in the TUI"
 """Reason text of nodes the user excluded in the TUI (followed by their numbers)."""
 
@@ -52,12 +55,21 @@ COLUMNS: tuple[Column, ...] = (
         descending=False,
         title="accumulated SQNR, dB: FP32 vs quantized",
     ),
-    Column("introduced", "Intro", numeric=True, descending=True, title="introduced dB: error the node adds"),
+    Column(
+        "added",
+        "Added",
+        numeric=True,
+        descending=True,
+        title="added noise, dB re. signal: what the node adds (sums over nodes)",
+    ),
+    Column(
+        "introduced", "Intro", numeric=True, descending=True, title="introduced dB: SQNR drop across the node"
+    ),
     Column("kl", "KL", numeric=True, descending=True, title="KL divergence FP32 -> quantized, nats"),
     Column("excluded", "X", numeric=False, descending=True, title="excluded (kept in FP32)"),
 )
 COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
-DEFAULT_SORT = "introduced"
+DEFAULT_SORT = "added"
 
 
 def column(key: str) -> Column:
@@ -77,7 +89,8 @@ def fmt_db(x: float, digits: int = 1) -> str:
         return "nan"
     if math.isinf(x):
         return "+inf" if x > 0 else "-inf"
-    return f"{x:.{digits}f}"
+    text = f"{x:.{digits}f}"
+    return text[1:] if text.startswith("-") and not text.strip("-0.") else text  # no "-0.0"
 
 
 def fmt_num(x: float) -> str:
@@ -87,6 +100,127 @@ def fmt_num(x: float) -> str:
     if math.isinf(x):
         return "+inf" if x > 0 else "-inf"
     return f"{x:.4g}"
+
+
+def fmt_small(x: float) -> str:
+    """A small non-negative number (KL in nats) in at most 6 characters: ``0.0106``, ``6.0e-3``, ``0``."""
+    if math.isnan(x) or math.isinf(x) or x < 0:
+        return fmt_num(x)
+    if x == 0:
+        return "0"
+    if 0.01 <= x < 1000:
+        return f"{x:.3g}"
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+ACCURACY_METRICS = ("top1", "top1_agreement")
+
+
+def fmt_metric(name: str, x: float) -> str:
+    """A task metric value: percent for accuracies (as the CLI prints it), else 4 significant digits."""
+    if math.isnan(x):
+        return "-"
+    if name in ACCURACY_METRICS:
+        return f"{100 * x:.2f}%"
+    return f"{x:.4g}"
+
+
+def fmt_metric_delta(name: str, d: float) -> str:
+    """A signed metric difference: percentage points for accuracies."""
+    if math.isnan(d):
+        return "-"
+    if name in ACCURACY_METRICS:
+        return f"{100 * d:+.2f} pts"
+    return f"{d:+.4g}"
+
+
+# --------------------------------------------------------------------------- table layout
+
+
+CELL_TEXT = {
+    "local": lambda n: fmt_db(n.local_sqnr_db),
+    "accumulated": lambda n: fmt_db(n.accumulated_sqnr_db),
+    "added": lambda n: fmt_db(n.added_noise_db),
+    "introduced": lambda n: fmt_db(n.introduced_db),
+    "kl": lambda n: fmt_small(n.kl),
+}
+"""How each numeric column writes a node's value in the table."""
+
+_OP_ABBREVIATIONS = (("Normalization", "Norm"), ("Average", "Avg"))
+MIN_NAME_WIDTH = 12
+"""Names are never cut shorter than this (the table scrolls sideways instead)."""
+MAX_OP_WIDTH = 14
+"""Longest op type shown when the table is short of space (custom ops beyond it end in ``…``)."""
+
+
+def short_op(op: str) -> str:
+    """``op`` with standard abbreviations (``LayerNormalization`` -> ``LayerNorm``)."""
+    for long, short in _OP_ABBREVIATIONS:
+        op = op.replace(long, short)
+    return op
+
+
+def middle_ellipsis(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters by replacing its middle with ``…`` (both ends stay readable)."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head = (width - 1) // 2
+    tail = width - 1 - head
+    return text[:head] + "…" + (text[-tail:] if tail else "")
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Column widths of the node table for a given width (each includes a one-cell gap)."""
+
+    widths: dict[str, int]
+    short_ops: bool
+    """Op types are abbreviated (``LayerNorm``) because the full names do not fit."""
+
+    @property
+    def total(self) -> int:
+        """Width of all columns together."""
+        return sum(self.widths.values())
+
+    def name(self, name: str) -> str:
+        """A node name as the table shows it (middle-ellipsized to fit)."""
+        return middle_ellipsis(name, self.widths["name"] - 1)
+
+    def op(self, op: str) -> str:
+        """An op type as the table shows it."""
+        op = short_op(op) if self.short_ops else op
+        width = self.widths["op"] - 1
+        return op if len(op) <= width else op[: max(width - 1, 0)] + "…"
+
+
+def table_layout(nodes: Sequence[NodeRecord], available: int | None = None) -> TableLayout:
+    """Widths that show every number in full and give the names what is left of ``available`` cells.
+
+    Numeric columns are as wide as their longest value (or label plus sort
+    arrow) plus a gap; op types are abbreviated, and then names cut in the
+    middle, only when the natural widths do not fit. ``None``: natural widths.
+    """
+    widths: dict[str, int] = {}
+    for col in COLUMNS:
+        if col.numeric:
+            fmt = CELL_TEXT[col.key]
+            widths[col.key] = 1 + max([len(col.label) + 1, *(len(fmt(n)) for n in nodes)])
+    widths["excluded"] = 2
+    fixed = sum(widths.values())
+    name_w = 1 + max([len("Node"), *(len(n.name) for n in nodes)])
+    op_w = 1 + max([len("Op"), *(len(n.op_type) for n in nodes)])
+    short_w = 1 + max([len("Op"), *(len(short_op(n.op_type)) for n in nodes)])
+    short_ops = False
+    if available is not None and fixed + op_w + name_w > available:
+        short_ops = True
+        op_w = min(short_w, MAX_OP_WIDTH + 1)
+        name_w = max(min(name_w, available - fixed - op_w), MIN_NAME_WIDTH + 1)
+    widths["name"] = name_w
+    widths["op"] = op_w
+    return TableLayout(widths={c.key: widths[c.key] for c in COLUMNS}, short_ops=short_ops)
 
 
 # --------------------------------------------------------------------------- fuzzy search
@@ -156,6 +290,7 @@ def _numeric_sort(nodes: Sequence[NodeRecord], value, descending: bool) -> list[
 _VALUES = {
     "local": lambda n: n.local_sqnr_db,
     "accumulated": lambda n: n.accumulated_sqnr_db,
+    "added": lambda n: n.added_noise_db,
     "introduced": lambda n: n.introduced_db,
     "kl": lambda n: n.kl,
 }
@@ -279,8 +414,8 @@ class LayerModel:
         if key == "op":
             return sorted(nodes, key=lambda n: n.op_type.lower(), reverse=self.descending)
         if key == "excluded":
-            # excluded first when descending; within each group the sensitivity order
-            base = _numeric_sort(nodes, _VALUES["introduced"], True)
+            # excluded first when descending; within each group the default (sensitivity) order
+            base = _numeric_sort(nodes, _VALUES[DEFAULT_SORT], column(DEFAULT_SORT).descending)
             return sorted(base, key=lambda n: n.name in self._excluded, reverse=self.descending)
         raise KeyError(key)
 
@@ -367,7 +502,8 @@ class LayerModel:
             return r
         n = self._nodes[name]
         text = (
-            f"{HAND_REASON} (introduced {fmt_db(n.introduced_db)} dB, "
+            f"{HAND_REASON} (added noise {fmt_db(n.added_noise_db)} dB, "
+            f"introduced {fmt_db(n.introduced_db)} dB, "
             f"local SQNR {fmt_db(n.local_sqnr_db)} dB, accumulated SQNR {fmt_db(n.accumulated_sqnr_db)} dB)"
         )
         return NodeReason(

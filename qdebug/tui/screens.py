@@ -56,7 +56,7 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("tab  enter", "focus the neighbour / exclusion list; enter jumps"),
     ("s", "sort by the next column"),
     ("r", "reverse the sort"),
-    ("1 … 7", "sort by that column (again: reverse), or click it"),
+    (f"1 … {len(COLUMNS)}", "sort by that column (again: reverse), or click it"),
     ("/", "fuzzy-filter by name (enter / esc: back to table)"),
     ("o", "cycle the op-type filter"),
     ("e", "export the exclusion set as a proposal JSON"),
@@ -408,14 +408,18 @@ class HelpScreen(ModalScreen[None]):
             t.append(f"{i + 1} {col.label:>8}  ", style="bold cyan")
             t.append(col.title + "\n")
         t.append(
-            "\nThe table starts sorted by introduced dB, worst first. Non-finite\n"
-            "values (+inf: exact, nan: undefined) sort after the numbers.",
+            "\nThe table starts sorted by added noise, worst (highest) first: the noise\n"
+            "a node adds relative to the signal, 10·log10(NSR_out - NSR_in) with\n"
+            "NSR = 10^(-SQNR/10); -inf: it adds none. Noise powers add up along the\n"
+            "graph, so this compares nodes by their share of the final error, where\n"
+            "introduced dB (an SQNR ratio) is large for any node near the clean input.\n"
+            "Non-finite values (+inf: exact, -inf, nan: undefined) sort after the numbers.",
             style="dim",
         )
         with Vertical(id="dialog"):
             yield Label(Text("qdebug keys", style="bold"), id="dialog-title")
             yield VerticalScroll(Static(t))
-            yield Label(Text("esc / ? closes", style="dim"))
+            yield Label(Text("↑ ↓ scroll · esc / ? closes", style="dim"))
 
     def action_close(self) -> None:
         """Close."""

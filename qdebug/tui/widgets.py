@@ -22,7 +22,19 @@ from textual.widgets.option_list import Option
 
 from qdebug.records import ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
-from qdebug.tui.model import COLUMNS, LayerModel, fmt_db, fmt_num
+from qdebug.tui.model import (
+    CELL_TEXT,
+    COLUMNS,
+    HAND_REASON,
+    KERNEL_GAP_DB,
+    LayerModel,
+    TableLayout,
+    fmt_db,
+    fmt_metric,
+    fmt_metric_delta,
+    fmt_num,
+    table_layout,
+)
 
 EXCLUDED_MARK = "✗"
 
@@ -52,6 +64,21 @@ def introduced_style(x: float) -> str:
     return ""
 
 
+def added_style(x: float) -> str:
+    """Colour of an added-noise value (dB re. signal): red above -20 dB, yellow above -30 dB.
+
+    The same thresholds as :func:`sqnr_style`: a node adding -20 dB of noise
+    alone takes a clean signal to 20 dB SQNR.
+    """
+    if math.isnan(x) or x == -math.inf:
+        return "dim"
+    if x > -20:
+        return "bold red"
+    if x > -30:
+        return "yellow"
+    return ""
+
+
 def db_text(x: float, style: str, suffix: str = "") -> Text:
     """A right-aligned dB cell."""
     return Text(fmt_db(x) + suffix, style=style, justify="right")
@@ -60,45 +87,81 @@ def db_text(x: float, style: str, suffix: str = "") -> Text:
 # --------------------------------------------------------------------------- header
 
 
-class SummaryBar(Static):
-    """Model name, FP32 vs quantized task metric and output SQNR: the verdict in two lines."""
+class SummaryBar(Widget):
+    """Model, analysis settings, FP32 vs quantized task metric and output SQNR, wrapped to the width."""
 
     def __init__(self, report: Report, **kwargs) -> None:
-        super().__init__(summary_text(report), **kwargs)
+        super().__init__(**kwargs)
+        self.report = report
+
+    def render(self) -> Text:
+        """The header for the current width."""
+        return summary_text(self.report, self.content_size.width or None)
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        """As many lines as the fields need at ``width``."""
+        return len(summary_text(self.report, width).plain.split("\n"))
 
 
-def summary_text(report: Report) -> Text:
-    """The header text of ``report`` (two lines)."""
+def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
+    """The header's fields: (model and settings, results); each field is kept whole on one line."""
     m = report.model
     cfg = report.config
     name = m.path.rsplit("/", 1)[-1] or "(unnamed model)"
-    t = Text(no_wrap=True, overflow="ellipsis")
-    t.append("qdebug ", style="bold")
-    t.append(name, style="bold cyan")
-    t.append(
-        f"  opset {m.opset} · {len(report.nodes)} nodes · {report.samples} samples · "
-        f"{cfg.method} {cfg.activation_type}/{cfg.weight_type}"
-        f"{' per-channel' if cfg.per_channel else ''}",
-        style="dim",
-    )
-    t.append("\n")
+    head = Text.assemble(("qdebug ", "bold"), (name, "bold cyan"))
+    per_channel = " per-channel" if cfg.per_channel else ""
+    setup = [
+        head,
+        Text(f"opset {m.opset}", style="dim"),
+        Text(f"{len(report.nodes)} nodes", style="dim"),
+        Text(f"{report.samples} samples", style="dim"),
+        Text(f"{cfg.method} {cfg.activation_type}/{cfg.weight_type}{per_channel}", style="dim"),
+    ]
+    results: list[Text] = []
     task = report.task
     if task is not None:
         delta = task.quantized - task.fp32
-        t.append(f"{task.name} ({task.data}, {task.samples}): ")
-        t.append(f"FP32 {task.fp32:.4g}", style="bold")
+        t = Text(f"{task.name} ({task.data}, {task.samples}): ")
+        t.append(f"FP32 {fmt_metric(task.name, task.fp32)}", style="bold")
         t.append(" → ")
-        t.append(f"INT8 {task.quantized:.4g}", style="bold")
-        t.append(f" (Δ {delta:+.4g})", style="bold red" if delta < 0 else "green")
+        t.append(f"INT8 {fmt_metric(task.name, task.quantized)}", style="bold")
+        t.append(f" ({fmt_metric_delta(task.name, delta)})", style="bold red" if delta < 0 else "green")
+        results.append(t)
+        if not math.isnan(task.quantized_fakequant):
+            fq = Text("fake-quant ")
+            fq.append(fmt_metric(task.name, task.quantized_fakequant), style="bold")
+            results.append(fq)
     else:
-        t.append("no task metric", style="dim")
+        results.append(Text("no task metric", style="dim"))
     for out in report.outputs:
-        t.append(" │ ", style="dim")
-        t.append(f"{out.name} SQNR ")
-        t.append(f"{fmt_db(out.error.sqnr_db)} dB", style=sqnr_style(out.error.sqnr_db))
+        o = Text(f"{out.name} SQNR ")
+        o.append(f"{fmt_db(out.error.sqnr_db)} dB", style=sqnr_style(out.error.sqnr_db))
+        results.append(o)
     if report.deployed_gap:
-        t.append(" │ ", style="dim")
-        t.append(f"deployed gap {report.deployed_gap:.3g}", style="yellow")
+        results.append(Text(f"deployed gap {report.deployed_gap:.3g}", style="yellow"))
+    return setup, results
+
+
+def summary_text(report: Report, width: int | None = None) -> Text:
+    """The header text of ``report``: settings, then results, each group wrapped at fields to ``width``.
+
+    ``None``: no wrapping (one line per group). A field wider than ``width`` is
+    cut with an ellipsis by the widget.
+    """
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for i, (fields, sep) in enumerate(zip(summary_fields(report), (" · ", " │ "), strict=True)):
+        if i:
+            t.append("\n")
+        used = 0
+        for j, field in enumerate(fields):
+            if j and width is not None and used + len(sep) + field.cell_len > width:
+                t.append("\n")
+                used = 0
+            elif j:
+                t.append(sep, style="dim")
+                used += len(sep)
+            t.append_text(field)
+            used += field.cell_len
     return t
 
 
@@ -170,7 +233,12 @@ class FilterBar(Horizontal):
 
 
 class NodeTable(DataTable):
-    """The node table; its row keys are node names."""
+    """The node table; its row keys are node names.
+
+    Column widths follow the table's width (see :func:`~qdebug.tui.model.table_layout`):
+    numbers are never cut; op types are abbreviated and names cut in the middle
+    only when the whole row would not fit.
+    """
 
     @dataclass
     class NodeHighlighted(Message):
@@ -184,38 +252,54 @@ class NodeTable(DataTable):
 
         column: str
 
-    NAME_WIDTH = 36
-    OP_WIDTH = 10
-
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        super().__init__(cursor_type="row", zebra_stripes=True, cell_padding=0, **kwargs)
+        self._shown: tuple[LayerModel, list[NodeRecord]] | None = None
+        self.column_layout: TableLayout | None = None
+        """The column layout the table was last drawn with."""
+
+    def _available(self) -> int | None:
+        """Cells for the columns (the vertical scrollbar's share excluded); ``None`` before layout."""
+        width = self.size.width
+        if width <= 0:
+            return None
+        return width - self.styles.scrollbar_size_vertical
 
     def show(self, model: LayerModel, rows: list[NodeRecord], selected: str | None) -> None:
         """Rebuild the table from ``rows``, keeping the cursor on ``selected`` when shown."""
+        self._shown = (model, rows)
+        layout = table_layout(model.report.nodes, self._available())
+        self.column_layout = layout
         self.clear(columns=True)
-        names = [n.name for n in model.report.nodes]
-        ops = [n.op_type for n in model.report.nodes]
-        widths = {
-            "name": min(max([len(x) for x in names] + [8]), self.NAME_WIDTH),
-            "op": min(max([len(x) for x in ops] + [4]), self.OP_WIDTH),
-            "excluded": 2,
-        }
         for col in COLUMNS:
-            label = Text(col.label, justify="right" if col.numeric else "left")
+            label = Text(col.label)
             if col.key == model.sort_key:
                 label.append("▼" if model.descending else "▲", style="bold")
-            self.add_column(label, key=col.key, width=widths.get(col.key, 7))
+            label.justify = "right" if col.numeric or col.key == "excluded" else "left"
+            self.add_column(label, key=col.key, width=layout.widths[col.key])
         for n in rows:
-            self.add_row(*row_cells(n, model.is_excluded(n.name)), key=n.name)
+            self.add_row(*row_cells(n, model.is_excluded(n.name), layout), key=n.name)
         if selected is not None and any(n.name == selected for n in rows):
             self.move_cursor(row=self.get_row_index(selected), scroll=True)
         elif rows:
             self.move_cursor(row=0)
 
+    def on_resize(self) -> None:
+        """Lay the columns out again when the width changes what fits."""
+        if self._shown is None:
+            return
+        model, rows = self._shown
+        if table_layout(model.report.nodes, self._available()) != self.column_layout:
+            self.show(model, rows, self.current)
+
     def set_excluded(self, name: str, excluded: bool) -> None:
         """Update the exclusion mark of one row (no-op when the row is filtered out)."""
         if name in self.rows:
             self.update_cell(name, "excluded", _mark(excluded))
+            if self._shown is not None and self.column_layout is not None:
+                self.update_cell(
+                    name, "name", _name_cell(self._shown[0].node(name), excluded, self.column_layout)
+                )
 
     @property
     def current(self) -> str | None:
@@ -239,21 +323,37 @@ class NodeTable(DataTable):
 
 
 def _mark(excluded: bool) -> Text:
-    return Text(EXCLUDED_MARK if excluded else "", style="bold magenta", justify="center")
+    return Text(EXCLUDED_MARK if excluded else "", style="bold magenta", justify="right")
 
 
-def row_cells(n: NodeRecord, excluded: bool) -> tuple[Text, ...]:
+def _name_cell(n: NodeRecord, excluded: bool, layout: TableLayout) -> Text:
+    style = "bold magenta" if excluded else ("" if n.quantized else "dim")
+    return Text(layout.name(n.name), style=style)
+
+
+_CELL_STYLE = {
+    "local": lambda n: sqnr_style(n.local_sqnr_db),
+    "accumulated": lambda n: sqnr_style(n.accumulated_sqnr_db),
+    "added": lambda n: added_style(n.added_noise_db),
+    "introduced": lambda n: introduced_style(n.introduced_db),
+    "kl": lambda n: "dim" if math.isnan(n.kl) else "",
+}
+
+
+def row_cells(n: NodeRecord, excluded: bool, layout: TableLayout | None = None) -> tuple[Text, ...]:
     """The cells of one node row, in :data:`~qdebug.tui.model.COLUMNS` order."""
-    name_style = "bold magenta" if excluded else ("" if n.quantized else "dim")
-    return (
-        Text(n.name, style=name_style),
-        Text(n.op_type, style="cyan"),
-        db_text(n.local_sqnr_db, sqnr_style(n.local_sqnr_db)),
-        db_text(n.accumulated_sqnr_db, sqnr_style(n.accumulated_sqnr_db)),
-        db_text(n.introduced_db, introduced_style(n.introduced_db)),
-        Text(fmt_num(n.kl), justify="right", style="dim" if math.isnan(n.kl) else ""),
-        _mark(excluded),
-    )
+    layout = layout or table_layout((n,))
+    cells = []
+    for col in COLUMNS:
+        if col.key == "name":
+            cells.append(_name_cell(n, excluded, layout))
+        elif col.key == "op":
+            cells.append(Text(layout.op(n.op_type), style="cyan"))
+        elif col.key == "excluded":
+            cells.append(_mark(excluded))
+        else:
+            cells.append(Text(CELL_TEXT[col.key](n), style=_CELL_STYLE[col.key](n), justify="right"))
+    return tuple(cells)
 
 
 # --------------------------------------------------------------------------- depth overview
@@ -353,7 +453,10 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
     if tensor.summary is not None:
         s = tensor.summary
         t.append(" range ", style="dim")
-        t.append(f"[{fmt_num(s.min)}, {fmt_num(s.max)}]  μ {fmt_num(s.mean)}  σ {fmt_num(s.std)}\n")
+        span = f"[{fmt_num(s.min)}, {fmt_num(s.max)}]"
+        moments = f"μ {fmt_num(s.mean)}  σ {fmt_num(s.std)}"
+        sep = "  " if 7 + len(span) + 2 + len(moments) <= width else "\n       "
+        t.append(f"{span}{sep}{moments}\n")
     if tensor.quant is not None:
         q = tensor.quant
         t.append(" quant ", style="dim")
@@ -364,6 +467,15 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
         t.append("not quantized\n", style="dim")
     _stats_line(t, "local", tensor.local)
     _stats_line(t, "accum", tensor.accumulated)
+    fq = tensor.accumulated_fakequant
+    if fq is not None:
+        t.append("       fake-quant ", style="dim")
+        t.append(f"SQNR {fmt_db(fq.sqnr_db)} dB\n", style=sqnr_style(fq.sqnr_db))
+        acc = tensor.accumulated.sqnr_db if tensor.accumulated is not None else math.nan
+        gap = fq.sqnr_db - acc
+        if math.isfinite(gap) and gap > KERNEL_GAP_DB:
+            # the deployed integer kernels, not the Q/DQ parameters, lose the accuracy here
+            t.append(f"       integer kernels lose {gap:.1f} dB\n", style="yellow")
     kl = tensor.local.kl if tensor.local is not None else math.nan
     if not math.isnan(kl):
         t.append(" KL    ", style="dim")
@@ -378,7 +490,8 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
         for i, row in enumerate(cand):
             t.append(" INT8 " if i == len(cand) - 1 else "      ", style="dim")
             t.append(row + "\n", style="magenta")
-        lo, hi = fmt_num(h.edges[0]), fmt_num(h.edges[-1])
+        finite = [e for e in h.edges if math.isfinite(e)]  # the outer edges may be ±inf (overflow bins)
+        lo, hi = (fmt_num(finite[0]), fmt_num(finite[-1])) if finite else ("", "")
         span = len(ref[0]) if ref else bar_w
         gap = max(1, span - len(lo) - len(hi))
         t.append("      " + lo + " " * gap + hi + "\n", style="dim")
@@ -398,13 +511,15 @@ def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
     if model.is_excluded(n.name):
         t.append(" · EXCLUDED", style="bold magenta")
     t.append("\n")
-    t.append("introduced ", style="dim")
-    t.append(f"{fmt_db(n.introduced_db)} dB", style=introduced_style(n.introduced_db) or "bold")
+    t.append("added noise ", style="dim")
+    t.append(f"{fmt_db(n.added_noise_db)} dB", style=added_style(n.added_noise_db) or "bold")
     t.append("  KL ", style="dim")
     t.append(fmt_num(n.kl) + "\n")
-    t.append("local ", style="dim")
+    t.append("introduced  ", style="dim")
+    t.append(f"{fmt_db(n.introduced_db)} dB\n", style=introduced_style(n.introduced_db) or "bold")
+    t.append("SQNR local ", style="dim")
     t.append(f"{fmt_db(n.local_sqnr_db)} dB", style=sqnr_style(n.local_sqnr_db))
-    t.append("  accumulated ", style="dim")
+    t.append(" · accum ", style="dim")
     t.append(f"{fmt_db(n.accumulated_sqnr_db)} dB\n", style=sqnr_style(n.accumulated_sqnr_db))
     r = model.proposal_reason(n.name)
     if r is not None:
@@ -514,14 +629,14 @@ class ExclusionPanel(Vertical):
         names = m.excluded
         t = Text()
         t.append(f"Excluded {len(names)}", style="bold magenta" if names else "bold")
-        t.append(f" / {m.quantizable} quantizable ({100 * m.excluded_share():.1f}%)")
+        t.append(f"/{m.quantizable} quantizable ({100 * m.excluded_share():.1f}%)")
         p = m.proposal
         if p is not None:
-            t.append(f"\nproposal ({p.source})", style="dim")
+            t.append("\nproposal" if p.source == "propose" else f"\nproposal ({p.source})", style="dim")
             if p.metric:
-                t.append(
-                    f" {p.metric}: {p.static_metric:.4g} → expected {p.expected_metric:.4g}", style="dim"
-                )
+                t.append(f": {p.metric} {fmt_metric(p.metric, p.static_metric)}", style="dim")
+                if not math.isnan(p.expected_metric):
+                    t.append(f" → {fmt_metric(p.metric, p.expected_metric)}", style="dim")
         self.query_one("#exclusion-title", Static).update(t)
         entries = []
         for name in names:
@@ -529,7 +644,11 @@ class ExclusionPanel(Vertical):
             line = Text(f"{EXCLUDED_MARK} ", style="bold magenta")
             line.append(name, style="bold")
             line.append(f" {r.op_type}", style="cyan")
-            line.append("\n  " + r.reason, style="dim")
+            if r.reason.startswith(HAND_REASON):
+                gist = f"by hand · added noise {fmt_db(m.node(name).added_noise_db)} dB"
+            else:
+                gist = r.reason.split("; ")[0].split(" (")[0]  # the whole reason is in the detail panel
+            line.append("\n  " + gist, style="dim")
             entries.append((name, line))
         self.query_one("#exclusions", NodeList).show(entries, "none: x / space excludes the selected node")
 

@@ -113,8 +113,9 @@ def test_random_bytes_as_every_input_kind(tmp_path):
 
 
 SLOW_METRIC = """
-import time
+import pathlib, time
 def score(reference, candidate, labels):
+    pathlib.Path(__file__).with_name("metric-entered").touch()
     time.sleep(60)
     return 0.0
 """
@@ -130,13 +131,13 @@ def test_sigint_leaves_no_partial_output_and_cache_is_reused(tmp_path):
          "--metric", f"{tmp_path / 'slowmetric.py'}:score"],
         cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
-    # wait until the calibration cache exists (calibration done, capture under way), then interrupt
-    deadline = time.time() + 60
-    while time.time() < deadline and not list((tmp_path / "cache").glob("calib/*.json")):
+    # wait until the long evaluation is under way (calibration cached, capture done), then interrupt
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "metric-entered").exists():
         time.sleep(0.1)
-    time.sleep(1.0)
+    assert list((tmp_path / "cache").glob("calib/*.json")), "calibration cache not written before the interrupt"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == ExitCode.INTERRUPTED, err
     assert "interrupted" in err and "Traceback" not in err
     assert not out.exists()

@@ -203,8 +203,10 @@ def analyze(
     else:
         qloaded = load_model(quantized, what="quantized model")
         qproto = qloaded.proto
-        _refuse_integer_ops(qproto, quantized)
-        if not is_qdq_model(qproto):
+        dynamic = is_dynamic_model(qproto)
+        if not dynamic:
+            _refuse_integer_ops(qproto, quantized)
+        if not dynamic and not is_qdq_model(qproto):
             raise QDebugError(
                 f"{quantized} has no QuantizeLinear/DequantizeLinear nodes",
                 "pass a QDQ-format model (quantize_static with quant_format=QuantFormat.QDQ)",
@@ -212,7 +214,18 @@ def analyze(
             )
         qinfo = model_info(qloaded.path, qproto, qloaded.sha256)
 
-    pairing = pair_models(prep.normalized, qproto)
+    dyn_nodes: set[str] | None = None
+    if quantized is not None and is_dynamic_model(qproto):
+        from qdebug.bench import pair_dynamic  # dynamic models pair by the integer-op chain
+
+        pairing, dyn_nodes = pair_dynamic(prep.normalized, qproto)
+        notes.append(
+            "dynamic quantization: activations are quantized per batch at run time, so there is no fixed "
+            "Q/DQ pair per tensor: only the accumulated error (FP32 vs dynamic model) is measured, paired "
+            "by graph position"
+        )
+    else:
+        pairing = pair_models(prep.normalized, qproto)
     matched = len(pairing.node_map)
     non_qdq = sum(1 for n in qproto.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
     if matched == 0 or (quantized is not None and matched < 0.5 * len(prep.normalized.graph.node)):
@@ -231,7 +244,7 @@ def analyze(
     )
     if layers.engine == "numpy" and options.engine == "auto":
         notes.append("layer capture used the numpy engine (models differ in opset or tensor types are unknown)")
-    qnodes = quantized_node_names(qproto, pairing)
+    qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
     notes.extend(kernel_gap_notes(layers.tensors))
@@ -304,6 +317,15 @@ _INTEGER_OPS = (
     "MatMulIntegerToFloat",
     "DynamicQuantizeLSTM",
 )
+
+
+_DYNAMIC_OPS = ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
+
+
+def is_dynamic_model(model: onnx.ModelProto) -> bool:
+    """A ``quantize_dynamic`` model: DynamicQuantizeLinear feeding MatMulInteger/ConvInteger, no QLinear ops."""
+    ops = {n.op_type for n in model.graph.node}
+    return "DynamicQuantizeLinear" in ops and not any(o.startswith("QLinear") for o in ops)
 
 
 def _refuse_integer_ops(qproto: onnx.ModelProto, path: str | Path) -> None:

@@ -172,3 +172,23 @@ def test_histogram_methods_with_a_smaller_last_batch(cnn, tmp_path, capsys, meth
     stdout = capsys.readouterr().out
     assert "Number of quantized bins" not in stdout  # ORT's prints go to stderr, stdout stays data
     assert load_report(out).config.method == method
+
+
+def test_dynamic_quantized_model_is_analyzed_by_graph_position(tmp_path):
+    """`analyze --quantized` accepts a quantize_dynamic model: accumulated error only, paired structurally."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tests.conftest import fixture_path
+
+    base = fixture_path("transformer")
+    dyn = tmp_path / "dyn.onnx"
+    quantize_dynamic(str(base / "model.onnx"), str(dyn), weight_type=QuantType.QInt8)
+    out = tmp_path / "dyn.json"
+    assert main(["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "--quantized", str(dyn),
+                 "-o", str(out), "-q", "--max-samples", "32"]) == 0
+    report = load_report(out)
+    assert any("dynamic quantization" in n for n in report.notes)
+    matmuls = [n for n in report.nodes if n.op_type == "MatMul" and n.name.endswith("q_matmul")]
+    assert matmuls and all(n.quantized for n in matmuls)
+    q = report.tensor(matmuls[0].outputs[0])
+    assert q.accumulated is not None and math.isfinite(q.accumulated.sqnr_db) and q.local is None

@@ -579,6 +579,10 @@ class LayerModel:
             static_metric=task.quantized if task is not None else math.nan,
             source="tui",
             quantizable_nodes=self.quantizable,
+            # so `qdebug verify --proposal` rebuilds the same base quantization as the report's
+            method=report.config.method,
+            activation_type=report.config.activation_type,
+            weight_type=report.config.weight_type,
         )
         return dataclasses.replace(proposal, snippet=quantize_snippet(report, proposal))
 

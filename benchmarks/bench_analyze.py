@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +86,19 @@ def quantize(model: Path, calib_dir: Path, out: Path) -> None:
     """Default static QDQ model (what a user would have)."""
     from qdebug.cli.main import main
 
-    rc = main(["analyze", str(model), "--calib", str(calib_dir), "-o", str(out.parent / "q.report.json"), "-q", "--max-samples", "32"])
+    rc = main(
+        [
+            "analyze",
+            str(model),
+            "--calib",
+            str(calib_dir),
+            "-o",
+            str(out.parent / "q.report.json"),
+            "-q",
+            "--max-samples",
+            "32",
+        ]
+    )
     assert rc == 0
     (out.parent / "q.report_files" / "quantized.onnx").rename(out)
 
@@ -99,7 +110,10 @@ def run_child(mode: str, model: Path, qmodel: Path, data: Path, timeout: float =
     try:
         proc = subprocess.run(
             [sys.executable, "-c", CHILD, mode, str(model), str(qmodel), str(data), out],
-            env=env, capture_output=True, text=True, timeout=timeout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout {timeout}s"}
@@ -116,7 +130,10 @@ def model_paths(name: str, work: Path) -> tuple[Path, Path]:
         return base / "model.onnx", base / "calib.npz"
     gen = work / "gen"
     if not (gen / name / "model.onnx").exists():
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_bench_models.py"), str(gen), "--n", "32"], check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "make_bench_models.py"), str(gen), "--n", "32"],
+            check=True,
+        )
     return gen / name / "model.onnx", gen / name / "calib.npz"
 
 
@@ -141,18 +158,28 @@ def main() -> None:
                     quantize(model, data, qmodel)
                 floor = run_child("floor", model, qmodel, data)
                 qd = run_child("qdebug", model, qmodel, data)
-                od = run_child("ortdbg", model, qmodel, data) if (n != args.n_big and not args.skip_ortdbg) else {}
+                od = (
+                    run_child("ortdbg", model, qmodel, data)
+                    if (n != args.n_big and not args.skip_ortdbg)
+                    else {}
+                )
                 rows.append((name, n, floor, qd, od))
                 print(name, n, floor, qd, od, file=sys.stderr, flush=True)
-    print("| model | N | floor s | qdebug s | qdebug/floor | qdebug RSS MB | ORT qdq_loss_debug s | RSS MB | speed-up | RSS ratio |")
+    print(
+        "| model | N | floor s | qdebug s | qdebug/floor | qdebug RSS MB | ORT qdq_loss_debug s | RSS MB | speed-up | RSS ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, n, fl, qd, od in rows:
+
         def g(d, k):
             return f"{d[k]:.2f}" if k in d else d.get("error", "-")
+
         ratio = f"{qd['seconds'] / fl['seconds']:.2f}" if "seconds" in qd and "seconds" in fl else "-"
         sp = f"{od['seconds'] / qd['seconds']:.1f}x" if "seconds" in od and "seconds" in qd else "-"
         rr = f"{od['rss_mb'] / qd['rss_mb']:.1f}x" if "rss_mb" in od and "rss_mb" in qd else "-"
-        print(f"| {name} | {n} | {g(fl, 'seconds')} | {g(qd, 'seconds')} | {ratio} | {g(qd, 'rss_mb')} | {g(od, 'seconds')} | {g(od, 'rss_mb')} | {sp} | {rr} |")
+        print(
+            f"| {name} | {n} | {g(fl, 'seconds')} | {g(qd, 'seconds')} | {ratio} | {g(qd, 'rss_mb')} | {g(od, 'seconds')} | {g(od, 'rss_mb')} | {sp} | {rr} |"
+        )
 
 
 if __name__ == "__main__":

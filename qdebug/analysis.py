@@ -23,7 +23,9 @@ import onnx
 from onnx import numpy_helper
 
 from qdebug.capture import SessionConfig, Tap, make_session
+from qdebug.data import DataSet
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.graph.match import GraphIndex, Pairing, subgraph_tensors
 from qdebug.graph.reduce import (
     PAIR_STATS,
     REF_STATS,
@@ -33,8 +35,6 @@ from qdebug.graph.reduce import (
     dot_from_sums,
     moments_from_sums,
 )
-from qdebug.data import DataSet
-from qdebug.graph.match import GraphIndex, Pairing, subgraph_tensors
 from qdebug.metrics import (
     ErrorAccumulator,
     SummaryAccumulator,
@@ -130,7 +130,9 @@ def measure_layers(
     for p in pairing.tensors:
         t = types.get(p.fp32)
         if t is not None and t not in _FLOAT_TYPES:
-            skipped[p.fp32] = f"{onnx.TensorProto.DataType.Name(t).lower()} tensor: not a float tensor, not scored"
+            skipped[p.fp32] = (
+                f"{onnx.TensorProto.DataType.Name(t).lower()} tensor: not a float tensor, not scored"
+            )
     scored = [p for p in pairing.tensors if p.fp32 not in skipped]
     use_graph = engine == "graph" or (
         engine == "auto" and compatible(fp32, qdq) and all(types.get(p.fp32) in _FLOAT_TYPES for p in scored)
@@ -168,7 +170,12 @@ def measure_layers(
     return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used)
 
 
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
+_FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16,
+}
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -187,7 +194,9 @@ def _graph_outputs(values: dict[str, np.ndarray], names: list[str]) -> dict[str,
 class _NumpyPath:
     """Copy every tensor out of ORT and reduce it in float64 numpy (exact; also the NaN fallback)."""
 
-    def __init__(self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig) -> None:
+    def __init__(
+        self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig
+    ) -> None:
         self.fp32, self.qdq, self.config, self.scored = fp32, qdq, config, scored
         self._taps: tuple[Tap, Tap, Tap] | None = None
 
@@ -198,7 +207,12 @@ class _NumpyPath:
             local = [n for p in pairs if p.dequant is not None for n in (p.qdq, p.dequant)]
             self._taps = (
                 Tap(self.fp32, [p.fp32 for p in self.scored], self.config, what="instrumented FP32 model"),
-                Tap(self.qdq, [p.dequant or p.qdq for p in pairs], self.config, what="instrumented quantized model"),
+                Tap(
+                    self.qdq,
+                    [p.dequant or p.qdq for p in pairs],
+                    self.config,
+                    what="instrumented quantized model",
+                ),
                 Tap(self.qdq, local, self.config, optimize=False, what="fake-quant quantized model"),
             )
         return self._taps
@@ -232,7 +246,13 @@ class _NumpyPath:
                 continue
             a = accs[p.fp32]
             pre, post = q.get(p.qdq), q.get(p.dequant)
-            if a.local is None or pre is None or post is None or pre.dtype.kind != "f" or pre.shape != post.shape:
+            if (
+                a.local is None
+                or pre is None
+                or post is None
+                or pre.dtype.kind != "f"
+                or pre.shape != post.shape
+            ):
                 continue
             ref = f.get(p.fp32)
             if a.fakequant is not None and ref is not None and ref.shape == post.shape:
@@ -246,7 +266,9 @@ class _NumpyPath:
 class _GraphPath:
     """Reductions computed inside ORT on two merged models (deployed, and fake-quant)."""
 
-    def __init__(self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig) -> None:
+    def __init__(
+        self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig
+    ) -> None:
         acc_specs = [
             PairSpec(p.fp32, p.fp32, p.dequant or p.qdq or p.fp32, "r", "c" if p.qdq is not None else "r")
             for p in scored
@@ -260,7 +282,9 @@ class _GraphPath:
         self.deployed = build_reduction_model(fp32, qdq, acc_specs)
         self.fakequant = build_reduction_model(fp32, qdq, local_specs, with_ref_stats=False)
         self.dep_sess = make_session(self.deployed.model, config, what="instrumented models", arena=False)
-        self.fq_sess = make_session(self.fakequant.model, config, optimize=False, what="fake-quant models", arena=False)
+        self.fq_sess = make_session(
+            self.fakequant.model, config, optimize=False, what="fake-quant models", arena=False
+        )
         self.dep_names = [o.name for o in self.dep_sess.get_outputs()]
         self.fq_names = [o.name for o in self.fq_sess.get_outputs()]
         self.inputs = [i.name for i in self.dep_sess.get_inputs()]
@@ -268,7 +292,9 @@ class _GraphPath:
     @staticmethod
     def _run(sess, names: list[str], feeds) -> dict[str, np.ndarray]:
         try:
-            return dict(zip(names, sess.run(names, {k: feeds[k] for k in (i.name for i in sess.get_inputs())})))
+            return dict(
+                zip(names, sess.run(names, {k: feeds[k] for k in (i.name for i in sess.get_inputs())}))
+            )
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
             raise QDebugError(
@@ -456,7 +482,9 @@ def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes
     return notes
 
 
-def _deployed_gap(plain: dict[str, np.ndarray], instrumented: dict[str, np.ndarray], outputs: list[str]) -> float:
+def _deployed_gap(
+    plain: dict[str, np.ndarray], instrumented: dict[str, np.ndarray], outputs: list[str]
+) -> float:
     gap = 0.0
     for name in outputs:
         a, b = plain.get(name), instrumented.get(name)
@@ -592,7 +620,9 @@ def _upstream_sqnr(tensor: str, by_name: dict[str, TensorRecord], index: GraphIn
     producer = index.producer.get(tensor)
     if producer is None or hops == 0:
         return math.nan
-    return _worst([_upstream_sqnr(i, by_name, index, hops - 1) for i in producer.input if i and i not in index.inits])
+    return _worst(
+        [_upstream_sqnr(i, by_name, index, hops - 1) for i in producer.input if i and i not in index.inits]
+    )
 
 
 def quantized_node_names(qdq: onnx.ModelProto, pairing: Pairing) -> set[str]:

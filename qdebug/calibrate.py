@@ -92,7 +92,9 @@ def _ort_method(method: str) -> Any:
         "distribution": CalibrationMethod.Distribution,
     }
     if method not in mapping:
-        raise QDebugError(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}", ExitCode.USAGE)
+        raise QDebugError(
+            f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}", ExitCode.USAGE
+        )
     return mapping[method]
 
 

@@ -46,7 +46,12 @@ def check_providers(providers: Sequence[str]) -> None:
 
 
 def make_session(
-    model: onnx.ModelProto, config: SessionConfig, *, optimize: bool = True, what: str = "model", arena: bool = True
+    model: onnx.ModelProto,
+    config: SessionConfig,
+    *,
+    optimize: bool = True,
+    what: str = "model",
+    arena: bool = True,
 ):
     """Create an InferenceSession from an in-memory model, with ORT errors made readable.
 

@@ -71,7 +71,9 @@ def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype("float32")
+        dtype = (
+            np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype("float32")
+        )
         dims: list[int | str | None] = []
         if tt.HasField("shape"):
             for d in tt.shape.dim:
@@ -114,7 +116,9 @@ class DataSet:
         """The first batch (used to prepare sessions before the timed work)."""
         for b in self.batches():
             return b
-        raise QDebugError(f"data source {self.source} yields no samples", "give at least one sample", ExitCode.DATA)
+        raise QDebugError(
+            f"data source {self.source} yields no samples", "give at least one sample", ExitCode.DATA
+        )
 
 
 def open_data(
@@ -127,22 +131,30 @@ def open_data(
 ) -> DataSet:
     """Open and validate a data source against the model inputs (see module docstring)."""
     if batch_size is not None and batch_size < 1:
-        raise QDebugError(f"--batch-size must be >= 1 (got {batch_size})", "pass a positive batch size", ExitCode.USAGE)
+        raise QDebugError(
+            f"--batch-size must be >= 1 (got {batch_size})", "pass a positive batch size", ExitCode.USAGE
+        )
     if max_samples is not None and max_samples < 1:
-        raise QDebugError(f"--max-samples must be >= 1 (got {max_samples})", "pass a positive number", ExitCode.USAGE)
+        raise QDebugError(
+            f"--max-samples must be >= 1 (got {max_samples})", "pass a positive number", ExitCode.USAGE
+        )
     text = str(source)
     path = Path(text)
     if path.exists():
         if path.is_dir():
             files = sorted(p for p in path.iterdir() if p.suffix == ".npz")
             if not files:
-                raise QDebugError(f"{what} folder {path} has no .npz files", "put one .npz per batch in it", ExitCode.DATA)
+                raise QDebugError(
+                    f"{what} folder {path} has no .npz files", "put one .npz per batch in it", ExitCode.DATA
+                )
         else:
             files = [path]
         return _file_dataset(text, files, specs, batch_size, max_samples, what)
     if ":" in text and not text.endswith(".npz"):
         return _hook_dataset(text, specs, batch_size, max_samples, what)
-    raise QDebugError(f"{what} not found: {text}", "pass an .npz file, a folder of them, or module:function", ExitCode.INPUT)
+    raise QDebugError(
+        f"{what} not found: {text}", "pass an .npz file, a folder of them, or module:function", ExitCode.INPUT
+    )
 
 
 # ----------------------------------------------------------------------------- files
@@ -268,7 +280,9 @@ def _read_npz(f: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
             if LABELS_KEY in z.files:
                 arrays[LABELS_KEY] = np.asarray(z[LABELS_KEY])
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise QDebugError(f"cannot read {f} ({e.__class__.__name__}: {e})", "re-save the file", ExitCode.DATA) from None
+        raise QDebugError(
+            f"cannot read {f} ({e.__class__.__name__}: {e})", "re-save the file", ExitCode.DATA
+        ) from None
     return arrays
 
 
@@ -321,7 +335,9 @@ def load_hook(spec: str, what: str) -> Callable[..., Any]:
     """Resolve ``module:function`` or ``file.py:function`` to a callable (clear error if not)."""
     module_name, _, func_name = spec.rpartition(":")
     if not module_name or not func_name:
-        raise QDebugError(f"{what} {spec!r} is not module:function", "write it as package.module:function", ExitCode.INPUT)
+        raise QDebugError(
+            f"{what} {spec!r} is not module:function", "write it as package.module:function", ExitCode.INPUT
+        )
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
@@ -345,7 +361,9 @@ def load_hook(spec: str, what: str) -> Callable[..., Any]:
         ) from None
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise QDebugError(f"{module_name} has no function {func_name!r}", f"define {func_name} in it", ExitCode.INPUT)
+        raise QDebugError(
+            f"{module_name} has no function {func_name!r}", f"define {func_name} in it", ExitCode.INPUT
+        )
     return func
 
 
@@ -386,7 +404,9 @@ def _hook_dataset(
     # Validate the first item now, before any long work.
     first = next(iter(make_iter()), None)
     if first is None:
-        raise QDebugError(f"{what} hook {spec} yields no samples", "yield at least one feed dict", ExitCode.DATA)
+        raise QDebugError(
+            f"{what} hook {spec} yields no samples", "yield at least one feed dict", ExitCode.DATA
+        )
     return DataSet(spec, specs, make_iter, None, first.labels is not None)
 
 
@@ -394,7 +414,9 @@ def _iterate_hook(func: Callable[..., Any], spec: str) -> Iterator[Any]:
     try:
         result = func()
     except Exception as e:
-        raise QDebugError(f"data hook {spec} raised {e.__class__.__name__}: {e}", "fix the hook", ExitCode.DATA) from None
+        raise QDebugError(
+            f"data hook {spec} raised {e.__class__.__name__}: {e}", "fix the hook", ExitCode.DATA
+        ) from None
     if hasattr(result, "get_next") and callable(result.get_next):
         while True:
             item = result.get_next()

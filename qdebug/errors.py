@@ -40,6 +40,7 @@ class QDebugError(Exception):
         message: what is wrong, naming the file/tensor/option concerned.
         hint: how to fix it (appended after ' -- ').
         code: the exit code the CLI returns.
+
     """
 
     def __init__(self, message: str, hint: str = "", code: ExitCode = ExitCode.INPUT) -> None:

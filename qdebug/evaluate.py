@@ -67,8 +67,12 @@ class Evaluator:
         self.input_names = [i.name for i in session.get_inputs()]
         self.batches = list(data.batches())
         if not self.batches:
-            raise QDebugError(f"evaluation data {data.source} has no samples", "give at least one sample", ExitCode.DATA)
-        self.labels = [b.labels for b in self.batches] if all(b.labels is not None for b in self.batches) else None
+            raise QDebugError(
+                f"evaluation data {data.source} has no samples", "give at least one sample", ExitCode.DATA
+            )
+        self.labels = (
+            [b.labels for b in self.batches] if all(b.labels is not None for b in self.batches) else None
+        )
         self.reference = [self._run(session, b.feeds) for b in self.batches]
         self.samples = sum(b.size for b in self.batches)
         self.metric_name, self._user = self._resolve_metric(metric)
@@ -127,7 +131,9 @@ class Evaluator:
             values = session.run(self.output_names, {k: feeds[k] for k in self.input_names})
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise QDebugError(f"ONNX Runtime failed on evaluation data: {first[:300]}", "check the data", ExitCode.DATA) from None
+            raise QDebugError(
+                f"ONNX Runtime failed on evaluation data: {first[:300]}", "check the data", ExitCode.DATA
+            ) from None
         return dict(zip(self.output_names, values))
 
     def _score(self, candidate: list[dict[str, np.ndarray]]) -> float:
@@ -136,11 +142,17 @@ class Evaluator:
             try:
                 return float(self._user(self.reference, candidate, self.labels))
             except Exception as e:
-                raise QDebugError(f"metric {name} raised {e.__class__.__name__}: {e}", "fix the metric function", ExitCode.INPUT) from None
+                raise QDebugError(
+                    f"metric {name} raised {e.__class__.__name__}: {e}",
+                    "fix the metric function",
+                    ExitCode.INPUT,
+                ) from None
         out0 = self.output_names[0]
         if name == "top1":
             assert self.labels is not None
-            hits = sum(int(np.sum(np.argmax(c[out0], axis=1) == lab)) for c, lab in zip(candidate, self.labels))
+            hits = sum(
+                int(np.sum(np.argmax(c[out0], axis=1) == lab)) for c, lab in zip(candidate, self.labels)
+            )
             return hits / self.samples
         if name == "top1_agreement":
             hits = sum(
@@ -155,7 +167,9 @@ class Evaluator:
                     acc.update(r[k], c[k])
         return acc.result().sqnr_db
 
-    def score(self, model: onnx.ModelProto, what: str = "quantized model", *, optimize: bool = True) -> EvalResult:
+    def score(
+        self, model: onnx.ModelProto, what: str = "quantized model", *, optimize: bool = True
+    ) -> EvalResult:
         """Run ``model`` over the evaluation set and score it against the FP32 outputs.
 
         ``optimize=False`` runs it without ORT's graph optimizations: a QDQ model

@@ -115,7 +115,9 @@ def prepare(
     """Load, normalize and save the model; open the calibration data; calibrate (cached)."""
     check_providers(options.providers)
     loaded = load_model(model_path)
-    norm = normalize(loaded, upgrade_opset=options.upgrade_opset, inline_constant_if=options.inline_constant_if)
+    norm = normalize(
+        loaded, upgrade_opset=options.upgrade_opset, inline_constant_if=options.inline_constant_if
+    )
     normalized_path = workdir / "normalized.onnx"
     save_model(norm.proto, normalized_path)
     specs = model_input_specs(norm.proto)
@@ -161,6 +163,7 @@ def analyze(
         output: report path; the normalized/quantized models go to ``<stem>_files/``.
         options: see :class:`AnalyzeOptions`.
         progress: callback(stage, done, total) for progress display.
+
     """
     options = options or AnalyzeOptions()
     out = Path(output)
@@ -243,7 +246,9 @@ def analyze(
         prep.normalized, qproto, pairing, prep.calib, config, ranges_mm, progress, engine=options.engine
     )
     if layers.engine == "numpy" and options.engine == "auto":
-        notes.append("layer capture used the numpy engine (models differ in opset or tensor types are unknown)")
+        notes.append(
+            "layer capture used the numpy engine (models differ in opset or tensor types are unknown)"
+        )
     qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
@@ -252,7 +257,9 @@ def analyze(
     notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 
     if eval_data is not None:
-        eval_set = open_data(eval_data, prep.calib.specs, batch_size=options.batch_size, what="evaluation data")
+        eval_set = open_data(
+            eval_data, prep.calib.specs, batch_size=options.batch_size, what="evaluation data"
+        )
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
         result = evaluator.score(qproto)
         fakequant = evaluator.score(qproto, optimize=False)
@@ -263,7 +270,9 @@ def analyze(
         result = evaluator.score_outputs(outs.deployed)
         fakequant = evaluator.score_outputs(outs.fakequant)
         eval_label = "calib"
-    task = TaskMetric(result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant.value)
+    task = TaskMetric(
+        result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant.value
+    )
 
     import onnxruntime
 

@@ -69,7 +69,9 @@ def _qtype(name: str) -> Any:
     from onnxruntime.quantization import QuantType
 
     if name not in QUANT_TYPES:
-        raise QDebugError(f"unknown quantization type {name!r}", f"use one of {', '.join(QUANT_TYPES)}", ExitCode.USAGE)
+        raise QDebugError(
+            f"unknown quantization type {name!r}", f"use one of {', '.join(QUANT_TYPES)}", ExitCode.USAGE
+        )
     return getattr(QuantType, name)
 
 
@@ -254,7 +256,12 @@ def quantize_snippet(
     calib_hint: str = "calib.npz",
 ) -> str:
     """Ready-to-paste Python calling ``quantize_static`` with a proposal's settings."""
-    method_name = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
+    method_name = {
+        "minmax": "MinMax",
+        "entropy": "Entropy",
+        "percentile": "Percentile",
+        "distribution": "Distribution",
+    }
     lines = [
         "import numpy as np",
         "from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,",
@@ -279,7 +286,9 @@ def quantize_snippet(
     extra = ""
     if tensor_overrides:
         lines.append("tensor_overrides = {")
-        lines.extend(f"    {o.tensor!r}: [{{'quant_type': QuantType.{o.quant_type}}}]," for o in tensor_overrides)
+        lines.extend(
+            f"    {o.tensor!r}: [{{'quant_type': QuantType.{o.quant_type}}}]," for o in tensor_overrides
+        )
         lines.append("}")
         extra = "\n    extra_options={'TensorQuantOverrides': tensor_overrides},"
     lines += [

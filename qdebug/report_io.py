@@ -146,9 +146,13 @@ def check_writable(path: str | Path) -> None:
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise QDebugError(f"cannot create {path}: {ancestor} is not a directory", "choose another -o path", ExitCode.OUTPUT)
+        raise QDebugError(
+            f"cannot create {path}: {ancestor} is not a directory", "choose another -o path", ExitCode.OUTPUT
+        )
     if not os.access(ancestor, os.W_OK):
-        raise QDebugError(f"output directory {ancestor} is not writable", "choose another -o path", ExitCode.OUTPUT)
+        raise QDebugError(
+            f"output directory {ancestor} is not writable", "choose another -o path", ExitCode.OUTPUT
+        )
     if path.is_dir():
         raise QDebugError(f"output path {path} is a directory", "give a file name with -o", ExitCode.OUTPUT)
 
@@ -177,7 +181,9 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
         ) from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise QDebugError(
-            f"{path} is not a qdebug {kind} (no schema_version)", f"pass a file written by qdebug", ExitCode.INPUT
+            f"{path} is not a qdebug {kind} (no schema_version)",
+            "pass a file written by qdebug",
+            ExitCode.INPUT,
         )
     if data.get("schema_version") != schema_version:
         raise QDebugError(
@@ -190,7 +196,7 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
     except (KeyError, TypeError, ValueError) as e:
         raise QDebugError(
             f"{path} is not a valid qdebug {kind} ({e.__class__.__name__}: {e})",
-            f"re-create it with qdebug",
+            "re-create it with qdebug",
             ExitCode.INPUT,
         ) from None
 

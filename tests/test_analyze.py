@@ -114,7 +114,22 @@ def test_deployed_outputs_are_bit_identical(analyzed):
 def test_csv_export(cnn, tmp_path):
     model, calib = cnn
     csv = tmp_path / "nodes.csv"
-    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(tmp_path / "r.json"), "-q", "--csv", str(csv)]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(model),
+                "--calib",
+                str(calib),
+                "-o",
+                str(tmp_path / "r.json"),
+                "-q",
+                "--csv",
+                str(csv),
+            ]
+        )
+        == 0
+    )
     lines = csv.read_text().splitlines()
     assert lines[0].startswith("node,original_name,op_type")
     assert len(lines) == 1 + 9
@@ -145,7 +160,19 @@ def test_user_files_are_not_modified(cnn, tmp_path):
 def test_user_supplied_quantized_model(analyzed, tmp_path):
     model, calib, _, report = analyzed
     out = tmp_path / "r2.json"
-    code = main(["analyze", str(model), "--calib", str(calib), "--quantized", report.quantized_model.path, "-o", str(out), "-q"])
+    code = main(
+        [
+            "analyze",
+            str(model),
+            "--calib",
+            str(calib),
+            "--quantized",
+            report.quantized_model.path,
+            "-o",
+            str(out),
+            "-q",
+        ]
+    )
     assert code == 0
     again = load_report(out)
     assert again.config.quantized_given
@@ -168,7 +195,24 @@ def test_histogram_methods_with_a_smaller_last_batch(cnn, tmp_path, capsys, meth
     """ORT's histogram calibrators stack batches; 40 samples in batches of 16 must still work."""
     model, calib = cnn
     out = tmp_path / "r.json"
-    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q", "--batch-size", "16", "--method", method]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(model),
+                "--calib",
+                str(calib),
+                "-o",
+                str(out),
+                "-q",
+                "--batch-size",
+                "16",
+                "--method",
+                method,
+            ]
+        )
+        == 0
+    )
     stdout = capsys.readouterr().out
     assert "Number of quantized bins" not in stdout  # ORT's prints go to stderr, stdout stays data
     assert load_report(out).config.method == method
@@ -184,8 +228,24 @@ def test_dynamic_quantized_model_is_analyzed_by_graph_position(tmp_path):
     dyn = tmp_path / "dyn.onnx"
     quantize_dynamic(str(base / "model.onnx"), str(dyn), weight_type=QuantType.QInt8)
     out = tmp_path / "dyn.json"
-    assert main(["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "--quantized", str(dyn),
-                 "-o", str(out), "-q", "--max-samples", "32"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(base / "model.onnx"),
+                "--calib",
+                str(base / "calib.npz"),
+                "--quantized",
+                str(dyn),
+                "-o",
+                str(out),
+                "-q",
+                "--max-samples",
+                "32",
+            ]
+        )
+        == 0
+    )
     report = load_report(out)
     assert any("dynamic quantization" in n for n in report.notes)
     matmuls = [n for n in report.nodes if n.op_type == "MatMul" and n.name.endswith("q_matmul")]

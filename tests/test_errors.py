@@ -58,7 +58,9 @@ def test_old_opset_refused_then_upgraded(tmp_path, capsys):
     code, err = run_cli(["analyze", model, "--calib", calib, "-q", "-o", tmp_path / "r.json"], capsys)
     assert code == ExitCode.MODEL
     assert_one_line(err, "opset 9", "--upgrade-opset")
-    code, err = run_cli(["analyze", model, "--calib", calib, "-q", "--upgrade-opset", "-o", tmp_path / "r.json"], capsys)
+    code, err = run_cli(
+        ["analyze", model, "--calib", calib, "-q", "--upgrade-opset", "-o", tmp_path / "r.json"], capsys
+    )
     assert code == 0, err
 
 
@@ -110,18 +112,26 @@ def test_quantized_model_from_another_model(tmp_path, capsys):
         "g",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 1, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.UINT8, [], [0])],
+        [
+            helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
+            helper.make_tensor("z", TensorProto.UINT8, [], [0]),
+        ],
     )
     g.node[0].input[0] = "input"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(other))
-    code, err = run_cli(["analyze", model, "--calib", calib, "--quantized", other, "-q", "-o", tmp_path / "r2.json"], capsys)
+    code, err = run_cli(
+        ["analyze", model, "--calib", calib, "--quantized", other, "-q", "-o", tmp_path / "r2.json"], capsys
+    )
     assert code == ExitCode.MODEL
     assert_one_line(err, "does not derive from")
 
 
 def test_unknown_provider(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx")
-    code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "--provider", "FooExecutionProvider"], capsys)
+    code, err = run_cli(
+        ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "--provider", "FooExecutionProvider"],
+        capsys,
+    )
     assert code == ExitCode.USAGE
     assert_one_line(err, "FooExecutionProvider", "CPUExecutionProvider")
 
@@ -134,7 +144,9 @@ def test_unwritable_output_checked_before_work(tmp_path, capsys):
     try:
         if os.access(ro, os.W_OK):
             pytest.skip("running as a user who can write anywhere")
-        code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", ro / "r.json"], capsys)
+        code, err = run_cli(
+            ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", ro / "r.json"], capsys
+        )
         assert code == ExitCode.OUTPUT
         assert_one_line(err, "not writable")
     finally:
@@ -145,7 +157,9 @@ def test_output_under_a_file_checked_before_work(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx")
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
-    code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", blocker / "r.json"], capsys)
+    code, err = run_cli(
+        ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", blocker / "r.json"], capsys
+    )
     assert code == ExitCode.OUTPUT
     assert_one_line(err, "is not a directory")
     assert not list(tmp_path.glob("**/normalized.onnx"))
@@ -165,14 +179,14 @@ def test_usage_errors_exit_2(capsys):
 
 
 def test_help_imports_neither_onnxruntime_nor_textual():
-    code = (
-        "import sys\n"
-        "from qdebug.cli.main import main\n"
-        "main(['--help'])\n"
-    )
+    code = "import sys\nfrom qdebug.cli.main import main\nmain(['--help'])\n"
     probe = code + "print('onnxruntime' in sys.modules, 'textual' in sys.modules)\n"
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, runpy\n" + probe.replace("main(['--help'])", "rc = main(['analyze', '--help'])")],
+        [
+            sys.executable,
+            "-c",
+            "import sys, runpy\n" + probe.replace("main(['--help'])", "rc = main(['analyze', '--help'])"),
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -33,7 +33,11 @@ def good(tmp_path_factory):
 
 def _cli(args) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "qdebug", *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "qdebug", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     return proc.returncode, proc.stderr
 
@@ -127,25 +131,48 @@ def test_sigint_leaves_no_partial_output_and_cache_is_reused(tmp_path):
     out = tmp_path / "out" / "report.json"
     env = dict(os.environ, QDEBUG_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "qdebug", "analyze", str(model), "--calib", str(calib), "-o", str(out),
-         "--metric", f"{tmp_path / 'slowmetric.py'}:score"],
-        cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "qdebug",
+            "analyze",
+            str(model),
+            "--calib",
+            str(calib),
+            "-o",
+            str(out),
+            "--metric",
+            f"{tmp_path / 'slowmetric.py'}:score",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     # wait until the long evaluation is under way (calibration cached, capture done), then interrupt
     deadline = time.time() + 120
     while time.time() < deadline and not (tmp_path / "metric-entered").exists():
         time.sleep(0.1)
-    assert list((tmp_path / "cache").glob("calib/*.json")), "calibration cache not written before the interrupt"
+    assert list((tmp_path / "cache").glob("calib/*.json")), (
+        "calibration cache not written before the interrupt"
+    )
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == ExitCode.INTERRUPTED, err
     assert "interrupted" in err and "Traceback" not in err
     assert not out.exists()
-    leftovers = [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp") or p.name.startswith("qdebug-calib-")]
+    leftovers = [
+        p for p in tmp_path.rglob("*") if p.name.endswith(".tmp") or p.name.startswith("qdebug-calib-")
+    ]
     assert leftovers == []
     rerun = subprocess.run(
         [sys.executable, "-m", "qdebug", "analyze", str(model), "--calib", str(calib), "-o", str(out), "-q"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert rerun.returncode == 0, rerun.stderr
     assert any("reused from cache" in n for n in load_report(out).notes)

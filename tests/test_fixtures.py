@@ -37,8 +37,17 @@ def transformer_report(tmp_path_factory):
     base = fixture_path("transformer")
     out = tmp_path_factory.mktemp("tr") / "report.json"
     code = main(
-        ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "--eval", str(base / "eval.npz"),
-         "-o", str(out), "-q"]
+        [
+            "analyze",
+            str(base / "model.onnx"),
+            "--calib",
+            str(base / "calib.npz"),
+            "--eval",
+            str(base / "eval.npz"),
+            "-o",
+            str(out),
+            "-q",
+        ]
     )
     assert code == 0
     return load_report(out)
@@ -60,7 +69,8 @@ def test_transformer_responsible_nodes_rank_at_the_top(transformer_report):
     top = [n.name for n in rank_nodes(transformer_report)[:5]]
     assert len(responsible & set(top)) >= 2, top
     by_introduced = sorted(
-        (n for n in transformer_report.nodes if math.isfinite(n.introduced_db)), key=lambda n: -n.introduced_db
+        (n for n in transformer_report.nodes if math.isfinite(n.introduced_db)),
+        key=lambda n: -n.introduced_db,
     )
     assert by_introduced[0].name in responsible
     # the outlier residual stream has the worst local SQNR of all quantized activations
@@ -76,15 +86,35 @@ def test_graph_and_numpy_engines_agree(tmp_path):
     reports = {}
     for engine in ("graph", "numpy"):
         out = tmp_path / f"{engine}.json"
-        assert main(["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q",
-                     "--engine", engine, "--max-samples", "48"]) == 0
+        assert (
+            main(
+                [
+                    "analyze",
+                    str(base / "model.onnx"),
+                    "--calib",
+                    str(base / "calib.npz"),
+                    "-o",
+                    str(out),
+                    "-q",
+                    "--engine",
+                    engine,
+                    "--max-samples",
+                    "48",
+                ]
+            )
+            == 0
+        )
         reports[engine] = load_report(out)
     g, n = reports["graph"], reports["numpy"]
     assert not any("numpy engine" in note for note in g.notes)
     compared = 0
     for tg in g.tensors:
         tn = n.tensor(tg.name)
-        for a, b in ((tg.accumulated, tn.accumulated), (tg.local, tn.local), (tg.accumulated_fakequant, tn.accumulated_fakequant)):
+        for a, b in (
+            (tg.accumulated, tn.accumulated),
+            (tg.local, tn.local),
+            (tg.accumulated_fakequant, tn.accumulated_fakequant),
+        ):
             assert (a is None) == (b is None), tg.name
             if a is None or not math.isfinite(b.sqnr_db):
                 continue
@@ -102,8 +132,22 @@ def test_graph_and_numpy_engines_agree(tmp_path):
 def test_cnn_fixture_quantizes_without_loss(tmp_path):
     base = fixture_path("cnn")
     out = tmp_path / "cnn.json"
-    assert main(["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "--eval", str(base / "eval.npz"),
-                 "-o", str(out), "-q"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(base / "model.onnx"),
+                "--calib",
+                str(base / "calib.npz"),
+                "--eval",
+                str(base / "eval.npz"),
+                "-o",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     report = load_report(out)
     assert abs(report.task.fp32 - report.task.quantized) <= 0.02
     assert {n.op_type for n in report.nodes} >= {"Conv", "BatchNormalization", "Relu", "Add", "Gemm"}

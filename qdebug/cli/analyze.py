@@ -5,8 +5,9 @@ Calibrates once (cached), builds the static QDQ model (or takes yours with
 time, and writes a versioned JSON report with local and accumulated error
 (SQNR, MSE, cosine, max-abs, KL) for every float tensor.
 
-example:
+Example:
   qdebug analyze model.onnx --calib calib.npz --eval eval.npz -o report.json
+
 """
 
 from __future__ import annotations
@@ -23,14 +24,24 @@ from qdebug.cli.progress import stderr_progress
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug analyze``."""
     p.add_argument("model", help="FP32 ONNX model")
-    p.add_argument("--calib", required=True, help="calibration data: .npz, folder of .npz, or module:function")
-    p.add_argument("--eval", default=None, help="evaluation data with a 'labels' array (default: calibration data)")
-    p.add_argument("--quantized", default=None, help="your own QDQ model (default: qdebug quantizes with ORT)")
-    p.add_argument("-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)")
+    p.add_argument(
+        "--calib", required=True, help="calibration data: .npz, folder of .npz, or module:function"
+    )
+    p.add_argument(
+        "--eval", default=None, help="evaluation data with a 'labels' array (default: calibration data)"
+    )
+    p.add_argument(
+        "--quantized", default=None, help="your own QDQ model (default: qdebug quantizes with ORT)"
+    )
+    p.add_argument(
+        "-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)"
+    )
     p.add_argument("--csv", default=None, help="also write one CSV row per node to this path")
     p.add_argument("--top", type=int, default=10, help="rows in the worst-layers summary (default: 10)")
     p.add_argument(
-        "--engine", default="auto", choices=("auto", "graph", "numpy"),
+        "--engine",
+        default="auto",
+        choices=("auto", "graph", "numpy"),
         help="capture engine: reductions inside ORT (graph, fast) or float64 numpy copies (exact); default auto",
     )
     add_quant_arguments(p)
@@ -96,9 +107,19 @@ def print_summary(report, top: int = 10) -> None:
         table.add_column(col, justify="left" if col in ("node", "op") else "right")
     for n in ranked:
         kl = "-" if math.isnan(n.kl) else f"{n.kl:.3g}"
-        table.add_row(n.name, n.op_type, fmt_db(n.added_noise_db), fmt_db(n.introduced_db), fmt_db(n.local_sqnr_db), fmt_db(n.accumulated_sqnr_db), kl)
+        table.add_row(
+            n.name,
+            n.op_type,
+            fmt_db(n.added_noise_db),
+            fmt_db(n.introduced_db),
+            fmt_db(n.local_sqnr_db),
+            fmt_db(n.accumulated_sqnr_db),
+            kl,
+        )
     console.print(table)
     for note in report.notes:
         console.print(f"note: {note}")
     if report.not_captured:
-        console.print(f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)")
+        console.print(
+            f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)"
+        )

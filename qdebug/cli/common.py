@@ -17,21 +17,37 @@ def add_quant_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
     p.add_argument(
-        "--activation-type", default="QUInt8", choices=("QUInt8", "QInt8", "QUInt16", "QInt16"),
+        "--activation-type",
+        default="QUInt8",
+        choices=("QUInt8", "QInt8", "QUInt16", "QInt16"),
         help="activation quantization type (default: QUInt8)",
     )
     p.add_argument(
-        "--weight-type", default="QInt8", choices=("QUInt8", "QInt8"), help="weight quantization type (default: QInt8)"
+        "--weight-type",
+        default="QInt8",
+        choices=("QUInt8", "QInt8"),
+        help="weight quantization type (default: QInt8)",
     )
-    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: 16, or the model's fixed batch)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="samples per batch (default: 16, or the model's fixed batch)",
+    )
     p.add_argument("--max-samples", type=int, default=None, help="use at most N calibration samples")
     p.add_argument(
-        "--metric", default=None,
+        "--metric",
+        default=None,
         help="task metric: top1, top1_agreement, output_sqnr_db or module:function (default: top1 when labels exist)",
     )
-    p.add_argument("--upgrade-opset", action="store_true", help="convert models below opset 10 with onnx.version_converter")
     p.add_argument(
-        "--inline-constant-if", action="store_true",
+        "--upgrade-opset",
+        action="store_true",
+        help="convert models below opset 10 with onnx.version_converter",
+    )
+    p.add_argument(
+        "--inline-constant-if",
+        action="store_true",
         help="replace If nodes whose condition is a constant by their taken branch, so it can be quantized",
     )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
@@ -55,7 +71,9 @@ def analyze_options(args: Any) -> Any:
         upgrade_opset=args.upgrade_opset,
         inline_constant_if=args.inline_constant_if,
         use_cache=not args.no_cache,
-        providers=(args.provider,) if args.provider == "CPUExecutionProvider" else (args.provider, "CPUExecutionProvider"),
+        providers=(args.provider,)
+        if args.provider == "CPUExecutionProvider"
+        else (args.provider, "CPUExecutionProvider"),
         threads=args.threads,
     )
 

@@ -6,8 +6,9 @@ static INT8 quantization loses accuracy. qdebug finds the nodes responsible,
 proposes which to keep in FP32, and verifies the recovery side by side.
 Outputs go to --output-dir (default ./qdebug-demo).
 
-example:
+Example:
   qdebug demo
+
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug demo``."""
-    p.add_argument("--output-dir", default="qdebug-demo", help="where to write the reports (default: ./qdebug-demo)")
+    p.add_argument(
+        "--output-dir", default="qdebug-demo", help="where to write the reports (default: ./qdebug-demo)"
+    )
     p.add_argument("--analyze-only", action="store_true", help="stop after the analysis")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
@@ -53,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
     report_path = out / "report.json"
     print(f"== qdebug demo: {model.name} (transformer encoder, digits) ==", file=sys.stderr)
     with stderr_progress(not args.quiet) as progress:
-        report = analyze(model, calib, eval_data=eval_data, output=report_path, options=AnalyzeOptions(), progress=progress)
+        report = analyze(
+            model, calib, eval_data=eval_data, output=report_path, options=AnalyzeOptions(), progress=progress
+        )
     print_summary(report, 8)
     print(f"\nreport: {report_path}", file=sys.stderr)
     proposal_path = None
@@ -64,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _propose_and_verify(report_path: Path, model: Path, calib: Path, eval_data: Path, out: Path, quiet: bool) -> Path | None:
+def _propose_and_verify(
+    report_path: Path, model: Path, calib: Path, eval_data: Path, out: Path, quiet: bool
+) -> Path | None:
     """The second half of the loop; returns the proposal path."""
     try:
         from qdebug.cli import propose as propose_cli
@@ -80,8 +87,19 @@ def _propose_and_verify(report_path: Path, model: Path, calib: Path, eval_data: 
     if code not in (0, 6) or not proposal.exists():
         return None
     vargs = parser.parse_args(
-        ["verify", str(model), "--calib", str(calib), "--eval", str(eval_data), "--proposal", str(proposal),
-         "-o", str(out / "verify.json")] + (["-q"] if quiet else [])
+        [
+            "verify",
+            str(model),
+            "--calib",
+            str(calib),
+            "--eval",
+            str(eval_data),
+            "--proposal",
+            str(proposal),
+            "-o",
+            str(out / "verify.json"),
+        ]
+        + (["-q"] if quiet else [])
     )
     verify_cli.run(vargs)
     return proposal

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable
 
 ProgressFn = Callable[[str, int, "int | None"], None]
 

@@ -4,8 +4,9 @@ Sort and filter nodes, see histograms and neighbours, toggle exclusions,
 export them as a proposal, and run verify in the background when the
 model and data recorded in the report are reachable.
 
-example:
+Example:
   qdebug tui report.json --proposal proposal.json
+
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug tui``."""
     p.add_argument("report", help="report.json written by qdebug analyze")
-    p.add_argument("--proposal", default=None, help="proposal.json from qdebug propose (its exclusions are preselected)")
-    p.add_argument("--screenshot", default=None, help="write an SVG screenshot of the app to this path and exit")
+    p.add_argument(
+        "--proposal", default=None, help="proposal.json from qdebug propose (its exclusions are preselected)"
+    )
+    p.add_argument(
+        "--screenshot", default=None, help="write an SVG screenshot of the app to this path and exit"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

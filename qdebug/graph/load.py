@@ -76,7 +76,9 @@ def load_model(path: str | Path, what: str = "model") -> LoadedModel:
     if not p.exists():
         raise QDebugError(f"{what} file not found: {p}", "check the path", ExitCode.INPUT)
     if p.is_dir():
-        raise QDebugError(f"{what} path {p} is a directory, not an .onnx file", "pass the .onnx file", ExitCode.INPUT)
+        raise QDebugError(
+            f"{what} path {p} is a directory, not an .onnx file", "pass the .onnx file", ExitCode.INPUT
+        )
     try:
         proto = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # protobuf raises several unrelated types for garbage input
@@ -87,7 +89,9 @@ def load_model(path: str | Path, what: str = "model") -> LoadedModel:
         ) from None
     _load_external_data(proto, p, what)
     if not proto.HasField("graph") or len(proto.graph.node) == 0:
-        raise QDebugError(f"{p} is not an ONNX model (no graph or no nodes)", "pass a valid .onnx file", ExitCode.INPUT)
+        raise QDebugError(
+            f"{p} is not an ONNX model (no graph or no nodes)", "pass a valid .onnx file", ExitCode.INPUT
+        )
     opset = default_opset(proto)
     if opset == 0:
         raise QDebugError(f"{p} imports no default ONNX opset", "re-export the model with a standard opset")
@@ -155,10 +159,14 @@ def normalize(
     _outputs_that_are_inputs(model.graph, notes)
     _check_known_domains(model, loaded.path)
     model = _infer_shapes(model, notes)
-    return NormalizedModel(proto=model, name_map=tuple(name_map), notes=tuple(notes), opset=default_opset(model))
+    return NormalizedModel(
+        proto=model, name_map=tuple(name_map), notes=tuple(notes), opset=default_opset(model)
+    )
 
 
-def _ensure_opset(model: ModelProto, path: Path, upgrade: bool, min_opset: int, notes: list[str]) -> ModelProto:
+def _ensure_opset(
+    model: ModelProto, path: Path, upgrade: bool, min_opset: int, notes: list[str]
+) -> ModelProto:
     opset = default_opset(model)
     if opset >= min_opset:
         return model
@@ -266,7 +274,9 @@ def _drop_initializer_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
     if dropped:
         del graph.input[:]
         graph.input.extend(keep)
-        notes.append(f"removed {dropped} initializer(s) that were also listed as graph inputs (old exporter style)")
+        notes.append(
+            f"removed {dropped} initializer(s) that were also listed as graph inputs (old exporter style)"
+        )
 
 
 def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
@@ -284,7 +294,9 @@ def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
         while new in taken:
             new += "_"
         taken.add(new)
-        graph.node.append(onnx.helper.make_node("Identity", [out.name], [new], name=f"{out.name}__out/identity"))
+        graph.node.append(
+            onnx.helper.make_node("Identity", [out.name], [new], name=f"{out.name}__out/identity")
+        )
         changed.append(f"{out.name} -> {new}")
         out.name = new
     if changed:
@@ -318,8 +330,11 @@ def _inline_constant_ifs(graph: onnx.GraphProto, enabled: bool, notes: list[str]
             (
                 k
                 for k, n in enumerate(graph.node)
-                if n.op_type == "If" and n.domain in ("", "ai.onnx") and n.input
-                and n.name not in candidates and _constant_bool(graph, n.input[0]) is not None
+                if n.op_type == "If"
+                and n.domain in ("", "ai.onnx")
+                and n.input
+                and n.name not in candidates
+                and _constant_bool(graph, n.input[0]) is not None
             ),
             None,
         )
@@ -359,7 +374,9 @@ def _inline_branch(
     graph: onnx.GraphProto, node: onnx.NodeProto, branch: onnx.GraphProto
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """The nodes and initializers of ``branch``, renamed so they fit in ``graph`` in place of ``node``."""
-    existing = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o.name for o in graph.output}
+    existing = (
+        {i.name for i in graph.input} | {i.name for i in graph.initializer} | {o.name for o in graph.output}
+    )
     existing |= {o for n in graph.node for o in n.output}
     produced = [i.name for i in branch.initializer] + [o for n in branch.node for o in n.output if o]
     rename: dict[str, str] = {}

@@ -112,7 +112,9 @@ class GraphIndex:
         for q in sorted((n for n in self.consumers.get(tensor, []) if self.is_q(n)), key=lambda n: n.name):
             if q.input[0] != tensor:
                 continue
-            for dq in sorted((n for n in self.consumers.get(q.output[0], []) if self.is_dq(n)), key=lambda n: n.name):
+            for dq in sorted(
+                (n for n in self.consumers.get(q.output[0], []) if self.is_dq(n)), key=lambda n: n.name
+            ):
                 return dq.output[0], q
         return None
 
@@ -184,7 +186,10 @@ def pair_models(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> Pairing:
     unmatched: list[str] = []
 
     def key_of(node: onnx.NodeProto, positions: list[int]) -> tuple:
-        return (node.op_type, tuple(qi.source(node.input[i]) if i < len(node.input) else None for i in positions))
+        return (
+            node.op_type,
+            tuple(qi.source(node.input[i]) if i < len(node.input) else None for i in positions),
+        )
 
     for node in fp32.graph.node:
         positions = _activation_positions(node, fp_inits)
@@ -224,13 +229,17 @@ def pair_models(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> Pairing:
     for name in _float_activation_order(fp32, fi):
         q = tensor_map.get(name)
         if q is None:
-            pairs.append(TensorPair(name, None, None, None, notes.get(name, "no counterpart in the quantized model")))
+            pairs.append(
+                TensorPair(name, None, None, None, notes.get(name, "no counterpart in the quantized model"))
+            )
             continue
         dq = qi.dequant_of(q)
         if dq is None:
             pairs.append(TensorPair(name, q, None, None, notes.get(name, "")))
         else:
-            pairs.append(TensorPair(name, q, dq[0], qi.quant_params(dq[1]), notes.get(name, ""), folded.get(name)))
+            pairs.append(
+                TensorPair(name, q, dq[0], qi.quant_params(dq[1]), notes.get(name, ""), folded.get(name))
+            )
 
     weights = _pair_weights(fp32, fi, qi, dict(node_map))
     outputs = []

@@ -244,7 +244,10 @@ def build_reduction_model(
         rflat = b.op("Reshape", [rv, minus1], "rflat")
         cflat = b.op("Reshape", [cv, minus1], "cflat")
         samples.append(
-            (b.op("Slice", [rflat, zero, big, zero, step], "rs"), b.op("Slice", [cflat, zero, big, zero, step], "cs"))
+            (
+                b.op("Slice", [rflat, zero, big, zero, step], "rs"),
+                b.op("Slice", [cflat, zero, big, zero, step], "cs"),
+            )
         )
     outputs = []
     for key, cols in columns.items():

@@ -149,6 +149,9 @@ def test_sigint_leaves_no_partial_output_and_cache_is_reused(tmp_path):
         stderr=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        # a shell that starts jobs in the background sets SIGINT to "ignore", which children
+        # inherit (Python then installs no KeyboardInterrupt handler); restore the default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # wait until the long evaluation is under way (calibration cached, capture done), then interrupt
     deadline = time.time() + 120

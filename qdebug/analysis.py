@@ -60,6 +60,8 @@ class LayerErrors:
     deployed_gap: float
     outputs: ModelOutputs
     engine: str
+    local_samples: int = 0
+    """Samples that went through the fake-quant pass (local error, kernel view)."""
 
 
 class _TensorAcc:
@@ -115,6 +117,7 @@ def measure_layers(
     progress: Progress | None = None,
     *,
     engine: str = "auto",
+    local_samples: int | None = None,
 ) -> LayerErrors:
     """Stream ``data`` through the models and accumulate every tensor's error.
 
@@ -122,6 +125,8 @@ def measure_layers(
     (:mod:`qdebug.graph.reduce`); ``"numpy"`` copies every tensor out and reduces
     it in numpy (exact float64, slower); ``"auto"`` uses the graph engine when
     both models share an opset and every paired tensor has a known float type.
+    ``local_samples`` limits the second, un-optimized fake-quant pass (local error and
+    the kernel view) to the first batches covering that many samples; ``None``: all.
     """
     ranges = ranges or {}
     accs = {p.fp32: _TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
@@ -143,17 +148,22 @@ def measure_layers(
     outputs = ModelOutputs([], [], [], [] if data.has_labels else None)
     samples = 0
     gap = 0.0
+    local_done = 0
     for index, batch in enumerate(data.batches()):
+        local = local_samples is None or local_done < local_samples
         if graph_path is not None:
-            ref_out, dep_out, fq_out = graph_path.run(batch.feeds, accs, numpy_path, skipped)
+            ref_out, dep_out, fq_out = graph_path.run(batch.feeds, accs, numpy_path, skipped, local)
         else:
-            ref_out, dep_out, fq_out = numpy_path.run(batch.feeds, accs, scored, skipped)
+            ref_out, dep_out, fq_out = numpy_path.run(batch.feeds, accs, scored, skipped, local)
+        if local:
+            local_done += batch.size
         if index == 0:
             gap = _deployed_gap(plain.run(batch.feeds), dep_out, plain.graph_outputs)
             del plain
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
-        outputs.fakequant.append(fq_out)
+        if fq_out is not None:
+            outputs.fakequant.append(fq_out)
         if outputs.labels is not None and batch.labels is not None:
             outputs.labels.append(batch.labels)
         samples += batch.size
@@ -167,7 +177,7 @@ def measure_layers(
             NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
         )
     engine_used = "graph" if graph_path is not None else "numpy"
-    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used)
+    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, local_done)
 
 
 _FLOAT_TYPES = {
@@ -217,8 +227,11 @@ class _NumpyPath:
             )
         return self._taps
 
-    def run(self, feeds, accs: dict[str, _TensorAcc], pairs: list, skipped: dict[str, str]):
-        """One batch through the three sessions; updates ``accs`` for ``pairs``; returns graph outputs."""
+    def run(self, feeds, accs: dict[str, _TensorAcc], pairs: list, skipped: dict[str, str], local: bool = True):
+        """One batch through the three sessions; updates ``accs`` for ``pairs``; returns graph outputs.
+
+        ``local=False`` skips the fake-quant session (its outputs are then None).
+        """
         fp_tap, dep_tap, fq_tap = self.taps()
         f = fp_tap.run(feeds)
         d = dep_tap.run(feeds)
@@ -240,6 +253,8 @@ class _NumpyPath:
             a.acc.update(ref, cand)
         dep_out = _graph_outputs(d, dep_tap.graph_outputs)
         del d
+        if not local:
+            return _graph_outputs(f, fp_tap.graph_outputs), dep_out, None
         q = fq_tap.run(feeds)
         for p in pairs:
             if p.dequant is None:
@@ -303,8 +318,13 @@ class _GraphPath:
                 ExitCode.DATA,
             ) from None
 
-    def run(self, feeds, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath, skipped: dict[str, str]):
-        """One batch; pairs whose in-graph sums are not finite are recomputed by the numpy path."""
+    def run(
+        self, feeds, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath, skipped: dict[str, str], local: bool = True
+    ):
+        """One batch; pairs whose in-graph sums are not finite are recomputed by the numpy path.
+
+        ``local=False`` skips the fake-quant pass (local error, kernel view); its outputs are then None.
+        """
         out = self._run(self.dep_sess, self.dep_names, feeds)
         bad = []
         for i, p in enumerate(self.scored):
@@ -326,6 +346,10 @@ class _GraphPath:
         ref_out = {name[2:]: out[name] for name in self.deployed.ref_outputs}
         dep_out = {name[2:]: out[name] for name in self.deployed.cand_outputs}
         del out
+        if not local:
+            if bad:
+                numpy_path.run(feeds, accs, bad, skipped, local=False)
+            return ref_out, dep_out, None
         q = self._run(self.fq_sess, self.fq_names, feeds)
         for j, p in enumerate(self.local_pairs):
             if p in bad:

@@ -70,6 +70,8 @@ class AnalyzeOptions:
     threads: int = 0
     engine: str = "auto"
     """Capture engine: ``graph`` (reductions inside ORT), ``numpy`` (exact float64 copies), ``auto``."""
+    local_samples: int | None = None
+    """Measure local error (the fake-quant pass) on the first N samples only (None: all)."""
 
 
 def artifacts_dir(report_path: Path) -> Path:
@@ -243,8 +245,21 @@ def analyze(
 
     ranges_mm = prep.ranges.minmax() if prep.ranges is not None else {}
     layers = measure_layers(
-        prep.normalized, qproto, pairing, prep.calib, config, ranges_mm, progress, engine=options.engine
+        prep.normalized,
+        qproto,
+        pairing,
+        prep.calib,
+        config,
+        ranges_mm,
+        progress,
+        engine=options.engine,
+        local_samples=options.local_samples,
     )
+    if layers.local_samples < layers.samples:
+        notes.append(
+            f"local error and the fake-quant view were measured on the first {layers.local_samples} of "
+            f"{layers.samples} samples (--local-samples)"
+        )
     if layers.engine == "numpy" and options.engine == "auto":
         notes.append(
             "layer capture used the numpy engine (models differ in opset or tensor types are unknown)"
@@ -268,7 +283,13 @@ def analyze(
         outs = layers.outputs
         evaluator = Evaluator.from_outputs(outs.reference, outs.labels, prep.calib, options.metric)
         result = evaluator.score_outputs(outs.deployed)
-        fakequant = evaluator.score_outputs(outs.fakequant)
+        k = len(outs.fakequant)
+        if k == len(outs.reference):
+            fakequant = evaluator.score_outputs(outs.fakequant)
+        else:  # fake-quant ran on the first k batches only: score it against the same batches
+            labels = outs.labels[:k] if outs.labels else None
+            sub = Evaluator.from_outputs(outs.reference[:k], labels, prep.calib, options.metric)
+            fakequant = sub.score_outputs(outs.fakequant)
         eval_label = "calib"
     task = TaskMetric(
         result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant.value
@@ -295,6 +316,7 @@ def analyze(
             eval=_abs(eval_data) if eval_data is not None else None,
             metric=options.metric,
             quantized_given=quantized is not None,
+            local_samples=options.local_samples,
             upgrade_opset=options.upgrade_opset,
             inline_constant_if=options.inline_constant_if,
         ),

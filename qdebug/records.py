@@ -204,6 +204,8 @@ class AnalysisConfig:
     calib: str | None = None
     eval: str | None = None
     metric: str | None = None
+    local_samples: int | None = None
+    """Samples the local error was measured on when limited with ``--local-samples`` (None: all)."""
     quantized_given: bool = False
     """True when the user supplied the QDQ model (``--quantized``) instead of qdebug building it."""
     upgrade_opset: bool = False

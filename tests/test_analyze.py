@@ -252,3 +252,17 @@ def test_dynamic_quantized_model_is_analyzed_by_graph_position(tmp_path):
     assert matmuls and all(n.quantized for n in matmuls)
     q = report.tensor(matmuls[0].outputs[0])
     assert q.accumulated is not None and math.isfinite(q.accumulated.sqnr_db) and q.local is None
+
+
+@pytest.mark.parametrize("engine", ["graph", "numpy"])
+def test_local_samples_limits_the_fake_quant_pass(cnn, tmp_path, engine):
+    model, calib = cnn
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q", "--batch-size", "8"]
+    assert main([*args, "--local-samples", "16", "--engine", engine]) == 0
+    report = load_report(out)
+    assert report.samples == 40 and report.config.local_samples == 16
+    assert report.tensor("c2").local.count == 16 * 4 * 8 * 8  # two batches of 8: 16 samples of a 4x8x8 tensor
+    assert report.tensor("c2").accumulated.count == 40 * 4 * 8 * 8
+    assert any("first 16 of 40 samples" in n for n in report.notes)
+    assert math.isfinite(report.task.quantized_fakequant)

@@ -44,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("auto", "graph", "numpy"),
         help="capture engine: reductions inside ORT (graph, fast) or float64 numpy copies (exact); default auto",
     )
+    p.add_argument(
+        "--local-samples", type=int, default=None, metavar="N",
+        help="measure local error (a second, un-optimized pass) on the first N samples only; "
+        "roughly halves the time of a long analysis (default: all samples)",
+    )
     add_quant_arguments(p)
 
 
@@ -54,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.csv:
         check_writable(args.csv)
-    options = dataclasses.replace(analyze_options(args), engine=args.engine)
+    if args.local_samples is not None and args.local_samples < 1:
+        from qdebug.errors import ExitCode, QDebugError
+
+        raise QDebugError(f"--local-samples must be >= 1 (got {args.local_samples})", "pass a positive number", ExitCode.USAGE)
+    options = dataclasses.replace(analyze_options(args), engine=args.engine, local_samples=args.local_samples)
     with stderr_progress(not args.quiet) as progress:
         report = analyze(
             args.model,

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from qdebug.capture import SessionConfig, Tap, make_session
 from qdebug.data import DataSet
@@ -714,14 +713,6 @@ def _channel_sqnr(ref: np.ndarray, deq: np.ndarray, axis: int) -> list[float]:
         acc.update(np.take(ref, c, axis=axis), np.take(deq, c, axis=axis))
         out.append(acc.result().sqnr_db)
     return out
-
-
-def init_array(model: onnx.ModelProto, name: str) -> np.ndarray | None:
-    """An initializer's value, or None."""
-    for i in model.graph.initializer:
-        if i.name == name:
-            return numpy_helper.to_array(i)
-    return None
 
 
 __all__ = [

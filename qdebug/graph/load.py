@@ -517,8 +517,3 @@ def save_model(model: ModelProto, path: Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-
-
-def make_value_info(name: str) -> onnx.ValueInfoProto:
-    """A bare graph-output declaration: ORT infers type and shape itself."""
-    return onnx.ValueInfoProto(name=name)

@@ -107,6 +107,7 @@ def calibrate(
     use_cache: bool = True,
     on_batch: Callable[[int], None] | None = None,
     providers: Sequence[str] | None = None,
+    large: bool = False,
 ) -> Ranges:
     """Compute (or load from cache) the activation ranges of ``model_path`` over ``data``."""
     import onnxruntime
@@ -122,7 +123,7 @@ def calibrate(
             return Ranges(method, key, _load_tensors_data(path), path, True)
         except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             pass  # a corrupt cache entry is recomputed and overwritten
-    tensors = _run_calibrator(model_path, data, ort_method, ops, on_batch, providers)
+    tensors = _run_calibrator(model_path, data, ort_method, ops, on_batch, providers, large)
     if path is not None:
         try:
             atomic_write_text(path, json.dumps(_dump_tensors_data(tensors)))
@@ -138,6 +139,7 @@ def _run_calibrator(
     ops: list[str],
     on_batch: Callable[[int], None] | None,
     providers: Sequence[str] | None,
+    large: bool = False,
 ) -> Any:
     from onnxruntime.quantization.calibrate import create_calibrator
 
@@ -148,6 +150,7 @@ def _run_calibrator(
                 ops,
                 augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                 calibrate_method=ort_method,
+                use_external_data_format=large,
                 providers=list(providers) if providers else None,
                 extra_options={},
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -74,9 +75,23 @@ def make_session(
     opts.log_severity_level = 3
     if config.intra_op_threads:
         opts.intra_op_num_threads = config.intra_op_threads
+    from qdebug.graph.load import is_large, save_with_external_data
+
+    tmp = None
     try:
+        if is_large(model):  # over protobuf's 2 GB limit: ORT reads it from a file with external data
+            import tempfile
+
+            tmp = tempfile.TemporaryDirectory(prefix="qdebug-session-")
+            path = Path(tmp.name) / "model.onnx"
+            save_with_external_data(model, path)
+            session = ort.InferenceSession(str(path), opts, providers=list(config.providers))
+            session._qdebug_tmp = tmp  # keep the weights file as long as the session lives
+            return session
         return ort.InferenceSession(model.SerializeToString(), opts, providers=list(config.providers))
     except Exception as e:
+        if tmp is not None:
+            tmp.cleanup()
         first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise QDebugError(
             f"ONNX Runtime cannot load the {what}: {first[:300]}",

@@ -34,6 +34,7 @@ from qdebug.graph.load import (
     PER_CHANNEL_OPSET,
     LoadedModel,
     default_opset,
+    is_large,
     load_model,
     normalize,
     save_model,
@@ -141,6 +142,7 @@ def prepare(
             use_cache=options.use_cache,
             on_batch=on_batch,
             providers=options.providers,
+            large=is_large(norm.proto),
         )
     return Prepared(loaded, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges)
 

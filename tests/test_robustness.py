@@ -742,3 +742,22 @@ def test_inlined_branches_with_duplicate_tensor_names(tmp_path):
         None, {"x": x}
     )
     np.testing.assert_array_equal(before[0], after[0])
+
+
+def test_models_over_the_protobuf_limit_go_through_external_data(tmp_path, monkeypatch):
+    """Simulated: the 2 GB protobuf limit is lowered so the CNN fixture takes the large-model paths
+    (shape inference from a file, calibration and sessions with external data, external-data saves)."""
+    import qdebug.graph.load as load
+
+    monkeypatch.setattr(load, "PROTO_LIMIT", 4096)
+    base = fixture_path("cnn")
+    out = tmp_path / "r.json"
+    code = main(["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q",
+                 "--no-cache"])
+    assert code == 0
+    report = load_report(out)
+    files = tmp_path / "r_files"
+    assert (files / "normalized.onnx.data").is_file() and (files / "quantized.onnx.data").is_file()
+    assert (files / "normalized.onnx").stat().st_size < 40_000  # weights live in the .data file
+    assert abs(report.task.fp32 - report.task.quantized) <= 0.02
+    assert report.tensor("logits").accumulated.sqnr_db > 15

@@ -30,6 +30,31 @@ from qdebug.errors import ExitCode, QDebugError
 
 MIN_OPSET = 10
 PER_CHANNEL_OPSET = 13
+PROTO_LIMIT = (1 << 31) - (1 << 24)
+"""Models above this many bytes cannot be serialized as one protobuf: they go through external data."""
+
+
+def is_large(model: ModelProto) -> bool:
+    """True when ``model`` must be saved and loaded with external data (protobuf's 2 GB limit)."""
+    return model.ByteSize() > PROTO_LIMIT
+
+
+def save_with_external_data(model: ModelProto, path: Path, location: str | None = None) -> None:
+    """Save a copy of ``model`` with every initializer in one external file next to ``path``.
+
+    ``onnx.save_model(save_as_external_data=True)`` rewrites the proto it is given,
+    so it gets a copy: the caller's model stays usable.
+    """
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    onnx.save_model(
+        copy,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location or path.name + ".data",
+        size_threshold=1024,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -456,7 +481,7 @@ def _infer_shapes(model: ModelProto, notes: list[str]) -> ModelProto:
     """
     inferred: ModelProto | None = None
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = _onnx_inference(model)
     except Exception as e:
         notes.append(f"ONNX shape inference failed ({e.__class__.__name__})")
     if inferred is not None and not _untyped_activations(inferred):
@@ -472,6 +497,19 @@ def _infer_shapes(model: ModelProto, notes: list[str]) -> ModelProto:
     return model
 
 
+def _onnx_inference(model: ModelProto) -> ModelProto:
+    """ONNX shape inference; through a file for models over the protobuf limit."""
+    if not is_large(model):
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="qdebug-shapes-") as tmp:
+        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        save_with_external_data(model, src)
+        onnx.shape_inference.infer_shapes_path(str(src), str(dst), strict_mode=False)
+        return onnx.load(str(dst), load_external_data=True)
+
+
 def _untyped_activations(model: ModelProto) -> list[str]:
     typed = {vi.name for vi in model.graph.value_info if vi.type.tensor_type.elem_type}
     typed |= {vi.name for vi in model.graph.output} | {i.name for i in model.graph.initializer}
@@ -479,7 +517,7 @@ def _untyped_activations(model: ModelProto) -> list[str]:
 
 
 def _symbolic_inference(model: ModelProto, notes: list[str]) -> ModelProto | None:
-    if model.ByteSize() >= (1 << 31) - (1 << 20):
+    if is_large(model):
         return None
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
@@ -504,12 +542,13 @@ def save_model(model: ModelProto, path: Path) -> None:
     import tempfile
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    large = model.ByteSize() > (1 << 31) - (1 << 24)
+    large = is_large(model)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         if large:
-            onnx.save_model(model, tmp, save_as_external_data=True, location=path.name + ".data")
+            # the weights go to <name>.data first; the model file that points to them is renamed last
+            save_with_external_data(model, Path(tmp), location=path.name + ".data")
         else:
             onnx.save_model(model, tmp)
         os.replace(tmp, path)

@@ -179,3 +179,24 @@ def test_sigint_leaves_no_partial_output_and_cache_is_reused(tmp_path):
     )
     assert rerun.returncode == 0, rerun.stderr
     assert any("reused from cache" in n for n in load_report(out).notes)
+
+
+def test_disk_full_while_writing_the_report(tmp_path, monkeypatch, capsys):
+    """ENOSPC during the final write: exit 7, one line, no report and no temp file left behind."""
+    import errno
+
+    import qdebug.report_io as rio
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    out = tmp_path / "out" / "report.json"
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rio.os, "fsync", full)
+    code = main(["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.OUTPUT
+    assert "No space left on device" in err and "Traceback" not in err
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]

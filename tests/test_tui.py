@@ -17,10 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from qdebug.bench import (
+    BENCH_SCHEMA_VERSION,
+    BenchReport,
+    LatencyStats,
+    MachineInfo,
+    VariantResult,
+    WorstLayer,
+)
 from qdebug.errors import QDebugError
 from qdebug.records import SCHEMA_VERSION, NodeRecord, Proposal
 from qdebug.report_io import atomic_write_text, dumps, load_record, save_report
-from qdebug.tui import charts
+from qdebug.tui import benchview, charts
 from qdebug.tui.model import (
     CELL_TEXT,
     COLUMNS,
@@ -65,14 +73,111 @@ def _node(
     )
 
 
+def _latency(p50: float, p95: float, batch: int = 32, batches: int = 75) -> LatencyStats:
+    mean, lo, p99, hi = p50 * 1.02, p50 * 0.9, p95 * 1.1, p95 * 1.2
+    return LatencyStats(batch, batches, p50, p95, p99, mean, lo, hi, batch * 1e3 / p50)
+
+
+def make_bench(sha256: str | None = None) -> BenchReport:
+    """A bench result for the TUI report's model, as ``qdebug bench`` writes it (numbers made up)."""
+    machine = MachineInfo(
+        cpu_model="AMD EPYC 7B13",
+        arch="x86_64",
+        logical_cpus=4,
+        cpus_available=2,
+        int8_flags=("avx2",),
+        os="Linux",
+        python="3.12",
+        ort_version="1.32.0",
+        providers=("CPUExecutionProvider",),
+        threads=0,
+        warning="this CPU has no VNNI/AMX (only AVX2): INT8 variants are often no faster than FP32",
+    )
+    variants = (
+        VariantResult(
+            "fp32",
+            "fp32",
+            model_bytes=1_800_000,
+            full=_latency(0.841, 0.900),
+            tail=_latency(0.6, 0.7, 20, 5),
+            speedup=1.0,
+            peak_rss_mb=80.2,
+            metric_value=0.98,
+            output_sqnr_db=math.inf,
+        ),
+        VariantResult(
+            "dynamic",
+            "dynamic",
+            quant_format="dynamic",
+            model_bytes=500_000,
+            full=_latency(0.765, 0.800),
+            speedup=0.841 / 0.765,
+            peak_rss_mb=82.0,
+            metric_value=0.98,
+            output_sqnr_db=31.2,
+            worst_layers=(WorstLayer("layer1/attn/softmax", "Softmax", 3.0, 19.5),),
+        ),
+        VariantResult(
+            "static",
+            "static",
+            method="minmax",
+            quant_format="QDQ",
+            model_bytes=520_000,
+            full=_latency(0.739, 0.790),
+            speedup=0.841 / 0.739,
+            peak_rss_mb=81.0,
+            metric_value=0.836,
+            output_sqnr_db=13.5,
+        ),
+        VariantResult(
+            "selective",
+            "selective",
+            method="minmax",
+            quant_format="QDQ",
+            model_bytes=700_000,
+            excluded_nodes=2,
+            full=_latency(0.774, 0.810),
+            speedup=0.841 / 0.774,
+            peak_rss_mb=81.0,
+            metric_value=0.976,
+            output_sqnr_db=25.0,
+        ),
+        VariantResult("qoperator", "qoperator", error="ORT refused the model: QLinearMatMul not implemented"),
+    )
+    return BenchReport(
+        schema_version=BENCH_SCHEMA_VERSION,
+        kind="bench",
+        qdebug_version="0",
+        created="2025-01-01T00:00:00+00:00",
+        model=REPORT.model.path,
+        model_sha256=REPORT.model.sha256 if sha256 is None else sha256,
+        normalized_model="bench_files/normalized.onnx",
+        calib="data/calib.npz",
+        eval="data/eval.npz",
+        metric="top1",
+        samples=500,
+        batch_size=32,
+        runs=5,
+        warmup=3,
+        machine=machine,
+        variants=variants,
+        proposal="proposal.json",
+    )
+
+
+def write_bench(path: Path, bench: BenchReport) -> Path:
+    atomic_write_text(path, dumps(bench))
+    return path
+
+
 # =========================================================================== model
 
 
 def test_model_and_charts_do_not_import_textual_and_the_app_not_onnxruntime():
     code = (
-        "import sys; import qdebug.tui, qdebug.tui.model, qdebug.tui.charts; "
+        "import sys; import qdebug.tui, qdebug.tui.model, qdebug.tui.charts, qdebug.tui.benchview; "
         "bad = [m for m in ('textual', 'onnxruntime', 'onnx') if m in sys.modules]; "
-        "import qdebug.tui.app; "
+        "import qdebug.tui.app, qdebug.bench, qdebug.cli.tui; "  # the bench records load without ORT
         "bad += [m for m in ('onnxruntime', 'onnx') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -368,6 +473,68 @@ def test_sparkline_and_histogram():
     assert len(ref[0]) == 10 and ref == cand
 
 
+def test_scatter_range_and_plot():
+    assert charts.scatter_range([0.739, 0.765, 0.841]) == (0.7, 0.9)  # close values: zoomed in
+    assert charts.scatter_range([0.477, 4.63], zero=0.4) == (0.0, 6.0)  # far apart: from 0
+    assert charts.scatter_range([83.6, 98.0], cap=100.0) == (80.0, 100.0)  # never past 100 %
+    assert charts.scatter_range([]) == (0.0, 1.0) and charts.scatter_range([0.0, math.nan]) == (0.0, 1.0)
+    points = [
+        charts.Point(0.841, math.inf, "1", "fp32"),  # +inf: top edge
+        charts.Point(0.765, 20.0, "2", "dynamic"),
+        charts.Point(0.739, 10.0, "3", "static"),
+        charts.Point(0.739, 10.0, "4", "same"),  # same cell as static
+        charts.Point(0.8, math.nan, "5", "nan"),  # not drawn
+    ]
+    plot = charts.scatter(points, 60, 6, fmt_y=lambda v: f"{v:g}")
+    assert len(plot.lines) == 6 + 2 and all(len(line) <= 60 for line in plot.lines)
+    assert plot.y_range == (5.0, 25.0) and plot.x_range == (0.7, 0.9)
+    assert [plot.lines[r][:4] for r in (0, 2, 5)] == ["25 ┤", "15 ┤", " 5 ┤"]  # top, middle, bottom
+    assert plot.lines[6].startswith("   └┬") and plot.lines[7].split() == ["0.7", "0.8", "0.9"]
+    body = [line[4:] for line in plot.lines[:6]]
+    assert "1 fp32" in body[0] and "2 dynamic" in body[1]  # labelled right of the mark, rows by metric
+    assert body[0].index("1") > body[1].index("2") > body[4].index(charts.SEVERAL)  # columns by latency
+    assert "static" not in "".join(body) and "5" not in "".join(body)  # shared cell: no label; nan: no mark
+    # every span covers what it colours: marks and labels of the drawn points only
+    for line, start, end, i in plot.spans:
+        assert plot.lines[line][start:end] in (points[i].mark, points[i].label)
+    assert {i for *_, i in plot.spans} == {0, 1}
+
+
+def test_bench_view_text():
+    bench = make_bench()
+    cells = [benchview.variant_cells(bench, i) for i in range(len(bench.variants))]
+    assert [c["name"] for c in cells] == ["1 fp32", "2 dynamic", "3 static", "4 selective", "5 qoperator"]
+    assert cells[0] == {
+        "name": "1 fp32", "metric": "98.00%", "sqnr": "+inf", "p50": "0.841", "p95": "0.900",
+        "throughput": "38050", "rss": "80", "size": "1.8 MB", "speedup": "1.00x",
+    }  # fmt: skip
+    assert (cells[2]["metric"], cells[2]["sqnr"], cells[2]["speedup"]) == ("83.60%", "13.5", "1.14x")
+    assert cells[4]["metric"] == "failed" and cells[4]["p50"] == "" and cells[4]["size"] == "-"
+    assert benchview.machine_line(bench) == (
+        "machine: AMD EPYC 7B13 (x86_64, 2 CPUs available) · INT8 flags: avx2 · ORT 1.32.0 · "
+        "CPUExecutionProvider · threads auto"
+    )
+    assert "500 samples in batches of 32" in benchview.title_line(bench)
+    notes = benchview.note_lines(bench)
+    assert notes[0] == "last batch (20 samples, timed separately, not padded): fp32 p50 0.600 ms"
+    assert "qoperator failed: ORT refused" in notes[1] and "layer1/attn/softmax (19.5 dB)" in notes[2]
+    points = benchview.chart_points(bench)
+    assert [(p.mark, p.label, p.x, p.y) for p in points[:2]] == [
+        ("1", "fp32", 0.841, 98.0),
+        ("2", "dynamic", 0.765, 98.0),
+    ]
+    assert len(points) == 4 and benchview.chart_footnotes(bench) == ["qoperator: no timings, not drawn"]
+    assert not benchview.model_mismatch(REPORT, bench)
+    assert benchview.model_mismatch(REPORT, make_bench(sha256="0" * 64))
+    assert not benchview.model_mismatch(REPORT, make_bench(sha256=""))  # unknown: no warning
+    hint = benchview.bench_hint(REPORT, "run.report.json")
+    assert "qdebug bench models/tiny_transformer.onnx --calib data/calib.npz --eval data/eval.npz" in hint
+    assert "-o bench.json" in hint and "qdebug tui run.report.json --bench bench.json" in hint
+    bare = replace(REPORT, config=replace(REPORT.config, calib=None, eval=None))
+    hint = benchview.bench_hint(bare)
+    assert "--calib CALIB --eval EVAL" in hint and "qdebug tui REPORT --bench" in hint
+
+
 # =========================================================================== app (Pilot)
 
 pytest.importorskip("textual")
@@ -377,13 +544,21 @@ from textual.notifications import Notify  # noqa: E402
 from qdebug.tui.app import (  # noqa: E402
     QDebugApp,
     default_export_path,
+    load_bench_results,
     portable_svg,
     run_tui,
     save_screenshot,
 )
 from qdebug.tui.messages import VerifyProgress  # noqa: E402
-from qdebug.tui.screens import ExportDialog, HelpScreen, MainScreen, TextDialog  # noqa: E402
-from qdebug.tui.widgets import DetailPanel, NodeTable, node_detail_text, summary_text  # noqa: E402
+from qdebug.tui.screens import BenchScreen, ExportDialog, HelpScreen, MainScreen, TextDialog  # noqa: E402
+from qdebug.tui.widgets import (  # noqa: E402
+    BenchChart,
+    BenchTable,
+    DetailPanel,
+    NodeTable,
+    node_detail_text,
+    summary_text,
+)
 
 SIZE = (120, 40)
 
@@ -703,6 +878,83 @@ def test_verify_error_is_shown():
 
     run(main())
     assert ("error", "data file eval.npz not found -- pass --eval") in notes
+
+
+def test_bench_screen_shows_variants_machine_and_chart(tmp_path):
+    """``b`` with a bench file (here: one for another model, so a warning); without one, the hint."""
+    path = write_bench(tmp_path / "bench.json", make_bench(sha256="0" * 64))
+    bench = load_bench_results(path)  # the JSON ``qdebug bench -o`` writes, read back
+    notes: list[tuple[str, str]] = []
+
+    def hook(message):
+        if isinstance(message, Notify):
+            notes.append((message.notification.severity, message.notification.message))
+
+    async def main():
+        app = QDebugApp(REPORT, bench=bench, report_path="run.report.json")
+        async with app.run_test(size=SIZE, message_hook=hook) as pilot:
+            await pilot.pause()
+            assert ("warning", benchview.MISMATCH) in notes  # told at once, still shown
+            footer = {b.binding.key: b.binding.description for b in app.screen.active_bindings.values()}
+            assert footer["b"] == "Bench"
+            await pilot.press("b")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, BenchScreen) and screen.mismatch
+            table = screen.query_one(BenchTable)
+            header = [str(c.label) for c in table.columns.values()]
+            assert header[:5] == ["variant", "top1", "SQNR", "p50 ms", "p95 ms"]  # metric named by the bench
+            assert header[5:] == ["samples/s", "RSS MB", "size", "×FP32"]
+            rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+            assert rows[0] == ["1 fp32", "98.00%", "+inf", "0.841", "0.900", "38050", "80", "1.8 MB", "1.00x"]
+            static = ["3 static", "83.60%", "13.5", "0.739", "0.790", "43302", "81", "520 kB", "1.14x"]
+            assert rows[2] == static
+            assert rows[3][:4] == ["4 selective", "97.60%", "25.0", "0.774"] and rows[3][-1] == "1.09x"
+            assert rows[4][:2] == ["5 qoperator", "failed"]
+            head = str(screen.query_one("#bench-head").render())
+            assert "INT8 flags: avx2 · ORT 1.32.0 · CPUExecutionProvider" in head
+            assert "warning: this CPU has no VNNI/AMX" in head and benchview.MISMATCH in head
+            assert "last batch (20 samples" in str(screen.query_one("#bench-notes").render())
+            chart = screen.query_one(BenchChart)
+            text = chart.render().plain
+            assert text.startswith("top1 (%) vs p50 ms per batch of 32")
+            lines = text.split("\n")
+            assert lines[1].startswith("100% ┤")  # accuracies stop at 100 %
+            assert "1 fp32" in text and "3 static" in text  # one labelled mark per variant
+            assert "qoperator: no timings, not drawn" in text
+            row = {m: next(i for i, line in enumerate(lines) if f"{m} " in line) for m in ("1", "3")}
+            assert row["3"] > row["1"]  # static is less accurate: lower
+            assert chart.region.height >= 12 and "<svg" in app.export_screenshot()
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+            app.bench = None  # as if started without --bench: b says how to make one
+            await pilot.press("b")
+            await pilot.pause()
+            assert isinstance(app.screen, MainScreen)
+
+    run(main())
+    hint = notes[-1][1]
+    assert hint.startswith("no bench results loaded: run `qdebug bench models/tiny_transformer.onnx --calib")
+    assert "-o bench.json`, then `qdebug tui run.report.json --bench bench.json`" in hint
+
+
+def test_cli_bench_file_errors_and_screenshot(tmp_path, capsys):
+    from qdebug.cli.main import main
+
+    report_path = tmp_path / "r.json"
+    save_report(REPORT, report_path)
+    assert main(["tui", str(report_path), "--bench", str(tmp_path / "nope.json")]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench result file not found" in err and "nope.json" in err
+    (tmp_path / "bad.json").write_text('{"schema_version": 1, "kind": "bench"')
+    assert main(["tui", str(report_path), "--bench", str(tmp_path / "bad.json")]) == 3
+    assert "not a valid qdebug bench result" in capsys.readouterr().err
+    assert main(["tui", str(report_path), "--bench", str(report_path)]) == 3  # a report is no bench file
+    good = write_bench(tmp_path / "bench.json", make_bench())
+    shot = tmp_path / "shot.svg"
+    assert main(["tui", str(report_path), "--bench", str(good), "--screenshot", str(shot)]) == 0
+    assert shot.read_text().startswith("<svg")
 
 
 def test_detail_and_summary_text():

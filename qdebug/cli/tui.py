@@ -4,8 +4,12 @@ Sort and filter nodes, see histograms and neighbours, toggle exclusions,
 export them as a proposal, and run verify in the background when the
 model and data recorded in the report are reachable.
 
+With --bench, b shows the results of qdebug bench (one row per variant, the
+machine, task metric vs latency).
+
 Example:
   qdebug tui report.json --proposal proposal.json
+  qdebug tui report.json --bench bench.json
 
 """
 
@@ -21,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--proposal", default=None, help="proposal.json from qdebug propose (its exclusions are preselected)"
     )
     p.add_argument(
+        "--bench",
+        default=None,
+        help="bench.json from qdebug bench -o (b shows the variants, the machine and metric vs latency)",
+    )
+    p.add_argument(
         "--screenshot", default=None, help="write an SVG screenshot of the app to this path and exit"
     )
 
@@ -30,10 +39,14 @@ def run(args: argparse.Namespace) -> int:
     from qdebug.report_io import load_report
 
     report = load_report(args.report)  # a clear one-line error before the screen is taken over
+    if args.bench:  # likewise for a missing or corrupt bench file
+        from qdebug.tui.app import load_bench_results
+
+        load_bench_results(args.bench)
     if args.screenshot:
         from qdebug.tui.app import save_screenshot
 
-        save_screenshot(args.report, args.screenshot, proposal_path=args.proposal)
+        save_screenshot(args.report, args.screenshot, proposal_path=args.proposal, bench_path=args.bench)
         return 0
     verify_fn = None
     try:
@@ -44,4 +57,4 @@ def run(args: argparse.Namespace) -> int:
         verify_fn = None
     from qdebug.tui.app import run_tui
 
-    return run_tui(args.report, args.proposal, verify_fn=verify_fn)
+    return run_tui(args.report, args.proposal, verify_fn=verify_fn, bench_path=args.bench)

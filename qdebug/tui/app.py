@@ -14,7 +14,7 @@ import html
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from textual.app import App
@@ -25,6 +25,9 @@ from qdebug.records import Proposal, Report
 from qdebug.report_io import atomic_write_text, load_record, load_report
 from qdebug.tui.model import LayerModel
 from qdebug.tui.screens import MainScreen
+
+if TYPE_CHECKING:
+    from qdebug.bench import BenchReport
 
 VerifyFn = Callable[[Proposal, Callable[[float, str], None], Callable[[], bool]], Any]
 """``verify_fn(proposal, progress, cancelled) -> result`` where ``result.summary_lines() -> list[str]``.
@@ -59,9 +62,12 @@ class QDebugApp(App[Any]):
         report_path: str | None = None,
         *,
         export_path: str | Path | None = None,
+        bench: BenchReport | None = None,
     ) -> None:
         super().__init__()
         self.report = report
+        self.bench = bench
+        """``qdebug bench`` results shown by ``b`` (``None``: ``b`` says how to make them)."""
         self.proposal = proposal
         self.verify_fn = verify_fn
         self.report_path = report_path
@@ -93,14 +99,30 @@ def load_proposal(path: str | Path) -> Proposal:
     return proposal
 
 
-def run_tui(report_path: str, proposal_path: str | None = None, verify_fn: VerifyFn | None = None) -> int:
-    """Load the report (and proposal), run the app, return the exit code.
+def load_bench_results(path: str | Path) -> BenchReport:
+    """Load a ``bench.json`` written by ``qdebug bench -o`` (QDebugError for a missing/invalid file).
+
+    :mod:`qdebug.bench` imports onnx/onnxruntime only inside its functions, so this stays light.
+    """
+    from qdebug.bench import load_bench
+
+    return load_bench(path)
+
+
+def run_tui(
+    report_path: str,
+    proposal_path: str | None = None,
+    verify_fn: VerifyFn | None = None,
+    bench_path: str | None = None,
+) -> int:
+    """Load the report (and proposal, and bench results), run the app, return the exit code.
 
     :class:`~qdebug.errors.QDebugError` from loading propagates (the CLI prints it as one line).
     """
     report = load_report(report_path)
     proposal = load_proposal(proposal_path) if proposal_path else None
-    app = QDebugApp(report, proposal, verify_fn, report_path=report_path)
+    bench = load_bench_results(bench_path) if bench_path else None
+    app = QDebugApp(report, proposal, verify_fn, report_path=report_path, bench=bench)
     app.run()
     code = app.return_code
     return int(ExitCode.OK) if not code else int(ExitCode.INTERNAL)
@@ -111,6 +133,7 @@ def save_screenshot(
     svg_path: str | Path,
     size: tuple[int, int] = (120, 40),
     proposal_path: str | Path | None = None,
+    bench_path: str | Path | None = None,
 ) -> Path:
     """Run the app headless on a report at ``size`` (columns, rows) and write an SVG screenshot.
 
@@ -118,7 +141,8 @@ def save_screenshot(
     """
     report = load_report(report_path)
     proposal = load_proposal(proposal_path) if proposal_path else None
-    app = QDebugApp(report, proposal, report_path=str(report_path))
+    bench = load_bench_results(bench_path) if bench_path else None
+    app = QDebugApp(report, proposal, report_path=str(report_path), bench=bench)
 
     async def auto_pilot(pilot: Any) -> None:
         await pilot.pause()

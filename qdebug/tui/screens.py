@@ -1,4 +1,4 @@
-"""Screens: the main layer screen and the modal dialogs (help, text, export path).
+"""Screens: the main layer screen, the bench screen and the modal dialogs (help, text, export path).
 
 The main screen owns the :class:`~qdebug.tui.model.LayerModel`: it reacts to
 the widgets' messages, changes the model and redraws. Long work (verify) runs
@@ -24,9 +24,12 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from qdebug.errors import QDebugError
 from qdebug.records import Proposal
 from qdebug.report_io import atomic_write_text, dumps
+from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
 from qdebug.tui.messages import VerifyProgress
 from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, column
 from qdebug.tui.widgets import (
+    BenchChart,
+    BenchTable,
     DepthChart,
     DetailPanel,
     ExclusionPanel,
@@ -38,6 +41,7 @@ from qdebug.tui.widgets import (
 )
 
 if TYPE_CHECKING:
+    from qdebug.bench import BenchReport
     from qdebug.tui.app import QDebugApp
 
 VERIFY_UNAVAILABLE = (
@@ -62,6 +66,7 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("e", "export the exclusion set as a proposal JSON"),
     ("c", "copy the quantize_static snippet (and show it)"),
     ("v", "verify the set (needs the model and data)"),
+    ("b", "bench results: variants, machine, metric vs latency (--bench)"),
     ("esc", "cancel a running verify"),
     ("?", "this help"),
     ("q", "quit"),
@@ -97,6 +102,11 @@ class MainScreen(Screen):
         Binding("escape", "escape", "Cancel", show=False),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "app.quit", "Quit"),
+        # one key, two actions: with a bench file "b" opens it (and shows last in the footer, so
+        # help and quit stay visible at 80 columns), without one it says how to make one
+        # (check_action enables exactly one of them)
+        Binding("b", "bench", "Bench"),
+        Binding("b", "bench_missing", "Bench", show=False),
     ]
 
     def __init__(self, model: LayerModel) -> None:
@@ -154,6 +164,9 @@ class MainScreen(Screen):
             self._notify(
                 "the proposal was made for another model (SHA-256 differs)", severity="warning", timeout=10
             )
+        bench = self.qapp.bench
+        if bench is not None and model_mismatch(m.report, bench):
+            self._notify(MISMATCH, title="bench", severity="warning", timeout=10)
 
     # ----------------------------------------------------------------- redraw
 
@@ -287,6 +300,31 @@ class MainScreen(Screen):
         """Show the key bindings."""
         self.app.push_screen(HelpScreen())
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``bench`` when a bench file is loaded, ``bench_missing`` when not (both on ``b``)."""
+        if action == "bench":
+            return self.qapp.bench is not None
+        if action == "bench_missing":
+            return self.qapp.bench is None
+        return True
+
+    def action_bench(self) -> None:
+        """Show the bench results (with a warning line when they are for another model)."""
+        bench = self.qapp.bench
+        if bench is None:
+            self.action_bench_missing()
+            return
+        self.app.push_screen(BenchScreen(bench, mismatch=model_mismatch(self.model.report, bench)))
+
+    def action_bench_missing(self) -> None:
+        """Say how to make a bench file and open it."""
+        self._notify(
+            bench_hint(self.model.report, self.qapp.report_path),
+            title="bench",
+            severity="warning",
+            timeout=12,
+        )
+
     # ----------------------------------------------------------------- export
 
     def action_export(self) -> None:
@@ -388,6 +426,45 @@ class MainScreen(Screen):
             panel.finish("failed", [message], "bold red")
             self._notify(message, title="verify failed", severity="error", timeout=10)
             self.app.push_screen(TextDialog("verify failed", details))
+
+
+class BenchScreen(Screen[None]):
+    """``qdebug bench`` results: run and machine, one row per variant, metric vs p50 latency."""
+
+    BINDINGS = [
+        Binding("escape,b,q", "close", "Back"),
+    ]
+
+    def __init__(self, bench: BenchReport, mismatch: bool = False) -> None:
+        super().__init__()
+        self.bench = bench
+        self.mismatch = mismatch
+
+    def compose(self) -> ComposeResult:
+        """Header lines, variant table, chart, notes (scrolling together when short of rows), footer."""
+        head = Text()
+        head.append(title_line(self.bench), style="bold")
+        head.append("\n" + machine_line(self.bench), style="dim")
+        if self.bench.machine.warning:
+            head.append("\nwarning: " + self.bench.machine.warning, style="yellow")
+        if self.mismatch:
+            head.append("\nwarning: " + MISMATCH, style="bold yellow")
+        with VerticalScroll(id="bench-body"):
+            yield Static(head, id="bench-head")
+            yield BenchTable(self.bench, id="bench-table")
+            yield BenchChart(self.bench, id="bench-chart")
+            notes = note_lines(self.bench)
+            yield Static(Text("\n".join(notes), style="dim"), id="bench-notes")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        """Hide an empty notes block; focus the scrolling body (arrows and page keys scroll it)."""
+        self.query_one("#bench-notes").display = bool(note_lines(self.bench))
+        self.query_one("#bench-body").focus()
+
+    def action_close(self) -> None:
+        """Back to the node table."""
+        self.dismiss(None)
 
 
 class HelpScreen(ModalScreen[None]):

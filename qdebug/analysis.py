@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from qdebug.capture import SessionConfig, Tap, make_session
+from qdebug.capture import SessionConfig, Tap, make_session, run_session
 from qdebug.data import DataSet
-from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.match import GraphIndex, Pairing, subgraph_tensors
 from qdebug.graph.reduce import (
     PAIR_STATS,
@@ -303,20 +302,6 @@ class _GraphPath:
         self.fq_names = [o.name for o in self.fq_sess.get_outputs()]
         self.inputs = [i.name for i in self.dep_sess.get_inputs()]
 
-    @staticmethod
-    def _run(sess, names: list[str], feeds) -> dict[str, np.ndarray]:
-        try:
-            return dict(
-                zip(names, sess.run(names, {k: feeds[k] for k in (i.name for i in sess.get_inputs())}))
-            )
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise QDebugError(
-                f"ONNX Runtime failed while running the model: {first[:300]}",
-                "check that the data matches what the model expects",
-                ExitCode.DATA,
-            ) from None
-
     def run(
         self, feeds, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath, skipped: dict[str, str], local: bool = True
     ):
@@ -324,7 +309,7 @@ class _GraphPath:
 
         ``local=False`` skips the fake-quant pass (local error, kernel view); its outputs are then None.
         """
-        out = self._run(self.dep_sess, self.dep_names, feeds)
+        out = run_session(self.dep_sess, self.dep_names, feeds, "the instrumented models")
         bad = []
         for i, p in enumerate(self.scored):
             col = {k: float(out[f"qdbg/out/{k}"][i]) for k in PAIR_STATS + REF_STATS}
@@ -349,7 +334,7 @@ class _GraphPath:
             if bad:
                 numpy_path.run(feeds, accs, bad, skipped, local=False)
             return ref_out, dep_out, None
-        q = self._run(self.fq_sess, self.fq_names, feeds)
+        q = run_session(self.fq_sess, self.fq_names, feeds, "the fake-quant models")
         for j, p in enumerate(self.local_pairs):
             if p in bad:
                 continue

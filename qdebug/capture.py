@@ -100,6 +100,26 @@ def make_session(
         ) from None
 
 
+def run_session(
+    session, names: Sequence[str], feeds: Mapping[str, np.ndarray], what: str = "the model"
+) -> dict[str, np.ndarray]:
+    """``session.run`` for ``names`` with the session's own inputs picked from ``feeds``.
+
+    An ORT failure (e.g. data the model rejects at run time) becomes one
+    :class:`QDebugError` line instead of a pybind traceback.
+    """
+    try:
+        values = session.run(list(names), {i.name: feeds[i.name] for i in session.get_inputs()})
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+        raise QDebugError(
+            f"ONNX Runtime failed while running {what}: {first[:300]}",
+            "check that the data matches what the model expects",
+            ExitCode.DATA,
+        ) from None
+    return dict(zip(names, values, strict=True))
+
+
 class Tap:
     """A session that returns the values of chosen tensors for each batch.
 
@@ -121,21 +141,11 @@ class Tap:
         instrumented = with_outputs(model, [n for n in self.names if n not in inputs])
         self.session = make_session(instrumented, config, optimize=optimize, what=what, arena=not self.names)
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.input_names = [i.name for i in self.session.get_inputs()]
         self.graph_outputs = [o.name for o in model.graph.output]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; returns tensor name -> array for graph outputs and chosen tensors."""
-        try:
-            values = self.session.run(self.output_names, {k: feeds[k] for k in self.input_names})
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise QDebugError(
-                f"ONNX Runtime failed while running the model: {first[:300]}",
-                "check that the data matches what the model expects",
-                ExitCode.DATA,
-            ) from None
-        out = dict(zip(self.output_names, values))
+        out = run_session(self.session, self.output_names, feeds)
         for name in self.names:
             if name in feeds and name not in out:
                 out[name] = feeds[name]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from qdebug.capture import SessionConfig, make_session
+from qdebug.capture import SessionConfig, make_session, run_session
 from qdebug.data import DataSet, load_hook
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.metrics import ErrorAccumulator
@@ -65,6 +65,7 @@ class Evaluator:
         session = make_session(fp32, config, what="FP32 model")
         self.output_names = [o.name for o in session.get_outputs()]
         self.input_names = [i.name for i in session.get_inputs()]
+        """The model inputs, in session order (bench writes its input file in this order)."""
         self.batches = list(data.batches())
         if not self.batches:
             raise QDebugError(
@@ -91,7 +92,7 @@ class Evaluator:
         self.data = data
         self.batches = []
         self.output_names = list(reference[0])
-        self.input_names = []
+        self.input_names = [sp.name for sp in data.specs]
         self.labels = labels if labels and len(labels) == len(reference) else None
         self.reference = reference
         self.samples = sum(len(next(iter(r.values()))) for r in reference)
@@ -127,14 +128,7 @@ class Evaluator:
         return metric, load_hook(metric, "metric")
 
     def _run(self, session, feeds) -> dict[str, np.ndarray]:
-        try:
-            values = session.run(self.output_names, {k: feeds[k] for k in self.input_names})
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise QDebugError(
-                f"ONNX Runtime failed on evaluation data: {first[:300]}", "check the data", ExitCode.DATA
-            ) from None
-        return dict(zip(self.output_names, values))
+        return run_session(session, self.output_names, feeds, "the evaluation data")
 
     def _score(self, candidate: list[dict[str, np.ndarray]]) -> float:
         name = self.metric_name

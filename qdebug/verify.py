@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.formatting import fmt_db, fmt_metric
 from qdebug.records import SCHEMA_VERSION, Proposal, Report
 
 if TYPE_CHECKING:
@@ -112,8 +113,8 @@ class VerifyResult:
         """Plain-text side-by-side table and verdict (the CLI prints it; the TUI shows it)."""
         cols = self.variants
         rows: list[tuple[str, list[str]]] = [
-            (self.metric, [_fmt_metric(self.metric, v.metric) for v in cols]),
-            ("output SQNR dB", [_fmt_db(v.output_sqnr_db) for v in cols]),
+            (self.metric, [fmt_metric(self.metric, v.metric) for v in cols]),
+            ("output SQNR dB", [fmt_db(v.output_sqnr_db) for v in cols]),
             (
                 "nodes FP32",
                 [
@@ -144,24 +145,6 @@ class VerifyResult:
             )
         lines.append(self.verdict)
         return lines
-
-
-def _fmt_metric(name: str, x: float) -> str:
-    if math.isnan(x):
-        return "-"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if name in ("top1", "top1_agreement"):
-        return f"{100 * x:.2f}%"
-    return f"{x:.4g}"
-
-
-def _fmt_db(x: float) -> str:
-    if math.isnan(x):
-        return "-"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.1f}"
 
 
 def _fmt_size(n: int) -> str:
@@ -633,7 +616,7 @@ def judge(
         ok = not math.isnan(selective_sqnr) and selective_sqnr >= target_sqnr - 1e-12
         met &= ok
         parts.append(
-            f"output SQNR {_fmt_db(selective_sqnr)} dB {'>=' if ok else '<'} {target_sqnr:.1f} dB target"
+            f"output SQNR {fmt_db(selective_sqnr)} dB {'>=' if ok else '<'} {target_sqnr:.1f} dB target"
         )
     verdict = ("PASS: " if met else "FAIL: ") + "; ".join(parts)
     return recovered, met, verdict

@@ -24,7 +24,7 @@ import math
 import sys
 from pathlib import Path
 
-from qdebug.cli.common import fmt_db, fmt_metric
+from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,60 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--proposal", default=None, help="proposal.json from qdebug propose (for the selective variant)"
     )
     p.add_argument(
-        "--method",
-        default="minmax",
-        help="calibration method(s), comma-separated: minmax, entropy, percentile, distribution "
-        "(one static variant each; default: minmax)",
-    )
-    p.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
-    p.add_argument(
-        "--activation-type",
-        default="QUInt8",
-        choices=("QUInt8", "QInt8", "QUInt16", "QInt16"),
-        help="static activation type (default: QUInt8)",
-    )
-    p.add_argument(
-        "--weight-type",
-        default="QInt8",
-        choices=("QUInt8", "QInt8"),
-        help="static weight type (default: QInt8)",
-    )
-    p.add_argument(
         "--dynamic-ops",
         default=None,
         help="op types for dynamic quantization, e.g. MatMul,Gemm (default: ORT's)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="samples per batch (default: 16, or the model's fixed batch)",
-    )
-    p.add_argument("--max-samples", type=int, default=None, help="use at most N calibration samples")
-    p.add_argument(
-        "--metric",
-        default=None,
-        help="task metric: top1, top1_agreement, output_sqnr_db or module:function "
-        "(default: top1 when labels exist)",
-    )
-    p.add_argument(
-        "--upgrade-opset",
-        action="store_true",
-        help="convert models below opset 10 with onnx.version_converter",
-    )
-    p.add_argument(
-        "--inline-constant-if",
-        action="store_true",
-        help="replace If nodes whose condition is a constant by their taken branch, so it can be quantized",
-    )
-    p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
-    p.add_argument(
-        "--provider",
-        default="CPUExecutionProvider",
-        help="ONNX Runtime execution provider: any this onnxruntime build offers, e.g. CUDAExecutionProvider",
-    )
-    p.add_argument(
-        "--threads", type=int, default=0, help="intra-op threads for every variant (default: ORT's choice)"
     )
     p.add_argument(
         "--runs", type=int, default=5, help="timed passes over the evaluation set per variant (default: 5)"
@@ -119,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the dynamic variant's per-layer error report (one extra pass over the calibration data)",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    add_quant_arguments(p, several_methods=True)
 
 
 def bench_options(args: argparse.Namespace):  # -> BenchOptions

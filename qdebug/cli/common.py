@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
+from qdebug.formatting import fmt_db, fmt_metric
 
-def add_quant_arguments(p: argparse.ArgumentParser) -> None:
-    """Calibration/quantization flags shared by analyze, propose, verify and bench."""
-    p.add_argument(
-        "--method",
-        default="minmax",
-        choices=("minmax", "entropy", "percentile", "distribution"),
-        help="calibration method (default: minmax)",
-    )
+__all__ = ["add_quant_arguments", "analyze_options", "fmt_db", "fmt_metric"]
+
+
+def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = False) -> None:
+    """Calibration/quantization flags shared by analyze, propose, verify and bench.
+
+    ``several_methods``: ``--method`` takes a comma-separated list (bench builds one static
+    variant per method) instead of one of the four names.
+    """
+    if several_methods:
+        p.add_argument(
+            "--method",
+            default="minmax",
+            help="calibration method(s), comma-separated: minmax, entropy, percentile, distribution "
+            "(one static variant each; default: minmax)",
+        )
+    else:
+        p.add_argument(
+            "--method",
+            default="minmax",
+            choices=("minmax", "entropy", "percentile", "distribution"),
+            help="calibration method (default: minmax)",
+        )
     p.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
     p.add_argument(
         "--activation-type",
@@ -76,21 +91,3 @@ def analyze_options(args: Any) -> Any:
         else (args.provider, "CPUExecutionProvider"),
         threads=args.threads,
     )
-
-
-def fmt_db(x: float) -> str:
-    """A dB value for tables: 1 decimal, inf/nan spelled out."""
-    if math.isnan(x):
-        return "-"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return f"{x:.1f}"
-
-
-def fmt_metric(name: str, x: float) -> str:
-    """A task metric value (percent for accuracies)."""
-    if math.isnan(x):
-        return "-"
-    if name in ("top1", "top1_agreement"):
-        return f"{100 * x:.2f}%"
-    return f"{x:.4g}"

@@ -24,7 +24,7 @@ import math
 import sys
 from pathlib import Path
 
-from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric
+from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric, provider_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,8 +80,7 @@ def bench_options(args: argparse.Namespace):  # -> BenchOptions
     else:
         variants = ("fp32", "dynamic", "static") + (("selective",) if args.proposal else ())
     dynamic_ops = tuple(o.strip() for o in (args.dynamic_ops or "").split(",") if o.strip())
-    provider = args.provider
-    providers = (provider,) if provider == "CPUExecutionProvider" else (provider, "CPUExecutionProvider")
+    providers = provider_list(args.provider)
     return BenchOptions(
         variants=variants,
         methods=parse_methods(args.method),

@@ -7,7 +7,7 @@ from typing import Any
 
 from qdebug.formatting import fmt_db, fmt_metric
 
-__all__ = ["add_quant_arguments", "analyze_options", "fmt_db", "fmt_metric"]
+__all__ = ["add_quant_arguments", "analyze_options", "fmt_db", "fmt_metric", "provider_list"]
 
 
 def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = False) -> None:
@@ -71,6 +71,11 @@ def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = F
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
+def provider_list(provider: str) -> tuple[str, ...]:
+    """The session provider list for ``--provider``: the chosen one, with the CPU as fallback."""
+    return (provider,) if provider == "CPUExecutionProvider" else (provider, "CPUExecutionProvider")
+
+
 def analyze_options(args: Any) -> Any:
     """AnalyzeOptions from parsed flags."""
     from qdebug.pipeline import AnalyzeOptions
@@ -86,8 +91,6 @@ def analyze_options(args: Any) -> Any:
         upgrade_opset=args.upgrade_opset,
         inline_constant_if=args.inline_constant_if,
         use_cache=not args.no_cache,
-        providers=(args.provider,)
-        if args.provider == "CPUExecutionProvider"
-        else (args.provider, "CPUExecutionProvider"),
+        providers=provider_list(args.provider),
         threads=args.threads,
     )

@@ -28,7 +28,7 @@ import argparse
 import math
 import sys
 
-from qdebug.cli.common import fmt_metric
+from qdebug.cli.common import fmt_metric, provider_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,11 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_evaluations is not None and args.max_evaluations < 1:
         raise QDebugError("--max-evaluations must be >= 1", "pass a positive number", ExitCode.USAGE)
-    providers = (
-        (args.provider,)
-        if args.provider == "CPUExecutionProvider"
-        else (args.provider, "CPUExecutionProvider")
-    )
+    providers = provider_list(args.provider)
     options = ProposeOptions(
         target_drop=args.target_drop,
         target_sqnr=args.target_sqnr,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qdebug.cli.common import add_quant_arguments
+from qdebug.cli.common import add_quant_arguments, provider_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,11 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.runs < 0 or args.warmup < 0:
         raise QDebugError("--runs and --warmup must be >= 0", "pass a count", ExitCode.USAGE)
-    providers = (
-        (args.provider,)
-        if args.provider == "CPUExecutionProvider"
-        else (args.provider, "CPUExecutionProvider")
-    )
+    providers = provider_list(args.provider)
     options = VerifyOptions(
         min_recovery=args.min_recovery,
         target_sqnr=args.target_sqnr,

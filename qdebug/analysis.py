@@ -1,15 +1,21 @@
 """Layer-wise error of a QDQ model against its FP32 model, streamed batch by batch.
 
-Three sessions, because instrumentation changes numerics (DESIGN.md):
+One merged session does the work on every sample (:mod:`qdebug.graph.reduce`):
+the FP32 model and the QDQ model *as deployed* -- ORT keeps its integer
+fusions (QLinearConv...), so the *accumulated* error (FP32 vs QDQ at each
+tensor) is measured on the kernels users ship -- and, per quantized tensor,
+the *local* error: the FP32 tensor against QuantizeLinear->DequantizeLinear of
+itself with the QDQ model's scale and zero-point, i.e. what this tensor's own
+quantization adds, isolated from upstream error.
 
-* the FP32 model with every float intermediate as an output;
-* the QDQ model, optimized as deployed, with only DequantizeLinear outputs
-  (and un-quantized counterparts) exposed -- ORT keeps its integer fusions
-  (QLinearConv...), so the *accumulated* error is measured on deployed kernels;
-* the QDQ model un-optimized (fake-quant), exposing pre-Q and post-DQ values:
-  the *local* error of each tensor's own quantization.
+A second, optional session runs the QDQ model un-optimized (fake-quant) on the
+first ``fakequant_samples`` samples: the accumulated error without ORT's
+integer kernels. The gap between the two views exposes kernel problems (e.g.
+u8s8 saturation on CPUs without VNNI) that fake-quant tools never see.
 
-Each batch's tensors go into streaming accumulators and are dropped.
+Each batch is reduced inside ORT to a few sums per tensor and dropped, so
+memory is flat in the number of samples; batches are split into capture
+chunks whose largest tensor stays cache-sized (:data:`CAPTURE_ELEMENTS`).
 """
 
 from __future__ import annotations
@@ -21,16 +27,23 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from qdebug.capture import SessionConfig, Tap, make_session, run_session
-from qdebug.data import DataSet
-from qdebug.graph.match import GraphIndex, Pairing, subgraph_tensors
+from qdebug.capture import (
+    SessionConfig,
+    Tap,
+    make_session,
+    optimize_for_capture,
+    run_session,
+)
+from qdebug.data import Batch, DataSet
+from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.reduce import (
-    PAIR_STATS,
-    REF_STATS,
+    SUBSAMPLE_INPUT,
+    FakeQuant,
     PairSpec,
     build_reduction_model,
     compatible,
     dot_from_sums,
+    elem_types,
     moments_from_sums,
 )
 from qdebug.metrics import (
@@ -45,6 +58,18 @@ from qdebug.records import ErrorStats, NodeRecord, NotCaptured, QuantParams, Ten
 SQNR_CAP_DB = 120.0
 """SQNRs above this count as exact when computing the error a node introduces."""
 
+DEFAULT_FAKEQUANT_SAMPLES = 32
+"""Samples the fake-quant view runs on unless told otherwise (it is a diagnostic, not the measurement)."""
+
+SUBSAMPLE_PER_SAMPLE = 256
+"""Elements per tensor per sample copied out of ORT for the KL and TUI histograms (every k-th element)."""
+
+CAPTURE_ELEMENTS = 1 << 19
+"""Largest tensor (elements) a capture chunk aims for: 2 MiB of float32, so a tensor, its counterpart and
+their difference stay in a CPU's last-level cache while they are reduced. On the BERT benchmark model,
+chunks of 4 samples (512 K elements) ran 1.3x faster than whole batches of 16 and peaked at 0.3 GB instead
+of 0.8 GB (docs/benchmarks.md)."""
+
 Progress = Callable[[str, int, int | None], None]
 
 
@@ -58,8 +83,8 @@ class LayerErrors:
     deployed_gap: float
     outputs: ModelOutputs
     engine: str
-    local_samples: int = 0
-    """Samples that went through the fake-quant pass (local error, kernel view)."""
+    fakequant_samples: int = 0
+    """Samples that went through the fake-quant view."""
 
 
 class _TensorAcc:
@@ -115,7 +140,7 @@ def measure_layers(
     progress: Progress | None = None,
     *,
     engine: str = "auto",
-    local_samples: int | None = None,
+    fakequant_samples: int | None = DEFAULT_FAKEQUANT_SAMPLES,
 ) -> LayerErrors:
     """Stream ``data`` through the models and accumulate every tensor's error.
 
@@ -123,13 +148,13 @@ def measure_layers(
     (:mod:`qdebug.graph.reduce`); ``"numpy"`` copies every tensor out and reduces
     it in numpy (exact float64, slower); ``"auto"`` uses the graph engine when
     both models share an opset and every paired tensor has a known float type.
-    ``local_samples`` limits the second, un-optimized fake-quant pass (local error and
-    the kernel view) to the first batches covering that many samples; ``None``: all.
+    ``fakequant_samples`` limits the fake-quant view to the first batches
+    covering that many samples (``None``: every sample; ``0``: none).
     """
     ranges = ranges or {}
     accs = {p.fp32: _TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
     skipped: dict[str, str] = {}
-    types = _elem_types(fp32)
+    types = elem_types(fp32)
     for p in pairing.tensors:
         t = types.get(p.fp32)
         if t is not None and t not in _FLOAT_TYPES:
@@ -137,31 +162,35 @@ def measure_layers(
                 f"{onnx.TensorProto.DataType.Name(t).lower()} tensor: not a float tensor, not scored"
             )
     scored = [p for p in pairing.tensors if p.fp32 not in skipped]
+    local = local_fake_quant(qdq, scored)
     use_graph = engine == "graph" or (
         engine == "auto" and compatible(fp32, qdq) and all(types.get(p.fp32) in _FLOAT_TYPES for p in scored)
     )
-    numpy_path = _NumpyPath(fp32, qdq, scored, config)
-    graph_path = _GraphPath(fp32, qdq, scored, config) if use_graph else None
-    plain = Tap(qdq, [], config, optimize=True, what="quantized model")
+    numpy_path = _NumpyPath(fp32, qdq, scored, local, config)
+    path: _NumpyPath | _GraphPath = _GraphPath(fp32, qdq, scored, local, config) if use_graph else numpy_path
     outputs = ModelOutputs([], [], [], [] if data.has_labels else None)
     samples = 0
     gap = 0.0
-    local_done = 0
+    fq_done = 0
+    # the fake-quant view first, on its own: its session is gone before the main one exists,
+    # so the peak is the larger of the two, not their sum
+    if fakequant_samples is None or fakequant_samples > 0:
+        for batch in data.batches():
+            if fakequant_samples is not None and fq_done >= fakequant_samples:
+                break
+            outputs.fakequant.append(path.fakequant(batch, accs, numpy_path, skipped))
+            fq_done += batch.size
+            if progress:
+                progress("fake-quant view", fq_done, None)
+    path.close_fakequant()
     for index, batch in enumerate(data.batches()):
-        local = local_samples is None or local_done < local_samples
-        if graph_path is not None:
-            ref_out, dep_out, fq_out = graph_path.run(batch.feeds, accs, numpy_path, skipped, local)
-        else:
-            ref_out, dep_out, fq_out = numpy_path.run(batch.feeds, accs, scored, skipped, local)
-        if local:
-            local_done += batch.size
-        if index == 0:
+        ref_out, dep_out = path.main(batch, accs, numpy_path, skipped)
+        if index == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
+            plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
             gap = _deployed_gap(plain.run(batch.feeds), dep_out, plain.graph_outputs)
             del plain
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
-        if fq_out is not None:
-            outputs.fakequant.append(fq_out)
         if outputs.labels is not None and batch.labels is not None:
             outputs.labels.append(batch.labels)
         samples += batch.size
@@ -174,8 +203,8 @@ def measure_layers(
         not_captured.append(
             NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
         )
-    engine_used = "graph" if graph_path is not None else "numpy"
-    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, local_done)
+    engine_used = "graph" if isinstance(path, _GraphPath) else "numpy"
+    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done)
 
 
 _FLOAT_TYPES = {
@@ -186,13 +215,36 @@ _FLOAT_TYPES = {
 }
 
 
-def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor whose type shape inference found."""
+def local_fake_quant(qdq: onnx.ModelProto, pairs: list[TensorPair]) -> dict[str, FakeQuant]:
+    """Per quantized FP32 tensor: the scale/zero-point (and axis) of its DequantizeLinear in ``qdq``."""
+    index = GraphIndex(qdq)
     out = {}
-    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        if vi.type.tensor_type.elem_type:
-            out[vi.name] = vi.type.tensor_type.elem_type
+    for p in pairs:
+        dq = index.producer.get(p.dequant) if p.dequant else None
+        if dq is None or len(dq.input) < 2:
+            continue
+        scale = index.const_array(dq.input[1])
+        zp = index.const_array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+        if scale is None or (len(dq.input) > 2 and dq.input[2] and zp is None):
+            continue
+        axis = next((int(a.i) for a in dq.attribute if a.name == "axis"), None) if scale.size > 1 else None
+        out[p.fp32] = FakeQuant(scale, zp, axis, dq.domain if dq.domain not in ("", "ai.onnx") else "")
     return out
+
+
+def fake_quantize(x: np.ndarray, fq: FakeQuant) -> np.ndarray:
+    """QuantizeLinear -> DequantizeLinear in numpy, as ORT computes it (float32, round half to even, saturate)."""
+    x32 = np.asarray(x, dtype=np.float32)
+    scale = np.asarray(fq.scale, dtype=np.float32)
+    zp = np.asarray(fq.zero_point) if fq.zero_point is not None else np.zeros_like(scale, dtype=np.uint8)
+    if fq.axis is not None and scale.ndim == 1 and x32.ndim > 1:
+        shape = [1] * x32.ndim
+        shape[fq.axis] = -1
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    info = np.iinfo(zp.dtype)
+    zpf = zp.astype(np.float32)
+    q = np.clip(np.rint(x32 / scale) + zpf, info.min, info.max)
+    return ((q - zpf) * scale).astype(np.float32)
 
 
 def _graph_outputs(values: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
@@ -203,16 +255,20 @@ class _NumpyPath:
     """Copy every tensor out of ORT and reduce it in float64 numpy (exact; also the NaN fallback)."""
 
     def __init__(
-        self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig
+        self,
+        fp32: onnx.ModelProto,
+        qdq: onnx.ModelProto,
+        scored: list,
+        local: dict[str, FakeQuant],
+        config: SessionConfig,
     ) -> None:
-        self.fp32, self.qdq, self.config, self.scored = fp32, qdq, config, scored
+        self.fp32, self.qdq, self.config, self.scored, self.local = fp32, qdq, config, scored, local
         self._taps: tuple[Tap, Tap, Tap] | None = None
 
     def taps(self) -> tuple[Tap, Tap, Tap]:
         """The three instrumented sessions, created on first use."""
         if self._taps is None:
             pairs = [p for p in self.scored if p.qdq is not None]
-            local = [n for p in pairs if p.dequant is not None for n in (p.qdq, p.dequant)]
             self._taps = (
                 Tap(self.fp32, [p.fp32 for p in self.scored], self.config, what="instrumented FP32 model"),
                 Tap(
@@ -221,16 +277,23 @@ class _NumpyPath:
                     self.config,
                     what="instrumented quantized model",
                 ),
-                Tap(self.qdq, local, self.config, optimize=False, what="fake-quant quantized model"),
+                Tap(
+                    self.qdq,
+                    [p.dequant for p in pairs if p.dequant is not None],
+                    self.config,
+                    fake_quant=True,
+                    what="fake-quant quantized model",
+                ),
             )
         return self._taps
 
-    def run(self, feeds, accs: dict[str, _TensorAcc], pairs: list, skipped: dict[str, str], local: bool = True):
-        """One batch through the three sessions; updates ``accs`` for ``pairs``; returns graph outputs.
+    def main(self, batch: Batch, accs: dict[str, _TensorAcc], numpy_path=None, skipped=None):
+        """One batch through the FP32 and deployed sessions; returns (FP32, deployed) graph outputs."""
+        return self.measure(batch.feeds, accs, self.scored, {} if skipped is None else skipped)
 
-        ``local=False`` skips the fake-quant session (its outputs are then None).
-        """
-        fp_tap, dep_tap, fq_tap = self.taps()
+    def measure(self, feeds, accs: dict[str, _TensorAcc], pairs: list, skipped: dict[str, str]):
+        """Summary, local and accumulated error of ``pairs`` for one batch of ``feeds``."""
+        fp_tap, dep_tap, _ = self.taps()
         f = fp_tap.run(feeds)
         d = dep_tap.run(feeds)
         for p in pairs:
@@ -242,6 +305,9 @@ class _NumpyPath:
             a = accs[p.fp32]
             a.summary.update(ref)
             a.ensure_edges(ref)
+            fq = self.local.get(p.fp32)
+            if a.local is not None and fq is not None:
+                a.local.update(ref, fake_quantize(ref, fq))
             if p.qdq is None:
                 continue
             cand = d.get(p.dequant or p.qdq)
@@ -249,114 +315,235 @@ class _NumpyPath:
                 skipped.setdefault(p.fp32, "quantized counterpart has another shape: not compared")
                 continue
             a.acc.update(ref, cand)
-        dep_out = _graph_outputs(d, dep_tap.graph_outputs)
-        del d
-        if not local:
-            return _graph_outputs(f, fp_tap.graph_outputs), dep_out, None
+        return _graph_outputs(f, fp_tap.graph_outputs), _graph_outputs(d, dep_tap.graph_outputs)
+
+    def fakequant(self, batch: Batch, accs: dict[str, _TensorAcc], numpy_path=None, skipped=None):
+        """One batch through the fake-quant session; returns its graph outputs."""
+        return self.fakequant_pairs(batch.feeds, accs, self.scored)
+
+    def fakequant_pairs(self, feeds, accs: dict[str, _TensorAcc], pairs: list) -> dict[str, np.ndarray]:
+        """FP32 vs fake-quant DQ outputs of ``pairs`` for one batch of ``feeds``."""
+        fp_tap, _, fq_tap = self.taps()
+        f = fp_tap.run(feeds)
         q = fq_tap.run(feeds)
         for p in pairs:
-            if p.dequant is None:
-                continue
             a = accs[p.fp32]
-            pre, post = q.get(p.qdq), q.get(p.dequant)
-            if (
-                a.local is None
-                or pre is None
-                or post is None
-                or pre.dtype.kind != "f"
-                or pre.shape != post.shape
-            ):
-                continue
+            post = q.get(p.dequant) if p.dequant else None
             ref = f.get(p.fp32)
-            if a.fakequant is not None and ref is not None and ref.shape == post.shape:
+            if a.fakequant is not None and post is not None and ref is not None and ref.shape == post.shape:
                 a.fakequant.update(ref, post)
-            if p.folded is not None:
-                pre = np.clip(pre, p.folded[0], p.folded[1])
-            a.local.update(pre, post)
-        return _graph_outputs(f, fp_tap.graph_outputs), dep_out, _graph_outputs(q, fq_tap.graph_outputs)
+        return _graph_outputs(q, fq_tap.graph_outputs)
+
+    def close_fakequant(self) -> None:
+        """Nothing to release: the numpy path keeps its sessions for NaN fallbacks."""
+
+
+def _finite(stats: dict[str, float]) -> bool:
+    return all(math.isfinite(v) for v in stats.values())
+
+
+def _add_pair(err: ErrorAccumulator, ref2: float, n: int, st: dict[str, float]) -> None:
+    """Add one batch's in-graph sums of a (reference, candidate) pair to ``err``."""
+    dot = dot_from_sums(ref2, st["cand2"], st["noise2"])
+    err.add_sums(ref2, st["noise2"], st["cand2"], dot, max(st["dmax"], -st["dmin"]), n)
 
 
 class _GraphPath:
-    """Reductions computed inside ORT on two merged models (deployed, and fake-quant)."""
+    """Reductions computed inside ORT: one merged session on every sample, one for the fake-quant view."""
 
     def __init__(
-        self, fp32: onnx.ModelProto, qdq: onnx.ModelProto, scored: list, config: SessionConfig
+        self,
+        fp32: onnx.ModelProto,
+        qdq: onnx.ModelProto,
+        scored: list,
+        local: dict[str, FakeQuant],
+        config: SessionConfig,
     ) -> None:
-        acc_specs = [
-            PairSpec(p.fp32, p.fp32, p.dequant or p.qdq or p.fp32, "r", "c" if p.qdq is not None else "r")
-            for p in scored
-        ]
         self.scored = scored
-        self.local_pairs = [p for p in scored if p.qdq is not None and p.dequant is not None]
-        local_specs = []
-        for p in self.local_pairs:
-            local_specs.append(PairSpec(p.fp32, p.qdq, p.dequant, "c", "c", p.folded))
-            local_specs.append(PairSpec(p.fp32, p.fp32, p.dequant, "r", "c"))
-        self.deployed = build_reduction_model(fp32, qdq, acc_specs)
-        self.fakequant = build_reduction_model(fp32, qdq, local_specs, with_ref_stats=False)
-        self.dep_sess = make_session(self.deployed.model, config, what="instrumented models", arena=False)
-        self.fq_sess = make_session(
-            self.fakequant.model, config, optimize=False, what="fake-quant models", arena=False
+        self.config = config
+        cand = [p.dequant or p.qdq for p in scored if p.qdq is not None]
+        fo = optimize_for_capture(fp32, [p.fp32 for p in scored], config, what="FP32 model")
+        qo = optimize_for_capture(qdq, cand, config, what="quantized model") if fo is not None else None
+        self.preoptimized = fo is not None and qo is not None
+        ref_model = fo if self.preoptimized else fp32
+        types = (elem_types(fp32), elem_types(qdq))
+        keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
+        specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
+        self.main_model = build_reduction_model(
+            ref_model,
+            qo if self.preoptimized else qdq,
+            specs,
+            ref_types=types[0],
+            cand_types=types[1],
+            keep_outputs=keep,
         )
-        self.dep_names = [o.name for o in self.dep_sess.get_outputs()]
-        self.fq_names = [o.name for o in self.fq_sess.get_outputs()]
-        self.inputs = [i.name for i in self.dep_sess.get_inputs()]
+        self._main_sess = None
+        # fake-quant view: the same FP32 side against the QDQ model as written (un-optimized)
+        fq_specs = [PairSpec(p.fp32, p.fp32, p.dequant) for p in scored if p.dequant is not None]
+        fq_model = None
+        if self.preoptimized:
+            names = [p.dequant for p in scored if p.dequant is not None]
+            fq_model = optimize_for_capture(qdq, names, config, fake_quant=True, what="quantized model")
+        self.fq_model = build_reduction_model(
+            ref_model,
+            fq_model or qdq,
+            fq_specs,
+            ref_stats=False,
+            ref_types=types[0],
+            cand_types=types[1],
+            keep_outputs=keep,
+        )
+        self._fq_sess = None
+        self.chunk: int | None = None
+        self._largest = 0
+        self.splittable = _batch_axis_is_free(fp32) and _batch_axis_is_free(qdq)
 
-    def run(
-        self, feeds, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath, skipped: dict[str, str], local: bool = True
-    ):
-        """One batch; pairs whose in-graph sums are not finite are recomputed by the numpy path.
+    def fq_sess(self):
+        """The fake-quant session, created on first use (not at all with ``fakequant_samples=0``)."""
+        if self._fq_sess is None:
+            self._fq_sess = make_session(
+                self.fq_model.model,
+                self.config,
+                optimize=False,
+                what="fake-quant models",
+                arena=True,
+                keep_order=True,
+                fake_quant=True,
+            )
+        return self._fq_sess
 
-        ``local=False`` skips the fake-quant pass (local error, kernel view); its outputs are then None.
-        """
-        out = run_session(self.dep_sess, self.dep_names, feeds, "the instrumented models")
+    def main_sess(self):
+        """The main session, created on first use (after the fake-quant view is released)."""
+        if self._main_sess is None:
+            self._main_sess = make_session(
+                self.main_model.model,
+                self.config,
+                optimize=not self.preoptimized,
+                what="instrumented models",
+                arena=True,
+                keep_order=True,
+            )
+        return self._main_sess
+
+    def close_fakequant(self) -> None:
+        """Release the fake-quant session and model before the main session is created."""
+        self._fq_sess = None
+        self.fq_model = None
+
+    def main(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
+        """One data batch, in capture chunks; returns its (FP32, deployed) graph outputs."""
+        parts = self._each_chunk(batch, lambda feeds: self._main(feeds, accs, numpy_path, skipped))
+        return _join([r for r, _ in parts]), _join([d for _, d in parts])
+
+    def fakequant(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
+        """One data batch through the fake-quant view; returns its graph outputs."""
+        return _join(self._each_chunk(batch, lambda feeds: self._fakequant(feeds, accs, numpy_path)))
+
+    def _each_chunk(self, batch: Batch, step):
+        """``step`` over capture chunks of ``batch``; until they are sized, the first sample runs alone."""
+        feeds, n = batch.feeds, batch.size
+        results = []
+        if self.splittable and n > 1 and self.chunk is None:
+            results.append(step({k: v[:1] for k, v in feeds.items()}))
+            self.chunk = max(1, min(n, CAPTURE_ELEMENTS // max(self._largest, 1)))
+            feeds = {k: v[1:] for k, v in feeds.items()}
+        size = self.chunk if (self.splittable and self.chunk) else n
+        results.extend(step(f) for f in _split(feeds, size))
+        return results
+
+    def _note_size(self, counts: list[float], feeds) -> None:
+        rows = next(iter(feeds.values())).shape[0] if feeds else 1
+        self._largest = -(-int(max(counts, default=0)) // max(rows, 1))
+
+    def _main(self, feeds, accs, numpy_path, skipped):
+        out = run_session(
+            self.main_sess(), self.main_model.outputs, _with_subsample(feeds), "the instrumented models"
+        )
+        st = self.main_model.stats(out)
         bad = []
-        for i, p in enumerate(self.scored):
-            col = {k: float(out[f"qdbg/out/{k}"][i]) for k in PAIR_STATS + REF_STATS}
-            if not all(math.isfinite(v) for v in col.values()):
+        for p in self.scored:
+            ref = st["ref"][p.fp32]
+            acc = st["acc"].get(p.fp32)
+            loc = st["local"].get(p.fp32)
+            if not (_finite(ref) and (acc is None or _finite(acc)) and (loc is None or _finite(loc))):
                 bad.append(p)
                 continue
             a = accs[p.fp32]
-            n = int(col["count"])
-            mean, m2 = moments_from_sums(n, col["rsum"], col["ref2"])
-            a.summary.add_moments(n, mean, m2, col["rmin"], col["rmax"])
-            rs, cs = self.deployed.sample_outputs[i]
-            a.ensure_edges(out[rs], col["rmin"], col["rmax"])
-            if p.qdq is not None:
-                dot = dot_from_sums(col["ref2"], col["cand2"], col["noise2"])
-                a.acc.error.add_sums(col["ref2"], col["noise2"], col["cand2"], dot, col["maxabs"], n)
+            n = int(ref["count"])
+            mean, m2 = moments_from_sums(n, ref["rsum"], ref["ref2"])
+            a.summary.add_moments(n, mean, m2, ref["rmin"], ref["rmax"])
+            names = self.main_model.samples[p.fp32]
+            a.ensure_edges(out[names["r"]], ref["rmin"], ref["rmax"])
+            if acc is not None:
+                _add_pair(a.acc.error, ref["ref2"], n, acc)
                 if a.acc.histogram is not None:
-                    a.acc.histogram.update(out[rs], out[cs])
-        ref_out = {name[2:]: out[name] for name in self.deployed.ref_outputs}
-        dep_out = {name[2:]: out[name] for name in self.deployed.cand_outputs}
-        del out
-        if not local:
-            if bad:
-                numpy_path.run(feeds, accs, bad, skipped, local=False)
-            return ref_out, dep_out, None
-        q = run_session(self.fq_sess, self.fq_names, feeds, "the fake-quant models")
-        for j, p in enumerate(self.local_pairs):
-            if p in bad:
-                continue
-            a = accs[p.fp32]
-            for k, target in ((2 * j, a.local), (2 * j + 1, a.fakequant)):
-                col = {s: float(q[f"qdbg/out/{s}"][k]) for s in PAIR_STATS}
-                if not all(math.isfinite(v) for v in col.values()):
-                    if p not in bad:
-                        bad.append(p)
-                    continue
-                if target is None:
-                    continue
-                err = target.error if isinstance(target, TensorErrorAccumulator) else target
-                dot = dot_from_sums(col["ref2"], col["cand2"], col["noise2"])
-                err.add_sums(col["ref2"], col["noise2"], col["cand2"], dot, col["maxabs"], int(col["count"]))
-                if isinstance(target, TensorErrorAccumulator) and target.histogram is not None:
-                    rs, cs = self.fakequant.sample_outputs[k]
-                    target.histogram.update(q[rs], q[cs])
-        fq_out = {name[2:]: q[name] for name in self.fakequant.cand_outputs}
+                    a.acc.histogram.update(out[names["r"]], out[names["c"]])
+            if loc is not None and a.local is not None:
+                _add_pair(a.local.error, ref["ref2"], n, loc)
+                if a.local.histogram is not None:
+                    a.local.histogram.update(out[names["r"]], out[names["l"]])
+        self._note_size([r["count"] for r in st["ref"].values()], feeds)
         if bad:
-            _, _, _ = numpy_path.run(feeds, accs, bad, skipped)
-        return ref_out, dep_out, fq_out
+            numpy_path.measure(feeds, accs, bad, skipped)
+        ref_out = {orig: out[name] for name, orig in self.main_model.ref_outputs.items()}
+        dep_out = {orig: out[name] for name, orig in self.main_model.cand_outputs.items()}
+        return ref_out, dep_out
+
+    def _fakequant(self, feeds, accs, numpy_path):
+        out = run_session(
+            self.fq_sess(), self.fq_model.outputs, _with_subsample(feeds), "the fake-quant models"
+        )
+        st = self.fq_model.stats(out)
+        bad = []
+        for p in self.scored:
+            acc = st["acc"].get(p.fp32)
+            a = accs[p.fp32]
+            if acc is None or a.fakequant is None:
+                continue
+            ref = st["ref"][p.fp32]
+            if _finite(ref) and _finite(acc):
+                _add_pair(a.fakequant, ref["ref2"], int(ref["count"]), acc)
+            else:
+                bad.append(p)
+        self._note_size([r["count"] for r in st["ref"].values()], feeds)
+        if bad:
+            numpy_path.fakequant_pairs(feeds, accs, bad)
+        return {orig: out[name] for name, orig in self.fq_model.cand_outputs.items()}
+
+
+def _with_subsample(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    rows = next(iter(feeds.values())).shape[0] if feeds else 1
+    target = SUBSAMPLE_PER_SAMPLE * max(int(rows), 1)
+    return {**feeds, SUBSAMPLE_INPUT: np.array(target, dtype=np.int64)}
+
+
+def _batch_axis_is_free(model: onnx.ModelProto) -> bool:
+    """Every graph input and output has a dynamic first dimension: batches may be cut into chunks."""
+    inits = {i.name for i in model.graph.initializer}
+    values = [v for v in model.graph.input if v.name not in inits] + list(model.graph.output)
+    for v in values:
+        dims = v.type.tensor_type.shape.dim
+        if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape") or not dims:
+            return False
+        if dims[0].HasField("dim_value"):
+            return False
+    return True
+
+
+def _split(feeds: dict[str, np.ndarray], size: int):
+    n = next(iter(feeds.values())).shape[0] if feeds else 0
+    if n <= size:
+        yield feeds
+        return
+    for start in range(0, n, size):
+        yield {k: v[start : start + size] for k, v in feeds.items()}
+
+
+def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Graph outputs of consecutive chunks of one batch, concatenated back along the batch axis."""
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
 
 
 KERNEL_GAP_DB = 3.0

@@ -53,19 +53,31 @@ def make_session(
     optimize: bool = True,
     what: str = "model",
     arena: bool = True,
+    fake_quant: bool = False,
+    keep_order: bool | None = None,
 ):
     """Create an InferenceSession from an in-memory model, with ORT errors made readable.
+
+    ``keep_order`` (default: when ``arena`` is off) runs nodes in ORT's
+    priority-based order, which follows the model's node order; with it off
+    ORT picks a depth-first order that keeps most instrumented activations
+    alive.
 
     ``arena=False`` for instrumented models: with hundreds of extra outputs of
     data-dependent sizes, ORT's CPU arena grew by ~1 GB per batch on the BERT
     benchmark model (2.5 GB after two batches, 8 GB over a run); without it the
     peak stays at one batch's tensors.
+
+    ``fake_quant=True`` turns ORT's QDQ handling off (``session.disable_quant_qdq``):
+    no integer kernels, no per-consumer DequantizeLinear copies; a QDQ model then
+    computes in float with the Q/DQ rounding -- the fake-quant view.
     """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     if not arena:
         opts.enable_cpu_mem_arena = False
+    if keep_order or (keep_order is None and not arena):
         # with hundreds of extra outputs the default order keeps most activations alive; the
         # priority-based order cut the BERT benchmark's peak by 20-25 %
         opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
@@ -73,6 +85,8 @@ def make_session(
         ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
     opts.log_severity_level = 3
+    if fake_quant:
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
     if config.intra_op_threads:
         opts.intra_op_num_threads = config.intra_op_threads
     from qdebug.graph.load import is_large, save_with_external_data
@@ -98,6 +112,56 @@ def make_session(
             "check the model with onnx.checker and that its ops are supported by this ORT version",
             ExitCode.MODEL,
         ) from None
+
+
+def optimize_for_capture(
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    config: SessionConfig,
+    *,
+    fake_quant: bool = False,
+    what: str = "model",
+) -> onnx.ModelProto | None:
+    """``model`` with ``names`` as extra outputs, as ORT optimizes it for ``config`` (fused, folded).
+
+    The merged reduction models run with graph optimizations off so that ORT
+    keeps qdebug's memory-saving node order (:mod:`qdebug.graph.reduce`); each
+    side is optimized here first, on its own, so it still runs the kernels a
+    deployed session runs (QLinearMatMul, fused MatMul+Add...). Returns None
+    when ORT cannot write the optimized model (e.g. one over 2 GB): the caller
+    then merges the models as they are and lets ORT optimize the merged model.
+    ``fake_quant=True``: optimized with ORT's QDQ handling off (see :func:`make_session`).
+    """
+    import tempfile
+
+    import onnxruntime as ort
+
+    from qdebug.graph.load import is_large
+
+    instrumented = with_outputs(model, names)
+    if is_large(instrumented):
+        return None
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    if fake_quant:
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    if config.intra_op_threads:
+        opts.intra_op_num_threads = config.intra_op_threads
+    with tempfile.TemporaryDirectory(prefix="qdebug-opt-") as tmp:
+        path = Path(tmp) / "optimized.onnx"
+        opts.optimized_model_filepath = str(path)
+        try:
+            ort.InferenceSession(instrumented.SerializeToString(), opts, providers=list(config.providers))
+            return onnx.load(str(path))
+        except Exception as e:  # the merged model is still correct, only slower
+            if "protobuf" in str(e).lower() or not path.exists():
+                return None
+            raise QDebugError(
+                f"ONNX Runtime cannot load the {what}: {str(e).strip().splitlines()[0][:300]}",
+                "check the model with onnx.checker and that its ops are supported by this ORT version",
+                ExitCode.MODEL,
+            ) from None
 
 
 def run_session(
@@ -135,11 +199,20 @@ class Tap:
         *,
         optimize: bool = True,
         what: str = "model",
+        fake_quant: bool = False,
+        arena: bool | None = None,
     ) -> None:
         inputs = {i.name for i in model.graph.input}
         self.names = list(dict.fromkeys(n for n in names if n))
         instrumented = with_outputs(model, [n for n in self.names if n not in inputs])
-        self.session = make_session(instrumented, config, optimize=optimize, what=what, arena=not self.names)
+        self.session = make_session(
+            instrumented,
+            config,
+            optimize=optimize,
+            what=what,
+            arena=not self.names if arena is None else arena,
+            fake_quant=fake_quant,
+        )
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.graph_outputs = [o.name for o in model.graph.output]
 

@@ -162,15 +162,15 @@ class Evaluator:
         return acc.result().sqnr_db
 
     def score(
-        self, model: onnx.ModelProto, what: str = "quantized model", *, optimize: bool = True
+        self, model: onnx.ModelProto, what: str = "quantized model", *, fake_quant: bool = False
     ) -> EvalResult:
         """Run ``model`` over the evaluation set and score it against the FP32 outputs.
 
-        ``optimize=False`` runs it without ORT's graph optimizations: a QDQ model
-        then computes with float fake-quant semantics instead of integer kernels.
+        ``fake_quant=True`` runs a QDQ model with ORT's QDQ handling off: float
+        fake-quant semantics instead of integer kernels.
         """
         start = time.perf_counter()
-        session = make_session(model, self.config, what=what, optimize=optimize)
+        session = make_session(model, self.config, what=what, fake_quant=fake_quant)
         candidate = [self._run(session, b.feeds) for b in self.batches]
         return self.score_outputs(candidate, time.perf_counter() - start)
 

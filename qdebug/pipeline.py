@@ -9,6 +9,7 @@ score the task metric on un-instrumented sessions and write the report.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import onnx
 
 from qdebug import __version__
 from qdebug.analysis import (
+    DEFAULT_FAKEQUANT_SAMPLES,
     concat_range_notes,
     kernel_gap_notes,
     measure_layers,
@@ -71,8 +73,8 @@ class AnalyzeOptions:
     threads: int = 0
     engine: str = "auto"
     """Capture engine: ``graph`` (reductions inside ORT), ``numpy`` (exact float64 copies), ``auto``."""
-    local_samples: int | None = None
-    """Measure local error (the fake-quant pass) on the first N samples only (None: all)."""
+    fakequant_samples: int | None = DEFAULT_FAKEQUANT_SAMPLES
+    """Run the fake-quant view on the first N samples only (None: all; 0: skip it)."""
 
 
 def artifacts_dir(report_path: Path) -> Path:
@@ -255,12 +257,12 @@ def analyze(
         ranges_mm,
         progress,
         engine=options.engine,
-        local_samples=options.local_samples,
+        fakequant_samples=options.fakequant_samples,
     )
-    if layers.local_samples < layers.samples:
+    if 0 < layers.fakequant_samples < layers.samples:
         notes.append(
-            f"local error and the fake-quant view were measured on the first {layers.local_samples} of "
-            f"{layers.samples} samples (--local-samples)"
+            f"the fake-quant view (accumulated_fakequant, the fake-quant task metric) ran on the first "
+            f"{layers.fakequant_samples} of {layers.samples} samples (--fakequant-samples)"
         )
     if layers.engine == "numpy" and options.engine == "auto":
         notes.append(
@@ -279,22 +281,26 @@ def analyze(
         )
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
         result = evaluator.score(qproto)
-        fakequant = evaluator.score(qproto, optimize=False)
+        fakequant_value = (
+            evaluator.score(qproto, fake_quant=True).value if options.fakequant_samples != 0 else math.nan
+        )
         eval_label = "eval"
     else:  # the capture already ran both models over the calibration data: reuse its outputs
         outs = layers.outputs
         evaluator = Evaluator.from_outputs(outs.reference, outs.labels, prep.calib, options.metric)
         result = evaluator.score_outputs(outs.deployed)
         k = len(outs.fakequant)
-        if k == len(outs.reference):
-            fakequant = evaluator.score_outputs(outs.fakequant)
+        if k == 0:
+            fakequant_value = math.nan
+        elif k == len(outs.reference):
+            fakequant_value = evaluator.score_outputs(outs.fakequant).value
         else:  # fake-quant ran on the first k batches only: score it against the same batches
             labels = outs.labels[:k] if outs.labels else None
             sub = Evaluator.from_outputs(outs.reference[:k], labels, prep.calib, options.metric)
-            fakequant = sub.score_outputs(outs.fakequant)
+            fakequant_value = sub.score_outputs(outs.fakequant).value
         eval_label = "calib"
     task = TaskMetric(
-        result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant.value
+        result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant_value
     )
 
     import onnxruntime
@@ -318,7 +324,7 @@ def analyze(
             eval=_abs(eval_data) if eval_data is not None else None,
             metric=options.metric,
             quantized_given=quantized is not None,
-            local_samples=options.local_samples,
+            fakequant_samples=layers.fakequant_samples,
             upgrade_opset=options.upgrade_opset,
             inline_constant_if=options.inline_constant_if,
         ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped on any incompatible change of the report layout; readers refuse other versions."""
 
 
@@ -204,8 +204,8 @@ class AnalysisConfig:
     calib: str | None = None
     eval: str | None = None
     metric: str | None = None
-    local_samples: int | None = None
-    """Samples the local error was measured on when limited with ``--local-samples`` (None: all)."""
+    fakequant_samples: int | None = None
+    """Samples the fake-quant view (``accumulated_fakequant``, ``task.quantized_fakequant``) ran on."""
     quantized_given: bool = False
     """True when the user supplied the QDQ model (``--quantized``) instead of qdebug building it."""
     upgrade_opset: bool = False

@@ -13,6 +13,7 @@ import pytest
 from qdebug.cli.main import main
 from qdebug.graph.instrument import with_outputs
 from qdebug.graph.load import load_model, normalize
+from qdebug.records import SCHEMA_VERSION
 from qdebug.report_io import load_report
 
 
@@ -34,6 +35,13 @@ def _dq_of(model: onnx.ModelProto, tensor: str) -> str:
     return dq.output[0]
 
 
+def _dq_params(model: onnx.ModelProto, dq_output: str) -> tuple[np.float32, np.ndarray]:
+    """Scale and zero-point of the DequantizeLinear producing ``dq_output`` (read in the test itself)."""
+    dq = next(n for n in model.graph.node if n.output[0] == dq_output)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    return np.float32(inits[dq.input[1]]), inits[dq.input[2]]
+
+
 def _sqnr(ref: np.ndarray, cand: np.ndarray) -> float:
     ref = ref.astype(np.float64)
     noise = np.sum((ref - cand) ** 2)
@@ -52,7 +60,7 @@ def analyzed(cnn, tmp_path):
 def test_report_is_strict_versioned_json(analyzed):
     _, _, out, report = analyzed
     raw = json.loads(out.read_text())  # strict JSON: no NaN/Infinity literals
-    assert raw["schema_version"] == 1
+    assert raw["schema_version"] == SCHEMA_VERSION
     assert report.samples == 40
     assert {n.name for n in report.nodes} >= {"conv1", "conv2", "fc"}
     # unnamed nodes got deterministic names and the map back to "" is kept
@@ -81,10 +89,15 @@ def test_accumulated_and_local_match_numpy(analyzed):
         assert rec.summary.max == pytest.approx(float(ref.max()), rel=1e-5)
         checked += 1
         if dq is not None:
-            sess = _session(qdq, [tensor, dq], optimize=False)
-            pre, post = sess.run([tensor, dq], {"input": x})
+            # local error: the FP32 tensor against its own QuantizeLinear -> DequantizeLinear
+            scale, zp = _dq_params(qdq, dq)
+            info = np.iinfo(zp.dtype)
+            q = np.clip(np.rint(ref / scale) + zp.astype(np.float32), info.min, info.max)
+            post = ((q - zp.astype(np.float32)) * scale).astype(np.float32)
             assert rec.local is not None
-            assert rec.local.sqnr_db == pytest.approx(_sqnr(pre, post), abs=1e-3)
+            assert rec.local.sqnr_db == pytest.approx(_sqnr(ref, post), abs=1e-3)
+            assert rec.local.max_abs == pytest.approx(float(np.max(np.abs(ref - post))), rel=1e-4)
+            assert rec.local.max_abs <= float(scale) / 2 + 1e-6 or float(ref.max()) > (info.max - zp) * scale
     assert checked == 4
 
 
@@ -95,7 +108,7 @@ def test_folded_relu_is_paired_with_its_producer(analyzed):
     assert c1.accumulated is None and "folded" in c1.note
     r1 = report.tensor("r1")
     assert r1.accumulated is not None and r1.local is not None
-    # local error of r1 compares relu(pre-Q) with DQ: small, not the whole negative half
+    # local error of r1 (the FP32 Relu output against its own Q/DQ) is rounding only, not the negative half
     assert r1.local.sqnr_db > 30
 
 
@@ -255,14 +268,28 @@ def test_dynamic_quantized_model_is_analyzed_by_graph_position(tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["graph", "numpy"])
-def test_local_samples_limits_the_fake_quant_pass(cnn, tmp_path, engine):
+def test_fakequant_samples_limits_the_fake_quant_view(cnn, tmp_path, engine):
     model, calib = cnn
     out = tmp_path / "r.json"
     args = ["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q", "--batch-size", "8"]
-    assert main([*args, "--local-samples", "16", "--engine", engine]) == 0
+    assert main([*args, "--fakequant-samples", "16", "--engine", engine]) == 0
     report = load_report(out)
-    assert report.samples == 40 and report.config.local_samples == 16
-    assert report.tensor("c2").local.count == 16 * 4 * 8 * 8  # two batches of 8: 16 samples of a 4x8x8 tensor
-    assert report.tensor("c2").accumulated.count == 40 * 4 * 8 * 8
+    assert report.samples == 40 and report.config.fakequant_samples == 16
+    c2 = report.tensor("c2")
+    assert c2.accumulated_fakequant.count == 16 * 4 * 8 * 8  # two batches of 8: 16 samples of a 4x8x8 tensor
+    assert c2.accumulated.count == c2.local.count == 40 * 4 * 8 * 8  # local error is measured on every sample
     assert any("first 16 of 40 samples" in n for n in report.notes)
     assert math.isfinite(report.task.quantized_fakequant)
+    assert main([*args, "--fakequant-samples", "0", "--engine", engine]) == 0
+    report = load_report(out)
+    assert report.tensor("c2").accumulated_fakequant is None and math.isnan(report.task.quantized_fakequant)
+    assert main([*args, "--fakequant-samples", "all", "--engine", engine]) == 0
+    assert load_report(out).tensor("c2").accumulated_fakequant.count == 40 * 4 * 8 * 8
+
+
+def test_fakequant_samples_rejects_bad_values(cnn, tmp_path, capsys):
+    model, calib = cnn
+    args = ["analyze", str(model), "--calib", str(calib), "-o", str(tmp_path / "r.json"), "-q"]
+    assert main([*args, "--fakequant-samples", "-3"]) == 2
+    err = capsys.readouterr().err
+    assert "--fakequant-samples" in err and "Traceback" not in err

@@ -35,7 +35,7 @@ from qdebug.propose import (
     rank_units,
     run_search,
 )
-from qdebug.records import ErrorStats, NodeRecord, Proposal, QuantParams, WeightRecord
+from qdebug.records import SCHEMA_VERSION, ErrorStats, NodeRecord, Proposal, QuantParams, WeightRecord
 from qdebug.report_io import load_record, load_report
 from tests.conftest import fixture_path
 
@@ -91,7 +91,7 @@ def test_fixture_loses_under_static(transformer):
 def test_proposal_meets_quality_bar(transformer, proposed):
     model, _, evaluation, _, report = transformer
     out, proposal = proposed
-    assert proposal.kind == "proposal" and proposal.schema_version == 1
+    assert proposal.kind == "proposal" and proposal.schema_version == SCHEMA_VERSION
     assert proposal.model_sha256 == report.model.sha256
     assert proposal.quantizable_nodes > 0
     # <= 10% of the quantizable nodes kept FP32

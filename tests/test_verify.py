@@ -14,7 +14,7 @@ from qdebug.capture import SessionConfig
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
 from qdebug.propose import ProposeOptions, propose
-from qdebug.records import Proposal
+from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.report_io import dumps, load_report
 from qdebug.verify import VerifyOptions, judge, make_tui_verify, time_sessions, verify
 from tests.conftest import fixture_path
@@ -101,7 +101,7 @@ def test_verify_met_exits_0_with_side_by_side_report(setup, tmp_path, capsys):
 
 def test_empty_proposal_is_not_met_exit_6(setup, tmp_path, capsys):
     proposal = dataclasses.replace(
-        Proposal(1, "proposal", "", setup[3].model.sha256, "", ()), method="minmax"
+        Proposal(SCHEMA_VERSION, "proposal", "", setup[3].model.sha256, "", ()), method="minmax"
     )
     code = main(_args(setup, _write(proposal, tmp_path / "empty.json"), "--runs", "0"))
     assert code == ExitCode.TARGET_NOT_MET
@@ -109,14 +109,16 @@ def test_empty_proposal_is_not_met_exit_6(setup, tmp_path, capsys):
 
 
 def test_min_recovery_zero_passes_an_empty_proposal(setup, tmp_path):
-    proposal = Proposal(1, "proposal", "", setup[3].model.sha256, "", ())
+    proposal = Proposal(SCHEMA_VERSION, "proposal", "", setup[3].model.sha256, "", ())
     assert (
         main(_args(setup, _write(proposal, tmp_path / "e.json"), "--runs", "0", "--min-recovery", "0")) == 0
     )
 
 
 def test_unknown_node_is_refused(setup, tmp_path, capsys):
-    proposal = Proposal(1, "proposal", "", setup[3].model.sha256, "", ("layer0/ln1", "no/such/node"))
+    proposal = Proposal(
+        SCHEMA_VERSION, "proposal", "", setup[3].model.sha256, "", ("layer0/ln1", "no/such/node")
+    )
     code = main(_args(setup, _write(proposal, tmp_path / "bad.json"), "--runs", "0"))
     assert code == ExitCode.INPUT
     err = capsys.readouterr().err
@@ -124,7 +126,7 @@ def test_unknown_node_is_refused(setup, tmp_path, capsys):
 
 
 def test_proposal_for_another_model_is_refused(setup, tmp_path, capsys):
-    proposal = Proposal(1, "proposal", "", "0" * 64, "", ("layer0/ln1",))
+    proposal = Proposal(SCHEMA_VERSION, "proposal", "", "0" * 64, "", ("layer0/ln1",))
     code = main(_args(setup, _write(proposal, tmp_path / "other.json"), "--runs", "0"))
     assert code == ExitCode.INPUT
     assert "another model" in capsys.readouterr().err

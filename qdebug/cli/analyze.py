@@ -45,11 +45,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="capture engine: reductions inside ORT (graph, fast) or float64 numpy copies (exact); default auto",
     )
     p.add_argument(
-        "--local-samples", type=int, default=None, metavar="N",
-        help="measure local error (a second, un-optimized pass) on the first N samples only; "
-        "roughly halves the time of a long analysis (default: all samples)",
+        "--fakequant-samples",
+        default=None,
+        metavar="N|all",
+        help="run the fake-quant view (the QDQ model without ORT's integer kernels, to expose kernel "
+        "problems) on the first N samples; 0 skips it (default: 32)",
     )
     add_quant_arguments(p)
+
+
+def _fakequant_samples(value: str | None) -> int | None:
+    """``--fakequant-samples``: a count, ``all`` (None), or the default when not given."""
+    from qdebug.analysis import DEFAULT_FAKEQUANT_SAMPLES
+    from qdebug.errors import ExitCode, QDebugError
+
+    if value is None:
+        return DEFAULT_FAKEQUANT_SAMPLES
+    if value.strip().lower() == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise QDebugError(
+            f"--fakequant-samples must be a number >= 0 or 'all' (got {value!r})",
+            "pass e.g. --fakequant-samples 64, 0 to skip the fake-quant view, or all",
+            ExitCode.USAGE,
+        )
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.csv:
         check_writable(args.csv)
-    if args.local_samples is not None and args.local_samples < 1:
-        from qdebug.errors import ExitCode, QDebugError
-
-        raise QDebugError(f"--local-samples must be >= 1 (got {args.local_samples})", "pass a positive number", ExitCode.USAGE)
-    options = dataclasses.replace(analyze_options(args), engine=args.engine, local_samples=args.local_samples)
+    options = dataclasses.replace(
+        analyze_options(args),
+        engine=args.engine,
+        fakequant_samples=_fakequant_samples(args.fakequant_samples),
+    )
     with stderr_progress(not args.quiet) as progress:
         report = analyze(
             args.model,

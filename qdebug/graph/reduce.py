@@ -4,19 +4,38 @@ Copying every activation out of ORT and reducing it in numpy costs more than
 the inference itself (DESIGN.md measured 16-18 ms per sample of copying
 alone). Instead, the reference graph and the candidate graph are put side by
 side in one model (reference tensors prefixed ``r/``, candidate ``c/``, graph
-inputs shared), and for every tensor pair the model computes, per batch:
+inputs shared), and the model computes, per batch and per tensor:
 
-* ``sum(r^2)``, ``sum((r-c)^2)``, ``sum(c^2)``, ``max|r-c|``, element count (``sum(r*c)``
-  follows from the three sums of squares, which needs no ``r*c`` temporary);
-* the reference's ``min``, ``max`` and ``sum`` (mean and variance follow from the sums);
-* a systematic subsample (every k-th element, at most ~``SUBSAMPLE`` per tensor
-  per batch) of both sides, which is all that leaves ORT: the KL histograms and
-  the TUI's histograms are built from it.
+* ``ref``: element count, ``sum(r^2)`` and, optionally, ``min``, ``max`` and
+  ``sum`` of the reference (mean and variance follow from the sums);
+* ``acc`` (accumulated error, reference vs candidate): with ``d = r - c``,
+  ``sum(d^2)``, ``sum(c^2)``, ``max(d)`` and ``min(d)`` (``sum(r*c)`` follows
+  from the three sums of squares and ``max|d|`` from the extremes, so the only
+  temporary written is ``d``);
+* ``local`` (the tensor's own quantization error): the same statistics for
+  ``r`` against ``DequantizeLinear(QuantizeLinear(r))`` with the QDQ model's
+  scale and zero-point for that tensor;
+* a systematic subsample (every k-th element, about as many as the
+  ``qdbg/subsample`` input asks for) of each side, which is all that leaves ORT besides the sums: the
+  KL histograms and the TUI's histograms are built from it.
 
-Each statistic is one vector output (one entry per pair), so a batch returns a
-handful of small arrays. The sums are float32 within a batch and accumulated
-in float64 across batches. A pair whose batch sums are not finite (NaN/Inf in
-the data) is recomputed exactly by the caller's numpy path.
+Each statistic is one vector output (one entry per pair of its group), so a
+batch returns a handful of small arrays. The sums are float32 within a batch
+and accumulated in float64 across batches by the caller, which recomputes a
+pair exactly in numpy when its batch sums are not finite.
+
+Speed and memory come from three choices, all measured on the BERT benchmark
+model (docs/benchmarks.md):
+
+* the caller passes models ORT has *already optimized* (fused, constant
+  folded) and the merged model runs with optimizations off, so ORT keeps the
+  node order given here; :func:`schedule` orders nodes by demand -- each
+  pair's producers, then its reductions -- so a tensor dies right after it is
+  reduced and peak memory is a few tensors, not every activation;
+* every candidate tensor reaches the reductions through one ``Identity``:
+  ORT duplicates a DequantizeLinear once per consumer, which had made it
+  recompute each instrumented DQ three times;
+* only ``d`` and the local error are written; everything else only reads.
 
 Pure and deterministic: the inputs are not mutated and the same arguments give
 byte-identical models.
@@ -24,18 +43,20 @@ byte-identical models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-SUBSAMPLE = 4096
-"""Elements per tensor per batch copied out for histograms (every k-th element)."""
+SUBSAMPLE_INPUT = "qdbg/subsample"
+"""Graph input (int64 scalar): about how many elements per tensor a run copies out (every k-th element)."""
 
-PAIR_STATS = ("ref2", "noise2", "cand2", "maxabs", "count")
-REF_STATS = ("rmin", "rmax", "rsum")
+REF_STATS = ("count", "ref2")
+REF_EXTRA = ("rmin", "rmax", "rsum")
+PAIR_STATS = ("noise2", "cand2", "dmax", "dmin")
+GROUPS = ("ref", "acc", "local")
 
 
 def dot_from_sums(ref2: float, cand2: float, noise2: float) -> float:
@@ -49,18 +70,28 @@ def moments_from_sums(n: int, total: float, total_sq: float) -> tuple[float, flo
     return mean, max(total_sq - total * mean, 0.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class FakeQuant:
+    """Quantization parameters applied to a reference tensor to measure its own Q/DQ error."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    axis: int | None = None
+    domain: str = ""
+    """Domain of the model's own Q/DQ ops (``com.microsoft`` for contrib 16-bit Q/DQ)."""
+
+
+@dataclass(frozen=True, eq=False)
 class PairSpec:
-    """One (reference, candidate) pair to reduce; names as in the source models."""
+    """One reference tensor and what to compare it with; names as in the source models."""
 
     key: str
     ref: str
-    cand: str
-    ref_side: str
-    """``r`` when ``ref`` lives in the reference model, ``c`` when in the candidate model."""
-    cand_side: str = "c"
-    clip: tuple[float, float] | None = None
-    """Bounds applied to the reference first (a Relu/Clip ORT folded into the quantization)."""
+    """Tensor of the reference model (or a graph input)."""
+    cand: str | None = None
+    """Tensor of the candidate model standing for ``ref``; None: no accumulated error."""
+    local: FakeQuant | None = None
+    """Q/DQ applied to ``ref`` for the local error; None: the tensor is not quantized."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,12 +99,27 @@ class ReductionModel:
     """The merged model and how to read its outputs."""
 
     model: onnx.ModelProto
-    pairs: tuple[PairSpec, ...]
-    ref_outputs: tuple[str, ...]
-    """Graph outputs of the reference model, as named in the merged model (``r/<name>``)."""
-    cand_outputs: tuple[str, ...]
-    sample_outputs: tuple[tuple[str, str], ...]
-    """Per pair: the (reference, candidate) subsample output names."""
+    keys: Mapping[str, tuple[str, ...]]
+    """Per group (``ref``, ``acc``, ``local``): the pair keys, in output-vector order."""
+    ref_outputs: Mapping[str, str]
+    """Graph outputs of the reference model: merged-model name (``r/<name>``) -> original name."""
+    cand_outputs: Mapping[str, str]
+    samples: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Per pair key: subsample output names by side (``r``, ``c``, ``l``)."""
+
+    @property
+    def outputs(self) -> list[str]:
+        """Every graph output of the merged model, for ``session.run``."""
+        return [o.name for o in self.model.graph.output]
+
+    def stats(self, values: Mapping[str, np.ndarray]) -> dict[str, dict[str, dict[str, float]]]:
+        """Group -> pair key -> statistic -> value, from one batch's outputs."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for group, keys in self.keys.items():
+            names = [n for n in values if n.startswith(f"qdbg/{group}/")]
+            cols = {n.rsplit("/", 1)[1]: values[n] for n in names}
+            out[group] = {k: {s: float(v[i]) for s, v in cols.items()} for i, k in enumerate(keys)}
+        return out
 
 
 def _prefixed(model: onnx.ModelProto, prefix: str) -> onnx.ModelProto:
@@ -96,6 +142,15 @@ def compatible(ref: onnx.ModelProto, cand: onnx.ModelProto) -> bool:
     return a.get("") == b.get("") and not ref.functions and not cand.functions
 
 
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor whose type shape inference (or the graph's signature) declares."""
+    out = {}
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        if vi.type.tensor_type.elem_type:
+            out[vi.name] = vi.type.tensor_type.elem_type
+    return out
+
+
 class _Builder:
     def __init__(self) -> None:
         self.nodes: list[onnx.NodeProto] = []
@@ -108,7 +163,7 @@ class _Builder:
 
     def const(self, stem: str, value: np.ndarray) -> str:
         name = self.name(stem)
-        self.inits.append(numpy_helper.from_array(value, name))
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
     def op(self, op_type: str, inputs: Sequence[str], stem: str, **attrs) -> str:
@@ -117,70 +172,69 @@ class _Builder:
         return out
 
 
-def _interleave(
-    rnodes: list[onnx.NodeProto], cnodes: list[onnx.NodeProto], extra: list[onnx.NodeProto]
+def schedule(
+    models: Sequence[Sequence[onnx.NodeProto]], groups: Sequence[Sequence[onnx.NodeProto]]
 ) -> list[onnx.NodeProto]:
     """One topological order that keeps few tensors alive.
 
-    Appending the reductions after both models would keep every activation of
-    both models alive until the end (peak memory = all activations). Instead the
-    two models advance in step (merged by their relative position) and each
-    reduction node is placed as soon as its inputs exist, so ORT can free a
-    tensor right after its pair is reduced.
+    ``groups`` are the reduction nodes of each pair, in the order the pairs
+    should be reduced. For each group, the nodes of ``models`` it needs that
+    have not run yet are emitted first (in their model's order), then the
+    group itself; whatever no group needs comes last. So each model advances
+    only as far as the next reduction requires, and ORT (which follows this
+    order when graph optimizations are off) frees a tensor as soon as its
+    reductions have run.
     """
-    base = sorted(
-        [(i / max(len(rnodes), 1), 0, i, n) for i, n in enumerate(rnodes)]
-        + [(j / max(len(cnodes), 1), 1, j, n) for j, n in enumerate(cnodes)],
-        key=lambda t: (t[0], t[1], t[2]),
-    )
-    produced_by_extra = {o for n in extra for o in n.output}
-    waiting: dict[str, list[int]] = {}
-    missing: list[int] = []
-    for k, n in enumerate(extra):
-        deps = {i for i in n.input if i}
-        missing.append(len(deps))
-        for d in deps:
-            waiting.setdefault(d, []).append(k)
+    model_nodes = [n for nodes in models for n in nodes]
+    producer = {o: i for i, n in enumerate(model_nodes) for o in n.output if o}
+    emitted = [False] * len(model_nodes)
     order: list[onnx.NodeProto] = []
-    ready = [k for k, m in enumerate(missing) if m == 0]
-    available: set[str] = set()
 
-    def release(name: str) -> None:
-        if name in available:
+    def need(tensor: str) -> None:
+        start = producer.get(tensor)
+        if start is None or emitted[start]:
             return
-        available.add(name)
-        for k in waiting.get(name, []):
-            missing[k] -= 1
-            if missing[k] == 0:
-                ready.append(k)
+        stack: list[tuple[int, bool]] = [(start, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if emitted[i]:
+                continue
+            if expanded:
+                emitted[i] = True
+                order.append(model_nodes[i])
+                continue
+            stack.append((i, True))
+            for x in reversed(_node_inputs(model_nodes[i])):
+                j = producer.get(x)
+                if j is not None and not emitted[j]:
+                    stack.append((j, False))
 
-    def drain() -> None:
-        while ready:
-            k = ready.pop()
-            order.append(extra[k])
-            for o in extra[k].output:
-                release(o)
-
-    # graph inputs and initializers (not produced by any node) are available from the start
-    produced = {o for n in rnodes + cnodes for o in n.output} | produced_by_extra
-    for name in list(waiting):
-        if name not in produced:
-            release(name)
-    drain()
-    for *_, node in base:
-        order.append(node)
-        for o in node.output:
-            release(o)
-        drain()
+    for group in groups:
+        for node in group:
+            for x in node.input:
+                need(x)
+        order.extend(group)
+    for i, node in enumerate(model_nodes):
+        if not emitted[i]:
+            for x in _node_inputs(node):
+                need(x)
+            emitted[i] = True
+            order.append(node)
     return order
 
 
-def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    out = {}
-    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
-        if vi.type.tensor_type.elem_type:
-            out[vi.name] = vi.type.tensor_type.elem_type
-    return out
+def _node_inputs(node: onnx.NodeProto) -> list[str]:
+    """Inputs of a node, including names its subgraphs read from the outer scope."""
+    names = [i for i in node.input if i]
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {i.name for i in g.initializer}
+            for sub in g.node:
+                local.update(sub.output)
+            for sub in g.node:
+                names.extend(x for x in _node_inputs(sub) if x not in local)
+    return names
 
 
 def build_reduction_model(
@@ -188,10 +242,20 @@ def build_reduction_model(
     cand: onnx.ModelProto,
     pairs: Sequence[PairSpec],
     *,
-    subsample: int = SUBSAMPLE,
-    with_ref_stats: bool = True,
+    ref_stats: bool = True,
+    ref_types: Mapping[str, int] | None = None,
+    cand_types: Mapping[str, int] | None = None,
+    keep_outputs: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> ReductionModel:
-    """Merge ``ref`` and ``cand`` and add the reductions for ``pairs`` (see module docstring)."""
+    """Merge ``ref`` and ``cand`` and add the reductions for ``pairs`` (see module docstring).
+
+    ``ref_types``/``cand_types`` give element types when the models lack them
+    (ORT's optimized models carry few value_info); a tensor of unknown or
+    non-float32 type is cast to float32 first. ``ref_stats=False`` leaves out
+    the reference's min/max/sum. ``keep_outputs`` names the (reference,
+    candidate) graph outputs to keep (default: all); instrumented models pass
+    their original outputs so the tensors they expose are not copied out.
+    """
     r = _prefixed(ref, "r/")
     c = _prefixed(cand, "c/")
     b = _Builder()
@@ -199,74 +263,88 @@ def build_reduction_model(
     minus1 = b.const("flat", np.array([-1], dtype=np.int64))
     zero = b.const("zero", np.array([0], dtype=np.int64))
     big = b.const("end", np.array([np.iinfo(np.int64).max], dtype=np.int64))
-    target = b.const("target", np.array(subsample, dtype=np.int64))
+    target = SUBSAMPLE_INPUT
     one_i = b.const("one", np.array(1, dtype=np.int64))
     inputs = {i.name for i in ref.graph.input}
+    types = {"r": dict(ref_types or elem_types(ref)), "c": dict(cand_types or elem_types(cand))}
 
     def side(name: str, which: str) -> str:
         return name if name in inputs else f"{which}/{name}"
 
-    columns: dict[str, list[str]] = {s: [] for s in PAIR_STATS + REF_STATS}
-    samples = []
-    ref_types = _elem_types(ref)
-    cand_types = _elem_types(cand)
+    def as_float(name: str, which: str) -> str:
+        known = types[which].get(name)
+        value = side(name, which)
+        return value if known == TensorProto.FLOAT else b.op("Cast", [value], "f", to=TensorProto.FLOAT)
 
-    def as_float(name: str, which: str, original: str) -> str:
-        known = (ref_types if which == "r" else cand_types).get(original)
-        return name if known == TensorProto.FLOAT else b.op("Cast", [name], "f", to=TensorProto.FLOAT)
+    columns: dict[tuple[str, str], list[str]] = {}
+    keys: dict[str, list[str]] = {g: [] for g in GROUPS}
+    samples: dict[str, dict[str, str]] = {}
+    groups: list[list[onnx.NodeProto]] = []
 
-    for p in pairs:
-        rv = as_float(side(p.ref, p.ref_side), p.ref_side, p.ref)
-        cv = as_float(side(p.cand, p.cand_side), p.cand_side, p.cand)
-        if p.clip is not None:
-            lo, hi = p.clip
-            if np.isfinite(lo):
-                rv = b.op("Max", [rv, b.const("lo", np.array(lo, dtype=np.float32))], "clip")
-            if np.isfinite(hi):
-                rv = b.op("Min", [rv, b.const("hi", np.array(hi, dtype=np.float32))], "clip")
+    def emit(group: str, key: str, stats: dict[str, str]) -> None:
+        keys[group].append(key)
+        for stat, name in stats.items():
+            columns.setdefault((group, stat), []).append(b.op("Reshape", [name, one], stat + "1"))
+
+    def compare(rv: str, cv: str) -> dict[str, str]:
         d = b.op("Sub", [rv, cv], "d")
-        # sum(r*c) is derived from the three sums of squares (no r*c temporary); see ReductionModel docs
-        stats = {
-            "ref2": b.op("ReduceSumSquare", [rv], "ref2", keepdims=0),
+        return {
             "noise2": b.op("ReduceSumSquare", [d], "noise2", keepdims=0),
             "cand2": b.op("ReduceSumSquare", [cv], "cand2", keepdims=0),
-            "maxabs": b.op("ReduceMax", [b.op("Abs", [d], "ad")], "maxabs", keepdims=0),
+            "dmax": b.op("ReduceMax", [d], "dmax", keepdims=0),
+            "dmin": b.op("ReduceMin", [d], "dmin", keepdims=0),
         }
+
+    def sample(value: str, step: str) -> str:
+        return b.op("Slice", [b.op("Reshape", [value, minus1], "flat"), zero, big, zero, step], "s")
+
+    for p in pairs:
+        first = len(b.nodes)
+        rv = as_float(p.ref, "r")
         size = b.op("Size", [rv], "size")
-        stats["count"] = b.op("Cast", [size], "count", to=TensorProto.FLOAT)
-        if with_ref_stats:
+        stats = {
+            "count": b.op("Cast", [size], "count", to=TensorProto.FLOAT),
+            "ref2": b.op("ReduceSumSquare", [rv], "ref2", keepdims=0),
+        }
+        if ref_stats:
             stats["rmin"] = b.op("ReduceMin", [rv], "rmin", keepdims=0)
             stats["rmax"] = b.op("ReduceMax", [rv], "rmax", keepdims=0)
             stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
-        for key, name in stats.items():
-            columns[key].append(b.op("Reshape", [name, one], key + "1"))
+        emit("ref", p.key, stats)
         step = b.op("Reshape", [b.op("Max", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step")
-        rflat = b.op("Reshape", [rv, minus1], "rflat")
-        cflat = b.op("Reshape", [cv, minus1], "cflat")
-        samples.append(
-            (
-                b.op("Slice", [rflat, zero, big, zero, step], "rs"),
-                b.op("Slice", [cflat, zero, big, zero, step], "cs"),
-            )
-        )
+        samples[p.key] = {"r": sample(rv, step)}
+        if p.cand is not None:
+            # one consumer only: ORT would otherwise duplicate a DequantizeLinear per consumer
+            cv = b.op("Identity", [as_float(p.cand, "c")], "c")
+            emit("acc", p.key, compare(rv, cv))
+            samples[p.key]["c"] = sample(cv, step)
+        if p.local is not None:
+            fq = _fake_quant(b, rv, p.local)
+            emit("local", p.key, compare(rv, fq))
+            samples[p.key]["l"] = sample(fq, step)
+        groups.append(b.nodes[first:])
+    tail_start = len(b.nodes)
     outputs = []
-    for key, cols in columns.items():
-        if not cols:
-            continue
-        name = f"qdbg/out/{key}"
+    for (group, stat), cols in columns.items():
+        name = f"qdbg/{group}/{stat}"
         b.nodes.append(helper.make_node("Concat", cols, [name], name=name, axis=0))
         outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [len(cols)]))
-    for rs, cs in samples:
-        outputs.append(onnx.ValueInfoProto(name=rs))
-        outputs.append(onnx.ValueInfoProto(name=cs))
-    ref_outputs = tuple(o.name for o in r.graph.output)
-    cand_outputs = tuple(o.name for o in c.graph.output)
-    for o in list(r.graph.output) + list(c.graph.output):
-        outputs.append(onnx.ValueInfoProto(name=o.name))
+    for sides in samples.values():
+        outputs.extend(onnx.ValueInfoProto(name=s) for s in sides.values())
+    if keep_outputs is None:
+        keep_outputs = ([o.name for o in ref.graph.output], [o.name for o in cand.graph.output])
+    ref_outputs = {side(n, "r"): n for n in keep_outputs[0]}
+    cand_outputs = {side(n, "c"): n for n in keep_outputs[1]}
+    seen = {o.name for o in outputs}
+    for name in [*ref_outputs, *cand_outputs]:
+        if name not in seen:
+            outputs.append(onnx.ValueInfoProto(name=name))
+            seen.add(name)
+    nodes = schedule([list(r.graph.node), list(c.graph.node)], groups) + b.nodes[tail_start:]
     graph = helper.make_graph(
-        _interleave(list(r.graph.node), list(c.graph.node), b.nodes),
+        nodes,
         "qdebug_reductions",
-        list(ref.graph.input),
+        [*ref.graph.input, helper.make_tensor_value_info(SUBSAMPLE_INPUT, TensorProto.INT64, [])],
         outputs,
         list(r.graph.initializer) + list(c.graph.initializer) + b.inits,
     )
@@ -274,4 +352,24 @@ def build_reduction_model(
     opsets = [helper.make_opsetid(dom, ver) for dom, ver in sorted(_opset_map(ref, cand).items())]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="qdebug")
     model.ir_version = max(ref.ir_version, cand.ir_version)
-    return ReductionModel(model, tuple(pairs), ref_outputs, cand_outputs, tuple(samples))
+    return ReductionModel(
+        model,
+        {g: tuple(k) for g, k in keys.items()},
+        ref_outputs,
+        cand_outputs,
+        samples,
+    )
+
+
+def _fake_quant(b: _Builder, value: str, fq: FakeQuant) -> str:
+    """``DequantizeLinear(QuantizeLinear(value))`` with ``fq``'s parameters, as ORT's QDQ model does it."""
+    scale = b.const("scale", np.asarray(fq.scale))
+    args = [scale]
+    if fq.zero_point is not None:
+        args.append(b.const("zp", np.asarray(fq.zero_point)))
+    attrs: dict = {"axis": fq.axis} if fq.axis is not None else {}
+    if fq.domain:
+        attrs["domain"] = fq.domain
+    q = b.op("QuantizeLinear", [value, *args], "q", **attrs)
+    # one consumer, as for candidates: ORT would give each consumer its own copy of the DequantizeLinear
+    return b.op("Identity", [b.op("DequantizeLinear", [q, *args], "dq", **attrs)], "fq")

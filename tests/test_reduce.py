@@ -1,0 +1,146 @@
+"""The merged reduction model: structure (order, single consumers) and chunked capture."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+
+import qdebug.analysis as analysis
+from qdebug.capture import SessionConfig, make_session, optimize_for_capture, run_session
+from qdebug.cli.main import main
+from qdebug.graph.match import pair_models
+from qdebug.graph.reduce import SUBSAMPLE_INPUT, PairSpec, build_reduction_model, elem_types
+from qdebug.report_io import load_report
+from tests.conftest import fixture_path
+
+
+@pytest.fixture(scope="module")
+def transformer_models(tmp_path_factory):
+    """(normalized FP32, QDQ, pairing, calib) of the transformer fixture, via a real analysis."""
+    base = fixture_path("transformer")
+    out = tmp_path_factory.mktemp("reduce") / "r.json"
+    args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
+    assert main([*args, "--max-samples", "16"]) == 0
+    report = load_report(out)
+    fp32, qdq = onnx.load(report.normalized_model), onnx.load(report.quantized_model.path)
+    return fp32, qdq, pair_models(fp32, qdq), base / "calib.npz"
+
+
+def _merged(fp32, qdq, pairing):
+    types = elem_types(fp32)
+    scored = [p for p in pairing.tensors if types.get(p.fp32) == onnx.TensorProto.FLOAT]
+    local = analysis.local_fake_quant(qdq, scored)
+    specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
+    config = SessionConfig()
+    fo = optimize_for_capture(fp32, [p.fp32 for p in scored], config)
+    qo = optimize_for_capture(qdq, [s.cand for s in specs if s.cand], config)
+    keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
+    rm = build_reduction_model(fo, qo, specs, ref_types=types, cand_types=elem_types(qdq), keep_outputs=keep)
+    return rm, specs
+
+
+def _live_peak(nodes: list[onnx.NodeProto], keep: set[str]) -> int:
+    """Most activations of the two models alive at once when running ``nodes`` in this order.
+
+    Only tensors the models produce count: qdebug's own per-pair scalars are tiny.
+    """
+    last_use = {}
+    for i, n in enumerate(nodes):
+        for x in n.input:
+            last_use[x] = i
+    live: set[str] = set()
+    peak = 0
+    for i, n in enumerate(nodes):
+        if not n.name.startswith("qdbg/"):
+            live.update(o for o in n.output if o)
+        peak = max(peak, len(live))
+        live = {t for t in live if last_use.get(t, -1) > i or t in keep}
+    return peak
+
+
+def test_merged_model_is_topological_and_keeps_few_tensors_alive(transformer_models):
+    fp32, qdq, pairing, _ = transformer_models
+    rm, specs = _merged(fp32, qdq, pairing)
+    graph = rm.model.graph
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
+        assert all(x in known for x in node.input if x), node.name
+        known.update(node.output)
+    outputs = {o.name for o in graph.output}
+    ours = _live_peak(list(graph.node), outputs)
+    # the naive order (both models first, reductions last) keeps every tensor alive until its reduction
+    is_model = [not n.name.startswith("qdbg/") for n in graph.node]
+    naive = [n for n, m in zip(graph.node, is_model) if m] + [
+        n for n, m in zip(graph.node, is_model) if not m
+    ]
+    assert ours * 4 < _live_peak(naive, outputs), (ours, _live_peak(naive, outputs))
+    assert len(specs) > 40
+
+
+def test_every_compared_tensor_has_one_consumer(transformer_models):
+    """ORT gives each consumer of a DequantizeLinear its own copy: the merged model must not let it."""
+    fp32, qdq, pairing, _ = transformer_models
+    rm, specs = _merged(fp32, qdq, pairing)
+    consumers: dict[str, int] = {}
+    for node in rm.model.graph.node:
+        for x in node.input:
+            consumers[x] = consumers.get(x, 0) + 1
+    dq_outputs = [o for n in rm.model.graph.node if n.op_type == "DequantizeLinear" for o in n.output]
+    assert dq_outputs
+    assert all(consumers.get(o, 0) <= 1 for o in dq_outputs)
+    assert sum(1 for s in specs if s.local is not None) == len(rm.keys["local"]) > 20
+
+
+def test_in_graph_sums_match_numpy_on_one_batch(transformer_models):
+    fp32, qdq, pairing, calib = transformer_models
+    rm, specs = _merged(fp32, qdq, pairing)
+    x = np.load(calib)["input"][:8]
+    session = make_session(rm.model, SessionConfig(), optimize=False, keep_order=True)
+    out = run_session(session, rm.outputs, {"input": x, SUBSAMPLE_INPUT: np.array(512, dtype=np.int64)})
+    stats = rm.stats(out)
+    spec = next(s for s in specs if s.local is not None and s.cand is not None)
+    ref = make_session(_exposed(fp32, spec.ref), SessionConfig()).run([spec.ref], {"input": x})[0]
+    fq = analysis.fake_quantize(ref, spec.local)
+    local = stats["local"][spec.key]
+    assert stats["ref"][spec.key]["count"] == ref.size
+    assert local["noise2"] == pytest.approx(float(np.sum((ref.astype(np.float64) - fq) ** 2)), rel=1e-3)
+    assert max(local["dmax"], -local["dmin"]) == pytest.approx(float(np.max(np.abs(ref - fq))), rel=1e-5)
+    assert len(out[rm.samples[spec.key]["r"]]) <= 2 * 512
+
+
+def _exposed(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.output.append(onnx.ValueInfoProto(name=name))
+    return m
+
+
+def test_chunked_capture_matches_whole_batches(tmp_path, monkeypatch):
+    """Cutting batches into capture chunks changes nothing but speed and memory."""
+    base = fixture_path("transformer")
+    reports = {}
+    for label, elements in (("one-sample", 1), ("whole", 1 << 40)):
+        monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", elements)
+        out = tmp_path / f"{label}.json"
+        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
+        assert main([*args, "--max-samples", "24", "--batch-size", "12"]) == 0
+        reports[label] = load_report(out)
+    a, b = reports["one-sample"], reports["whole"]
+    assert a.task == b.task
+    compared = 0
+    for ta in a.tensors:
+        tb = b.tensor(ta.name)
+        for x, y in ((ta.accumulated, tb.accumulated), (ta.local, tb.local)):
+            assert (x is None) == (y is None)
+            if x is None or not math.isfinite(x.sqnr_db):
+                continue
+            assert x.count == y.count
+            assert x.sqnr_db == pytest.approx(y.sqnr_db, abs=0.01), ta.name
+            assert x.max_abs == pytest.approx(y.max_abs, rel=1e-4, abs=1e-6), ta.name
+            compared += 1
+        # kernels may round differently at another batch size: equal to float32 precision
+        assert ta.summary.max == pytest.approx(tb.summary.max, rel=1e-6, abs=1e-7)
+    assert compared > 50

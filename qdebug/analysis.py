@@ -20,6 +20,7 @@ chunks whose largest tensor stays cache-sized (:data:`CAPTURE_ELEMENTS`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from qdebug.graph.reduce import (
     SUBSAMPLE_INPUT,
     FakeQuant,
     PairSpec,
+    ReductionModel,
     build_reduction_model,
     compatible,
     dot_from_sums,
@@ -186,8 +188,12 @@ def measure_layers(
     for index, batch in enumerate(data.batches()):
         ref_out, dep_out = path.main(batch, accs, numpy_path, skipped)
         if index == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
+            rows = min(batch.size, getattr(path, "chunk", None) or batch.size)
             plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
-            gap = _deployed_gap(plain.run(batch.feeds), dep_out, plain.graph_outputs)
+            first = {k: v[:rows] for k, v in batch.feeds.items()} if rows < batch.size else batch.feeds
+            gap = _deployed_gap(
+                plain.run(first), {k: v[:rows] for k, v in dep_out.items()}, plain.graph_outputs
+            )
             del plain
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
@@ -369,30 +375,23 @@ class _GraphPath:
         types = (elem_types(fp32), elem_types(qdq))
         keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
         specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
-        self.main_model = build_reduction_model(
-            ref_model,
-            qo if self.preoptimized else qdq,
-            specs,
-            ref_types=types[0],
-            cand_types=types[1],
-            keep_outputs=keep,
-        )
-        self._main_sess = None
-        # fake-quant view: the same FP32 side against the QDQ model as written (un-optimized)
         fq_specs = [PairSpec(p.fp32, p.fp32, p.dequant) for p in scored if p.dequant is not None]
-        fq_model = None
-        if self.preoptimized:
+        build = {"ref_types": types[0], "cand_types": types[1], "keep_outputs": keep}
+        cand_model = qo if self.preoptimized else qdq
+        # both merged models are built when first needed and their protos dropped once ORT has them:
+        # the fake-quant view's session is gone before the main model even exists
+        self._make_main = lambda: build_reduction_model(ref_model, cand_model, specs, **build)
+
+        def make_fq():
             names = [p.dequant for p in scored if p.dequant is not None]
-            fq_model = optimize_for_capture(qdq, names, config, fake_quant=True, what="quantized model")
-        self.fq_model = build_reduction_model(
-            ref_model,
-            fq_model or qdq,
-            fq_specs,
-            ref_stats=False,
-            ref_types=types[0],
-            cand_types=types[1],
-            keep_outputs=keep,
-        )
+            fq = optimize_for_capture(qdq, names, config, fake_quant=True, what="quantized model")
+            # the fake-quant view: the same FP32 side against the QDQ model with ORT's QDQ handling off
+            return build_reduction_model(ref_model, fq or qdq, fq_specs, ref_stats=False, **build)
+
+        self._make_fq = make_fq
+        self.main_model: ReductionModel | None = None
+        self.fq_model: ReductionModel | None = None
+        self._main_sess = None
         self._fq_sess = None
         self.chunk: int | None = None
         self._largest = 0
@@ -401,8 +400,9 @@ class _GraphPath:
     def fq_sess(self):
         """The fake-quant session, created on first use (not at all with ``fakequant_samples=0``)."""
         if self._fq_sess is None:
+            model = self._make_fq()
             self._fq_sess = make_session(
-                self.fq_model.model,
+                model.model,
                 self.config,
                 optimize=False,
                 what="fake-quant models",
@@ -410,25 +410,29 @@ class _GraphPath:
                 keep_order=True,
                 fake_quant=True,
             )
+            self.fq_model = dataclasses.replace(model, model=None)
         return self._fq_sess
 
     def main_sess(self):
         """The main session, created on first use (after the fake-quant view is released)."""
         if self._main_sess is None:
+            model = self._make_main()
             self._main_sess = make_session(
-                self.main_model.model,
+                model.model,
                 self.config,
                 optimize=not self.preoptimized,
                 what="instrumented models",
                 arena=True,
                 keep_order=True,
             )
+            self.main_model = dataclasses.replace(model, model=None)
+            self._make_main = self._make_fq = None  # lets the optimized protos go
         return self._main_sess
 
     def close_fakequant(self) -> None:
-        """Release the fake-quant session and model before the main session is created."""
+        """Release the fake-quant session before the main session is created."""
         self._fq_sess = None
-        self.fq_model = None
+        self._make_fq = None
 
     def main(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
         """One data batch, in capture chunks; returns its (FP32, deployed) graph outputs."""

@@ -106,11 +106,8 @@ class ReductionModel:
     cand_outputs: Mapping[str, str]
     samples: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Per pair key: subsample output names by side (``r``, ``c``, ``l``)."""
-
-    @property
-    def outputs(self) -> list[str]:
-        """Every graph output of the merged model, for ``session.run``."""
-        return [o.name for o in self.model.graph.output]
+    outputs: tuple[str, ...] = ()
+    """Every graph output of the merged model, for ``session.run`` (kept when ``model`` is dropped)."""
 
     def stats(self, values: Mapping[str, np.ndarray]) -> dict[str, dict[str, dict[str, float]]]:
         """Group -> pair key -> statistic -> value, from one batch's outputs."""
@@ -358,6 +355,7 @@ def build_reduction_model(
         ref_outputs,
         cand_outputs,
         samples,
+        tuple(o.name for o in model.graph.output),
     )
 
 

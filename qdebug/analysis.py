@@ -372,7 +372,7 @@ class _GraphPath:
         qo = optimize_for_capture(qdq, cand, config, what="quantized model") if fo is not None else None
         self.preoptimized = fo is not None and qo is not None
         ref_model = fo if self.preoptimized else fp32
-        types = (elem_types(fp32), elem_types(qdq))
+        types = (elem_types(fp32), _with_dq_types(qdq, elem_types(qdq)))
         keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
         specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
         fq_specs = [PairSpec(p.fp32, p.fp32, p.dequant) for p in scored if p.dequant is not None]
@@ -513,6 +513,20 @@ class _GraphPath:
         if bad:
             numpy_path.fakequant_pairs(feeds, accs, bad)
         return {orig: out[name] for name, orig in self.fq_model.cand_outputs.items()}
+
+
+def _with_dq_types(model: onnx.ModelProto, types: dict[str, int]) -> dict[str, int]:
+    """``types`` plus DequantizeLinear outputs, whose element type is their scale's.
+
+    ORT's quantizer writes no value_info for the Q/DQ tensors it adds; without
+    this, every compared DQ output would be cast (copied) to float first.
+    """
+    out = dict(types)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and len(node.input) > 1 and node.input[1] in inits:
+            out.setdefault(node.output[0], inits[node.input[1]])
+    return out
 
 
 def _with_subsample(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -197,7 +197,9 @@ class ErrorAccumulator:
         self.count += count
         self.nonfinite += nonfinite
 
-    def add_sums(self, ref2: float, noise2: float, cand2: float, dot: float, max_abs: float, count: int) -> None:
+    def add_sums(
+        self, ref2: float, noise2: float, cand2: float, dot: float, max_abs: float, count: int
+    ) -> None:
         """Add one batch given as its sums (computed elsewhere, e.g. inside ORT); all must be finite."""
         self.sum_ref2 += ref2
         self.sum_noise2 += noise2

@@ -264,6 +264,7 @@ def build_reduction_model(
     one_i = b.const("one", np.array(1, dtype=np.int64))
     inputs = {i.name for i in ref.graph.input}
     types = {"r": dict(ref_types or elem_types(ref)), "c": dict(cand_types or elem_types(cand))}
+    stack_scalars = _opset_map(ref, cand).get("", 0) >= 11
 
     def side(name: str, which: str) -> str:
         return name if name in inputs else f"{which}/{name}"
@@ -281,7 +282,11 @@ def build_reduction_model(
     def emit(group: str, key: str, stats: dict[str, str]) -> None:
         keys[group].append(key)
         for stat, name in stats.items():
-            columns.setdefault((group, stat), []).append(b.op("Reshape", [name, one], stat + "1"))
+            # scalars are stacked by one ConcatFromSequence per column (opset >= 11); a Reshape to [1]
+            # per scalar before a Concat cost ~2,000 tiny kernels per run on the BERT benchmark model
+            columns.setdefault((group, stat), []).append(
+                name if stack_scalars else b.op("Reshape", [name, one], stat + "1")
+            )
 
     def compare(rv: str, cv: str) -> dict[str, str]:
         d = b.op("Sub", [rv, cv], "d")
@@ -308,7 +313,9 @@ def build_reduction_model(
             stats["rmax"] = b.op("ReduceMax", [rv], "rmax", keepdims=0)
             stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
         emit("ref", p.key, stats)
-        step = b.op("Reshape", [b.op("Max", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step")
+        # every (size // target + 1)-th element: at least 1 and at most ``target`` elements; Add, not Max,
+        # because Max takes no int64 before opset 12
+        step = b.op("Reshape", [b.op("Add", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step")
         samples[p.key] = {"r": sample(rv, step)}
         if p.cand is not None:
             # one consumer only: ORT would otherwise duplicate a DequantizeLinear per consumer
@@ -324,7 +331,13 @@ def build_reduction_model(
     outputs = []
     for (group, stat), cols in columns.items():
         name = f"qdbg/{group}/{stat}"
-        b.nodes.append(helper.make_node("Concat", cols, [name], name=name, axis=0))
+        if stack_scalars:
+            seq = b.op("SequenceConstruct", cols, "seq")
+            b.nodes.append(
+                helper.make_node("ConcatFromSequence", [seq], [name], name=name, axis=0, new_axis=1)
+            )
+        else:
+            b.nodes.append(helper.make_node("Concat", cols, [name], name=name, axis=0))
         outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [len(cols)]))
     for sides in samples.values():
         outputs.extend(onnx.ValueInfoProto(name=s) for s in sides.values())

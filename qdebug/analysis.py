@@ -395,6 +395,7 @@ class _GraphPath:
         self._fq_sess = None
         self.chunk: int | None = None
         self._largest = 0
+        self._pending: dict[int, tuple] = {}
         self.splittable = _batch_axis_is_free(fp32) and _batch_axis_is_free(qdq)
 
     def fq_sess(self):
@@ -437,7 +438,19 @@ class _GraphPath:
     def main(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
         """One data batch, in capture chunks; returns its (FP32, deployed) graph outputs."""
         parts = self._each_chunk(batch, lambda feeds: self._main(feeds, accs, numpy_path, skipped))
+        self._flush()
         return _join([r for r, _ in parts]), _join([d for _, d in parts])
+
+    def _queue(self, hist, ref: np.ndarray, cand: np.ndarray) -> None:
+        """Histogram samples wait for the end of the data batch: one numpy call per tensor, not per chunk."""
+        entry = self._pending.setdefault(id(hist), (hist, [], []))
+        entry[1].append(ref)
+        entry[2].append(cand)
+
+    def _flush(self) -> None:
+        for hist, refs, cands in self._pending.values():
+            hist.update(np.concatenate(refs), np.concatenate(cands))
+        self._pending.clear()
 
     def fakequant(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
         """One data batch through the fake-quant view; returns its graph outputs."""
@@ -481,11 +494,11 @@ class _GraphPath:
             if acc is not None:
                 _add_pair(a.acc.error, ref["ref2"], n, acc)
                 if a.acc.histogram is not None:
-                    a.acc.histogram.update(out[names["r"]], out[names["c"]])
+                    self._queue(a.acc.histogram, out[names["r"]], out[names["c"]])
             if loc is not None and a.local is not None:
                 _add_pair(a.local.error, ref["ref2"], n, loc)
                 if a.local.histogram is not None:
-                    a.local.histogram.update(out[names["r"]], out[names["l"]])
+                    self._queue(a.local.histogram, out[names["r"]], out[names["l"]])
         self._note_size([r["count"] for r in st["ref"].values()], feeds)
         if bad:
             numpy_path.measure(feeds, accs, bad, skipped)

@@ -84,21 +84,13 @@ def write_batches(calib: Path, n: int, dest: Path, batch: int = 16) -> None:
 
 def quantize(model: Path, calib_dir: Path, out: Path) -> None:
     """Default static QDQ model (what a user would have)."""
+    import contextlib
+
     from qdebug.cli.main import main
 
-    rc = main(
-        [
-            "analyze",
-            str(model),
-            "--calib",
-            str(calib_dir),
-            "-o",
-            str(out.parent / "q.report.json"),
-            "-q",
-            "--max-samples",
-            "32",
-        ]
-    )
+    args = ["analyze", str(model), "--calib", str(calib_dir), "-o", str(out.parent / "q.report.json")]
+    with contextlib.redirect_stdout(sys.stderr):  # keep the analysis summary out of the table on stdout
+        rc = main([*args, "-q", "--max-samples", "32"])
     assert rc == 0
     (out.parent / "q.report_files" / "quantized.onnx").rename(out)
 
@@ -133,6 +125,7 @@ def model_paths(name: str, work: Path) -> tuple[Path, Path]:
         subprocess.run(
             [sys.executable, str(ROOT / "benchmarks" / "make_bench_models.py"), str(gen), "--n", "32"],
             check=True,
+            stdout=sys.stderr,
         )
     return gen / name / "model.onnx", gen / name / "calib.npz"
 

@@ -183,7 +183,10 @@ def measure_layers(
             outputs.fakequant.append(path.fakequant(batch, accs, numpy_path, skipped))
             fq_done += batch.size
             if progress:
-                progress("fake-quant view", fq_done, None)
+                total = data.n_samples
+                if fakequant_samples is not None and total is not None:
+                    total = min(total, fakequant_samples)
+                progress("fake-quant view", min(fq_done, total or fq_done), total)
     path.close_fakequant()
     for index, batch in enumerate(data.batches()):
         ref_out, dep_out = path.main(batch, accs, numpy_path, skipped)

@@ -401,35 +401,25 @@ class _GraphPath:
         self._pending: dict[int, tuple] = {}
         self.splittable = _batch_axis_is_free(fp32) and _batch_axis_is_free(qdq)
 
+    def _open(self, model: ReductionModel, what: str, **options) -> tuple[object, ReductionModel]:
+        """A session over a merged model (arena on, node order kept) and the model without its proto."""
+        session = make_session(model.model, self.config, what=what, arena=True, keep_order=True, **options)
+        return session, dataclasses.replace(model, model=None)
+
     def fq_sess(self):
         """The fake-quant session, created on first use (not at all with ``fakequant_samples=0``)."""
         if self._fq_sess is None:
-            model = self._make_fq()
-            self._fq_sess = make_session(
-                model.model,
-                self.config,
-                optimize=False,
-                what="fake-quant models",
-                arena=True,
-                keep_order=True,
-                fake_quant=True,
+            self._fq_sess, self.fq_model = self._open(
+                self._make_fq(), "fake-quant models", optimize=False, fake_quant=True
             )
-            self.fq_model = dataclasses.replace(model, model=None)
         return self._fq_sess
 
     def main_sess(self):
         """The main session, created on first use (after the fake-quant view is released)."""
         if self._main_sess is None:
-            model = self._make_main()
-            self._main_sess = make_session(
-                model.model,
-                self.config,
-                optimize=not self.preoptimized,
-                what="instrumented models",
-                arena=True,
-                keep_order=True,
+            self._main_sess, self.main_model = self._open(
+                self._make_main(), "instrumented models", optimize=not self.preoptimized
             )
-            self.main_model = dataclasses.replace(model, model=None)
             self._make_main = self._make_fq = None  # lets the optimized protos go
         return self._main_sess
 

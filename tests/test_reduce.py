@@ -168,3 +168,23 @@ def test_opset_10_models_use_the_graph_engine_and_agree_with_numpy(tmp_path):
             assert a.sqnr_db == pytest.approx(b.sqnr_db, abs=0.02), tg.name
             compared += 1
     assert compared >= 6
+
+
+def test_a_fixed_batch_dimension_is_never_cut_into_chunks(tmp_path, monkeypatch):
+    """A model whose batch dimension is static must see whole batches, whatever the chunk budget."""
+    from tests.models import small_cnn, small_data
+
+    path = small_cnn(tmp_path / "m.onnx")
+    model = onnx.load(path)
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].Clear()
+        value.type.tensor_type.shape.dim[0].dim_value = 8
+    onnx.save(model, path)
+    calib = small_data(tmp_path / "c.npz")
+    monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", 1)  # would cut every batch into single samples
+    out = tmp_path / "r.json"
+    args = ["analyze", str(path), "--calib", str(calib), "-o", str(out), "-q", "--batch-size", "8"]
+    assert main(args) == 0
+    report = load_report(out)
+    assert report.samples == 40 and report.tensor("c2").local.count == 40 * 4 * 8 * 8
+    assert report.deployed_gap == 0.0

@@ -87,6 +87,8 @@ class LayerErrors:
     engine: str
     fakequant_samples: int = 0
     """Samples that went through the fake-quant view."""
+    deployed_head: dict[str, ErrorStats] = dataclasses.field(default_factory=dict)
+    """Accumulated (deployed) error over the same first samples as the fake-quant view, per tensor."""
 
 
 class _TensorAcc:
@@ -98,6 +100,8 @@ class _TensorAcc:
         self.acc = TensorErrorAccumulator(edges)
         self.local = TensorErrorAccumulator(edges) if quant is not None else None
         self.fakequant = ErrorAccumulator() if quant is not None else None
+        self.head = ErrorAccumulator() if quant is not None else None
+        """The accumulated error over the fake-quant view's samples only (like-for-like kernel gap)."""
         self.deferred_edges = edges is None
 
     def ensure_edges(self, ref: np.ndarray, lo: float | None = None, hi: float | None = None) -> None:
@@ -189,7 +193,7 @@ def measure_layers(
                 progress("fake-quant view", min(fq_done, total or fq_done), total)
     path.close_fakequant()
     for index, batch in enumerate(data.batches()):
-        ref_out, dep_out = path.main(batch, accs, numpy_path, skipped)
+        ref_out, dep_out = path.main(batch, accs, numpy_path, skipped, head=samples < fq_done)
         if index == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
             rows = min(batch.size, getattr(path, "chunk", None) or batch.size)
             plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
@@ -213,7 +217,8 @@ def measure_layers(
             NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
         )
     engine_used = "graph" if isinstance(path, _GraphPath) else "numpy"
-    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done)
+    head = {k: a.head.result() for k, a in accs.items() if a.head is not None and a.head.count}
+    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done, head)
 
 
 _FLOAT_TYPES = {
@@ -296,11 +301,15 @@ class _NumpyPath:
             )
         return self._taps
 
-    def main(self, batch: Batch, accs: dict[str, _TensorAcc], numpy_path=None, skipped=None):
+    def main(
+        self, batch: Batch, accs: dict[str, _TensorAcc], numpy_path=None, skipped=None, head: bool = False
+    ):
         """One batch through the FP32 and deployed sessions; returns (FP32, deployed) graph outputs."""
-        return self.measure(batch.feeds, accs, self.scored, {} if skipped is None else skipped)
+        return self.measure(batch.feeds, accs, self.scored, {} if skipped is None else skipped, head)
 
-    def measure(self, feeds, accs: dict[str, _TensorAcc], pairs: list, skipped: dict[str, str]):
+    def measure(
+        self, feeds, accs: dict[str, _TensorAcc], pairs: list, skipped: dict[str, str], head: bool = False
+    ):
         """Summary, local and accumulated error of ``pairs`` for one batch of ``feeds``."""
         fp_tap, dep_tap, _ = self.taps()
         f = fp_tap.run(feeds)
@@ -324,6 +333,8 @@ class _NumpyPath:
                 skipped.setdefault(p.fp32, "quantized counterpart has another shape: not compared")
                 continue
             a.acc.update(ref, cand)
+            if head and a.head is not None:
+                a.head.update(ref, cand)
         return _graph_outputs(f, fp_tap.graph_outputs), _graph_outputs(d, dep_tap.graph_outputs)
 
     def fakequant(self, batch: Batch, accs: dict[str, _TensorAcc], numpy_path=None, skipped=None):
@@ -428,9 +439,12 @@ class _GraphPath:
         self._fq_sess = None
         self._make_fq = None
 
-    def main(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
-        """One data batch, in capture chunks; returns its (FP32, deployed) graph outputs."""
-        parts = self._each_chunk(batch, lambda feeds: self._main(feeds, accs, numpy_path, skipped))
+    def main(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str], head: bool = False):
+        """One data batch, in capture chunks; returns its (FP32, deployed) graph outputs.
+
+        ``head``: the batch was also in the fake-quant view; its deployed error goes to ``head`` too.
+        """
+        parts = self._each_chunk(batch, lambda feeds: self._main(feeds, accs, numpy_path, skipped, head))
         self._flush()
         return _join([r for r, _ in parts]), _join([d for _, d in parts])
 
@@ -465,7 +479,7 @@ class _GraphPath:
         rows = next(iter(feeds.values())).shape[0] if feeds else 1
         self._largest = -(-int(max(counts, default=0)) // max(rows, 1))
 
-    def _main(self, feeds, accs, numpy_path, skipped):
+    def _main(self, feeds, accs, numpy_path, skipped, head=False):
         out = run_session(
             self.main_sess(), self.main_model.outputs, _with_subsample(feeds), "the instrumented models"
         )
@@ -486,6 +500,8 @@ class _GraphPath:
             a.ensure_edges(out[names["r"]], ref["rmin"], ref["rmax"])
             if acc is not None:
                 _add_pair(a.acc.error, ref["ref2"], n, acc)
+                if head and a.head is not None:
+                    _add_pair(a.head, ref["ref2"], n, acc)
                 if a.acc.histogram is not None:
                     self._queue(a.acc.histogram, out[names["r"]], out[names["c"]])
             if loc is not None and a.local is not None:
@@ -494,7 +510,7 @@ class _GraphPath:
                     self._queue(a.local.histogram, out[names["r"]], out[names["l"]])
         self._note_size([r["count"] for r in st["ref"].values()], feeds)
         if bad:
-            numpy_path.measure(feeds, accs, bad, skipped)
+            numpy_path.measure(feeds, accs, bad, skipped, head)
         ref_out = {orig: out[name] for name, orig in self.main_model.ref_outputs.items()}
         dep_out = {orig: out[name] for name, orig in self.main_model.cand_outputs.items()}
         return ref_out, dep_out
@@ -574,21 +590,29 @@ KERNEL_GAP_DB = 3.0
 """Deployed-vs-fake-quant SQNR difference above which the report calls out the kernels."""
 
 
-def kernel_gap_notes(tensors: tuple[TensorRecord, ...], limit: int = 3) -> list[str]:
-    """Notes naming tensors where ORT's deployed integer kernels lose much more than fake-quant."""
+def kernel_gap_notes(
+    tensors: tuple[TensorRecord, ...], same_samples: dict[str, ErrorStats] | None = None, limit: int = 3
+) -> list[str]:
+    """Notes naming tensors where ORT's deployed integer kernels lose much more than fake-quant.
+
+    ``same_samples`` holds the deployed error over the samples the fake-quant
+    view saw (:attr:`LayerErrors.deployed_head`), so both sides of the gap
+    cover the same data; without it the full-run ``accumulated`` is used.
+    """
     gaps = []
     for t in tensors:
-        if t.accumulated is None or t.accumulated_fakequant is None:
+        deployed = (same_samples or {}).get(t.name, t.accumulated)
+        if deployed is None or t.accumulated_fakequant is None:
             continue
-        gap = t.accumulated_fakequant.sqnr_db - t.accumulated.sqnr_db
+        gap = t.accumulated_fakequant.sqnr_db - deployed.sqnr_db
         if math.isfinite(gap) and gap > KERNEL_GAP_DB:
-            gaps.append((gap, t))
+            gaps.append((gap, t, deployed))
     if not gaps:
         return []
     gaps.sort(key=lambda g: -g[0])
     worst = ", ".join(
-        f"{t.name} ({t.accumulated.sqnr_db:.1f} dB deployed vs {t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant)"
-        for _, t in gaps[:limit]
+        f"{t.name} ({d.sqnr_db:.1f} dB deployed vs {t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant)"
+        for _, t, d in gaps[:limit]
     )
     return [
         f"deployed INT8 kernels lose more than the QDQ graph's own rounding explains at {len(gaps)} tensor(s), "

@@ -271,7 +271,7 @@ def analyze(
     qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
-    notes.extend(kernel_gap_notes(layers.tensors))
+    notes.extend(kernel_gap_notes(layers.tensors, layers.deployed_head))
     notes.extend(concat_range_notes(prep.normalized, layers.tensors))
     notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 

@@ -293,3 +293,19 @@ def test_fakequant_samples_rejects_bad_values(cnn, tmp_path, capsys):
     assert main([*args, "--fakequant-samples", "-3"]) == 2
     err = capsys.readouterr().err
     assert "--fakequant-samples" in err and "Traceback" not in err
+
+
+def test_kernel_gap_compares_the_same_samples(analyzed):
+    """The deployed side of the kernel gap covers the samples the fake-quant view saw, not the whole run."""
+    import dataclasses
+
+    from qdebug.analysis import kernel_gap_notes
+
+    report = analyzed[3]
+    rec = report.tensor("c2")
+    assert rec.accumulated_fakequant is not None
+    fq = rec.accumulated_fakequant.sqnr_db
+    bad_overall = dataclasses.replace(rec, accumulated=dataclasses.replace(rec.accumulated, sqnr_db=fq - 10))
+    assert kernel_gap_notes((bad_overall,)), "a 10 dB gap over the whole run is called out"
+    same = {"c2": dataclasses.replace(rec.accumulated, sqnr_db=fq - 0.5)}
+    assert kernel_gap_notes((bad_overall,), same) == [], "on the same samples there is no gap"

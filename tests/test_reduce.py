@@ -73,8 +73,8 @@ def test_merged_model_is_topological_and_keeps_few_tensors_alive(transformer_mod
     ours = _live_peak(list(graph.node), outputs)
     # the naive order (both models first, reductions last) keeps every tensor alive until its reduction
     is_model = [not n.name.startswith("qdbg/") for n in graph.node]
-    naive = [n for n, m in zip(graph.node, is_model) if m] + [
-        n for n, m in zip(graph.node, is_model) if not m
+    naive = [n for n, m in zip(graph.node, is_model, strict=True) if m] + [
+        n for n, m in zip(graph.node, is_model, strict=True) if not m
     ]
     assert ours * 4 < _live_peak(naive, outputs), (ours, _live_peak(naive, outputs))
     assert len(specs) > 40
@@ -188,3 +188,20 @@ def test_a_fixed_batch_dimension_is_never_cut_into_chunks(tmp_path, monkeypatch)
     report = load_report(out)
     assert report.samples == 40 and report.tensor("c2").local.count == 40 * 4 * 8 * 8
     assert report.deployed_gap == 0.0
+
+
+def test_deployed_head_covers_the_fake_quant_samples(transformer_models):
+    from qdebug.data import model_input_specs, open_data
+
+    fp32, qdq, pairing, calib = transformer_models
+    data = open_data(calib, model_input_specs(fp32), batch_size=8, max_samples=24)
+    layers = analysis.measure_layers(fp32, qdq, pairing, data, SessionConfig(), fakequant_samples=8)
+    assert layers.samples == 24 and layers.fakequant_samples == 8
+    checked = 0
+    for t in layers.tensors:
+        head = layers.deployed_head.get(t.name)
+        if head is None or t.accumulated_fakequant is None:
+            continue
+        assert head.count == t.accumulated_fakequant.count == t.accumulated.count // 3
+        checked += 1
+    assert checked > 20

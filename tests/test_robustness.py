@@ -752,8 +752,18 @@ def test_models_over_the_protobuf_limit_go_through_external_data(tmp_path, monke
     monkeypatch.setattr(load, "PROTO_LIMIT", 4096)
     base = fixture_path("cnn")
     out = tmp_path / "r.json"
-    code = main(["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q",
-                 "--no-cache"])
+    code = main(
+        [
+            "analyze",
+            str(base / "model.onnx"),
+            "--calib",
+            str(base / "calib.npz"),
+            "-o",
+            str(out),
+            "-q",
+            "--no-cache",
+        ]
+    )
     assert code == 0
     report = load_report(out)
     files = tmp_path / "r_files"

@@ -717,7 +717,9 @@ def test_toggle_exclusion_and_export(tmp_path):
     assert p.nodes_to_exclude == ("layer1/attn/softmax", "layer1/attn/qk_matmul")
     assert p.source == "tui" and all(HAND_REASON in r.reason for r in p.reasons)
     assert (p.method, p.activation_type, p.weight_type) == (
-        REPORT.config.method, REPORT.config.activation_type, REPORT.config.weight_type
+        REPORT.config.method,
+        REPORT.config.activation_type,
+        REPORT.config.weight_type,
     )
     assert "nodes_to_exclude=[" in p.snippet
     assert any(str(out) in n for n in notes)

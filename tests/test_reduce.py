@@ -205,3 +205,25 @@ def test_deployed_head_covers_the_fake_quant_samples(transformer_models):
         assert head.count == t.accumulated_fakequant.count == t.accumulated.count // 3
         checked += 1
     assert checked > 20
+
+
+def test_permutation_outputs_share_their_sources_statistics(tmp_path, monkeypatch):
+    """Reshape/Transpose outputs are not measured twice, and sharing changes no number."""
+    base = fixture_path("transformer")
+    reports = {}
+    for label in ("shared", "measured"):
+        if label == "measured":
+            monkeypatch.setattr(analysis, "permutation_aliases", lambda *a, **k: {})
+        out = tmp_path / f"{label}.json"
+        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
+        assert main([*args, "--max-samples", "16"]) == 0
+        reports[label] = load_report(out)
+    shared = [t for t in reports["shared"].tensors if t.note.startswith("same values as")]
+    assert len(shared) >= 8
+    for t in shared:
+        u = reports["measured"].tensor(t.name)
+        assert t.summary.max == pytest.approx(u.summary.max, abs=1e-6)
+        for x, y in ((t.accumulated, u.accumulated), (t.local, u.local)):
+            assert (x is None) == (y is None)
+            if x is not None and math.isfinite(x.sqnr_db):
+                assert x.count == y.count and x.sqnr_db == pytest.approx(y.sqnr_db, abs=1e-4), t.name

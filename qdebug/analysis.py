@@ -440,7 +440,9 @@ class _GraphPath:
             names = [p.dequant for p in scored if p.dequant is not None]
             fq = optimize_for_capture(qdq, names, config, fake_quant=True, what="quantized model")
             # the fake-quant view: the same FP32 side against the QDQ model with ORT's QDQ handling off
-            return build_reduction_model(ref_model, fq or qdq, fq_specs, ref_stats=False, **build)
+            return build_reduction_model(
+                ref_model, fq or qdq, fq_specs, ref_stats=False, with_samples=False, **build
+            )
 
         self._make_fq = make_fq
         self.main_model: ReductionModel | None = None

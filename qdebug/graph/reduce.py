@@ -240,6 +240,7 @@ def build_reduction_model(
     pairs: Sequence[PairSpec],
     *,
     ref_stats: bool = True,
+    with_samples: bool = True,
     ref_types: Mapping[str, int] | None = None,
     cand_types: Mapping[str, int] | None = None,
     keep_outputs: tuple[Sequence[str], Sequence[str]] | None = None,
@@ -249,7 +250,8 @@ def build_reduction_model(
     ``ref_types``/``cand_types`` give element types when the models lack them
     (ORT's optimized models carry few value_info); a tensor of unknown or
     non-float32 type is cast to float32 first. ``ref_stats=False`` leaves out
-    the reference's min/max/sum. ``keep_outputs`` names the (reference,
+    the reference's min/max/sum; ``with_samples=False`` the subsamples (and the
+    ``qdbg/subsample`` input). ``keep_outputs`` names the (reference,
     candidate) graph outputs to keep (default: all); instrumented models pass
     their original outputs so the tensors they expose are not copied out.
     """
@@ -315,17 +317,21 @@ def build_reduction_model(
         emit("ref", p.key, stats)
         # every (size // target + 1)-th element: at least 1 and at most ``target`` elements; Add, not Max,
         # because Max takes no int64 before opset 12
-        step = b.op("Reshape", [b.op("Add", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step")
-        samples[p.key] = {"r": sample(rv, step)}
+        sides = {"r": rv}
         if p.cand is not None:
             # one consumer only: ORT would otherwise duplicate a DequantizeLinear per consumer
             cv = b.op("Identity", [as_float(p.cand, "c")], "c")
             emit("acc", p.key, compare(rv, cv))
-            samples[p.key]["c"] = sample(cv, step)
+            sides["c"] = cv
         if p.local is not None:
             fq = _fake_quant(b, rv, p.local)
             emit("local", p.key, compare(rv, fq))
-            samples[p.key]["l"] = sample(fq, step)
+            sides["l"] = fq
+        if with_samples:
+            step = b.op(
+                "Reshape", [b.op("Add", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step"
+            )
+            samples[p.key] = {side: sample(value, step) for side, value in sides.items()}
         groups.append(b.nodes[first:])
     tail_start = len(b.nodes)
     outputs = []
@@ -354,7 +360,8 @@ def build_reduction_model(
     graph = helper.make_graph(
         nodes,
         "qdebug_reductions",
-        [*ref.graph.input, helper.make_tensor_value_info(SUBSAMPLE_INPUT, TensorProto.INT64, [])],
+        [*ref.graph.input]
+        + ([helper.make_tensor_value_info(SUBSAMPLE_INPUT, TensorProto.INT64, [])] if with_samples else []),
         outputs,
         list(r.graph.initializer) + list(c.graph.initializer) + b.inits,
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +50,7 @@ from qdebug.graph.reduce import (
 )
 from qdebug.metrics import (
     ErrorAccumulator,
+    HistogramAccumulator,
     SummaryAccumulator,
     TensorErrorAccumulator,
     grid_edges_for,
@@ -89,6 +90,8 @@ class LayerErrors:
     """Samples that went through the fake-quant view."""
     deployed_head: dict[str, ErrorStats] = dataclasses.field(default_factory=dict)
     """Accumulated (deployed) error over the same first samples as the fake-quant view, per tensor."""
+    aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Tensors that share another tensor's statistics (:func:`permutation_aliases`): name -> source."""
 
 
 class _TensorAcc:
@@ -114,8 +117,8 @@ class _TensorAcc:
             if not finite.size:
                 return
             lo, hi = float(finite.min()), float(finite.max())
-        if math.isfinite(lo) and math.isfinite(hi) and self.acc.error.count == 0:
-            self.acc = TensorErrorAccumulator(range_edges(lo, hi))
+        if math.isfinite(lo) and math.isfinite(hi) and self.acc.histogram is None:
+            self.acc.histogram = HistogramAccumulator(range_edges(lo, hi))
 
 
 def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | None:
@@ -134,6 +137,10 @@ class ModelOutputs:
     deployed: list[dict[str, np.ndarray]]
     fakequant: list[dict[str, np.ndarray]]
     labels: list[np.ndarray] | None
+    fakequant_reference: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    """FP32 outputs of the fake-quant view's own pass: its metric is scored against these, so a data
+    hook that yields other samples on each call still compares like with like."""
+    fakequant_labels: list[np.ndarray] | None = None
 
 
 def measure_layers(
@@ -179,7 +186,7 @@ def measure_layers(
     )
     numpy_path = _NumpyPath(fp32, qdq, scored, local, config)
     path: _NumpyPath | _GraphPath = _GraphPath(fp32, qdq, scored, local, config) if use_graph else numpy_path
-    outputs = ModelOutputs([], [], [], [] if data.has_labels else None)
+    outputs = ModelOutputs([], [], [], [] if data.has_labels else None, [], [] if data.has_labels else None)
     samples = 0
     gap = 0.0
     fq_done = 0
@@ -189,7 +196,11 @@ def measure_layers(
         for batch in data.batches():
             if fakequant_samples is not None and fq_done >= fakequant_samples:
                 break
-            outputs.fakequant.append(path.fakequant(batch, accs, numpy_path, skipped))
+            ref_out, fq_out = path.fakequant(batch, accs, numpy_path, skipped)
+            outputs.fakequant.append(fq_out)
+            outputs.fakequant_reference.append(ref_out)
+            if outputs.fakequant_labels is not None and batch.labels is not None:
+                outputs.fakequant_labels.append(batch.labels)
             fq_done += batch.size
             if progress:
                 total = data.n_samples
@@ -202,10 +213,12 @@ def measure_layers(
         if index == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
             rows = min(batch.size, getattr(path, "chunk", None) or batch.size)
             plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
-            first = {k: v[:rows] for k, v in batch.feeds.items()} if rows < batch.size else batch.feeds
-            gap = _deployed_gap(
-                plain.run(first), {k: v[:rows] for k, v in dep_out.items()}, plain.graph_outputs
-            )
+            if rows < batch.size:  # chunked: outputs are batch-major (checked by _chunkable)
+                first = {k: v[:rows] for k, v in batch.feeds.items()}
+                dep_first = {k: v[:rows] for k, v in dep_out.items()}
+            else:
+                first, dep_first = batch.feeds, dep_out
+            gap = _deployed_gap(plain.run(first), dep_first, plain.graph_outputs)
             del plain
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
@@ -222,8 +235,14 @@ def measure_layers(
             NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
         )
     engine_used = "graph" if isinstance(path, _GraphPath) else "numpy"
-    head = {k: a.head.result() for k, a in accs.items() if a.head is not None and a.head.count}
-    return LayerErrors(tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done, head)
+    head = {
+        k: a.head.result()
+        for k, a in accs.items()
+        if k not in aliases and a.head is not None and a.head.count
+    }
+    return LayerErrors(
+        tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done, head, aliases
+    )
 
 
 _FLOAT_TYPES = {
@@ -281,7 +300,8 @@ def local_fake_quant(qdq: onnx.ModelProto, pairs: list[TensorPair]) -> dict[str,
         zp = index.const_array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
         if scale is None or (len(dq.input) > 2 and dq.input[2] and zp is None):
             continue
-        axis = next((int(a.i) for a in dq.attribute if a.name == "axis"), None) if scale.size > 1 else None
+        # DequantizeLinear's axis defaults to 1 for a per-axis (1-D) scale
+        axis = next((int(a.i) for a in dq.attribute if a.name == "axis"), 1) if scale.size > 1 else None
         out[p.fp32] = FakeQuant(scale, zp, axis, dq.domain if dq.domain not in ("", "ai.onnx") else "")
     return out
 
@@ -378,11 +398,11 @@ class _NumpyPath:
         return _graph_outputs(f, fp_tap.graph_outputs), _graph_outputs(d, dep_tap.graph_outputs)
 
     def fakequant(self, batch: Batch, accs: dict[str, _TensorAcc], numpy_path=None, skipped=None):
-        """One batch through the fake-quant session; returns its graph outputs."""
+        """One batch through the fake-quant session; returns its (FP32, fake-quant) graph outputs."""
         return self.fakequant_pairs(batch.feeds, accs, self.scored)
 
-    def fakequant_pairs(self, feeds, accs: dict[str, _TensorAcc], pairs: list) -> dict[str, np.ndarray]:
-        """FP32 vs fake-quant DQ outputs of ``pairs`` for one batch of ``feeds``."""
+    def fakequant_pairs(self, feeds, accs: dict[str, _TensorAcc], pairs: list):
+        """FP32 vs fake-quant DQ outputs of ``pairs`` for one batch of ``feeds``; returns both graph outputs."""
         fp_tap, _, fq_tap = self.taps()
         f = fp_tap.run(feeds)
         q = fq_tap.run(feeds)
@@ -392,7 +412,7 @@ class _NumpyPath:
             ref = f.get(p.fp32)
             if a.fakequant is not None and post is not None and ref is not None and ref.shape == post.shape:
                 a.fakequant.update(ref, post)
-        return _graph_outputs(q, fq_tap.graph_outputs)
+        return _graph_outputs(f, fp_tap.graph_outputs), _graph_outputs(q, fq_tap.graph_outputs)
 
     def close_fakequant(self) -> None:
         """Nothing to release: the numpy path keeps its sessions for NaN fallbacks."""
@@ -451,8 +471,9 @@ class _GraphPath:
         self._fq_sess = None
         self.chunk: int | None = None
         self._largest = 0
-        self._pending: dict[int, tuple] = {}
-        self.splittable = _batch_axis_is_free(fp32) and _batch_axis_is_free(qdq)
+        self._pending: dict[tuple[str, str], tuple[list, list]] = {}
+        self._range: dict[str, tuple[float, float]] = {}
+        self.splittable = _chunkable(fp32, qdq)
 
     def _open(self, model: ReductionModel, what: str, **options) -> tuple[object, ReductionModel]:
         """A session over a merged model (arena on, node order kept) and the model without its proto."""
@@ -487,23 +508,29 @@ class _GraphPath:
         ``head``: the batch was also in the fake-quant view; its deployed error goes to ``head`` too.
         """
         parts = self._each_chunk(batch, lambda feeds: self._main(feeds, accs, numpy_path, skipped, head))
-        self._flush()
+        self._flush(accs)
         return _join([r for r, _ in parts]), _join([d for _, d in parts])
 
-    def _queue(self, hist, ref: np.ndarray, cand: np.ndarray) -> None:
+    def _queue(self, name: str, kind: str, ref: np.ndarray, cand: np.ndarray) -> None:
         """Histogram samples wait for the end of the data batch: one numpy call per tensor, not per chunk."""
-        entry = self._pending.setdefault(id(hist), (hist, [], []))
-        entry[1].append(ref)
-        entry[2].append(cand)
+        entry = self._pending.setdefault((name, kind), ([], []))
+        entry[0].append(ref)
+        entry[1].append(cand)
 
-    def _flush(self) -> None:
-        for hist, refs, cands in self._pending.values():
-            hist.update(np.concatenate(refs), np.concatenate(cands))
+    def _flush(self, accs: dict[str, _TensorAcc]) -> None:
+        for name, (lo, hi) in self._range.items():
+            accs[name].ensure_edges(np.empty(0, np.float32), lo, hi)
+        self._range.clear()
+        for (name, kind), (refs, cands) in self._pending.items():
+            target = accs[name].acc if kind == "acc" else accs[name].local
+            if target is not None and target.histogram is not None:
+                target.histogram.update(np.concatenate(refs), np.concatenate(cands))
         self._pending.clear()
 
     def fakequant(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
-        """One data batch through the fake-quant view; returns its graph outputs."""
-        return _join(self._each_chunk(batch, lambda feeds: self._fakequant(feeds, accs, numpy_path)))
+        """One data batch through the fake-quant view; returns its (FP32, fake-quant) graph outputs."""
+        parts = self._each_chunk(batch, lambda feeds: self._fakequant(feeds, accs, numpy_path))
+        return _join([r for r, _ in parts]), _join([q for _, q in parts])
 
     def _each_chunk(self, batch: Batch, step):
         """``step`` over capture chunks of ``batch``; until they are sized, the first sample runs alone."""
@@ -539,17 +566,19 @@ class _GraphPath:
             mean, m2 = moments_from_sums(n, ref["rsum"], ref["ref2"])
             a.summary.add_moments(n, mean, m2, ref["rmin"], ref["rmax"])
             names = self.main_model.samples[p.fp32]
-            a.ensure_edges(out[names["r"]], ref["rmin"], ref["rmax"])
+            if a.deferred_edges:  # edges from the whole first batch, fixed when its samples are flushed
+                lo, hi = self._range.get(p.fp32, (math.inf, -math.inf))
+                self._range[p.fp32] = (min(lo, ref["rmin"]), max(hi, ref["rmax"]))
             if acc is not None:
                 _add_pair(a.acc.error, ref["ref2"], n, acc)
                 if head and a.head is not None:
                     _add_pair(a.head, ref["ref2"], n, acc)
-                if a.acc.histogram is not None:
-                    self._queue(a.acc.histogram, out[names["r"]], out[names["c"]])
+                if a.acc.histogram is not None or a.deferred_edges:
+                    self._queue(p.fp32, "acc", out[names["r"]], out[names["c"]])
             if loc is not None and a.local is not None:
                 _add_pair(a.local.error, ref["ref2"], n, loc)
                 if a.local.histogram is not None:
-                    self._queue(a.local.histogram, out[names["r"]], out[names["l"]])
+                    self._queue(p.fp32, "local", out[names["r"]], out[names["l"]])
         self._note_size([r["count"] for r in st["ref"].values()], feeds)
         if bad:
             numpy_path.measure(feeds, accs, bad, skipped, head)
@@ -576,7 +605,8 @@ class _GraphPath:
         self._note_size([r["count"] for r in st["ref"].values()], feeds)
         if bad:
             numpy_path.fakequant_pairs(feeds, accs, bad)
-        return {orig: out[name] for name, orig in self.fq_model.cand_outputs.items()}
+        ref_out = {orig: out[name] for name, orig in self.fq_model.ref_outputs.items()}
+        return ref_out, {orig: out[name] for name, orig in self.fq_model.cand_outputs.items()}
 
 
 def _with_dq_types(model: onnx.ModelProto, types: dict[str, int]) -> dict[str, int]:
@@ -599,17 +629,40 @@ def _with_subsample(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {**feeds, SUBSAMPLE_INPUT: np.array(target, dtype=np.int64)}
 
 
-def _batch_axis_is_free(model: onnx.ModelProto) -> bool:
-    """Every graph input and output has a dynamic first dimension: batches may be cut into chunks."""
-    inits = {i.name for i in model.graph.initializer}
-    values = [v for v in model.graph.input if v.name not in inits] + list(model.graph.output)
-    for v in values:
-        dims = v.type.tensor_type.shape.dim
-        if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape") or not dims:
-            return False
-        if dims[0].HasField("dim_value"):
-            return False
+def _chunkable(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> bool:
+    """Whether batches may be cut into capture chunks without changing any number.
+
+    Samples must be independent along axis 0: every graph input and output of
+    both models has the inputs' symbolic batch dimension first, and no float
+    tensor of the FP32 model is a scalar or has a fixed first dimension (a
+    reduction over the batch, e.g. a mean used as a branch condition, would
+    see a chunk instead of the batch). Unknown shapes count as not chunkable.
+    """
+    inits = {i.name for i in fp32.graph.initializer}
+    inputs = [v for v in fp32.graph.input if v.name not in inits]
+    batch = {_first_dim(v) for v in inputs}
+    if not inputs or len(batch) != 1 or not next(iter(batch)):
+        return False
+    symbol = next(iter(batch))
+    for model in (fp32, qdq):
+        for v in model.graph.output:
+            if _first_dim(v) != symbol:
+                return False
+    for v in fp32.graph.value_info:
+        t = v.type.tensor_type
+        if t.elem_type in _FLOAT_TYPES and t.HasField("shape"):
+            if not t.shape.dim or t.shape.dim[0].HasField("dim_value"):
+                return False
     return True
+
+
+def _first_dim(value: onnx.ValueInfoProto) -> str:
+    """The symbolic name of a value's first dimension ("" when static, unnamed or unknown)."""
+    t = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not t.HasField("shape") or not t.shape.dim:
+        return ""
+    d = t.shape.dim[0]
+    return d.dim_param if d.HasField("dim_param") else ""
 
 
 def _split(feeds: dict[str, np.ndarray], size: int):
@@ -633,16 +686,22 @@ KERNEL_GAP_DB = 3.0
 
 
 def kernel_gap_notes(
-    tensors: tuple[TensorRecord, ...], same_samples: dict[str, ErrorStats] | None = None, limit: int = 3
+    tensors: tuple[TensorRecord, ...],
+    same_samples: dict[str, ErrorStats] | None = None,
+    limit: int = 3,
+    skip: Collection[str] = (),
 ) -> list[str]:
     """Notes naming tensors where ORT's deployed integer kernels lose much more than fake-quant.
 
     ``same_samples`` holds the deployed error over the samples the fake-quant
     view saw (:attr:`LayerErrors.deployed_head`), so both sides of the gap
     cover the same data; without it the full-run ``accumulated`` is used.
+    ``skip``: tensors not to count (e.g. a Reshape of a tensor already counted).
     """
     gaps = []
     for t in tensors:
+        if t.name in skip:
+            continue
         deployed = (same_samples or {}).get(t.name, t.accumulated)
         if deployed is None or t.accumulated_fakequant is None:
             continue

@@ -271,7 +271,7 @@ def analyze(
     qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
-    notes.extend(kernel_gap_notes(layers.tensors, layers.deployed_head))
+    notes.extend(kernel_gap_notes(layers.tensors, layers.deployed_head, skip=layers.aliases))
     notes.extend(concat_range_notes(prep.normalized, layers.tensors))
     notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 
@@ -284,23 +284,36 @@ def analyze(
         fakequant_value = (
             evaluator.score(qproto, fake_quant=True).value if options.fakequant_samples != 0 else math.nan
         )
+        fq_samples, same_value = (
+            (result.samples, result.value) if not math.isnan(fakequant_value) else (0, math.nan)
+        )
         eval_label = "eval"
     else:  # the capture already ran both models over the calibration data: reuse its outputs
         outs = layers.outputs
         evaluator = Evaluator.from_outputs(outs.reference, outs.labels, prep.calib, options.metric)
         result = evaluator.score_outputs(outs.deployed)
+        fakequant_value, same_value, fq_samples = math.nan, math.nan, 0
         k = len(outs.fakequant)
-        if k == 0:
-            fakequant_value = math.nan
-        elif k == len(outs.reference):
-            fakequant_value = evaluator.score_outputs(outs.fakequant).value
-        else:  # fake-quant ran on the first k batches only: score it against the same batches
+        if k:
+            # each side against its own pass's FP32 outputs; the deployed model over the same first batches
+            fq_eval = Evaluator.from_outputs(
+                outs.fakequant_reference, outs.fakequant_labels, prep.calib, options.metric
+            )
+            fq_res = fq_eval.score_outputs(outs.fakequant)
+            fakequant_value, fq_samples = fq_res.value, layers.fakequant_samples
             labels = outs.labels[:k] if outs.labels else None
-            sub = Evaluator.from_outputs(outs.reference[:k], labels, prep.calib, options.metric)
-            fakequant_value = sub.score_outputs(outs.fakequant).value
+            head = Evaluator.from_outputs(outs.reference[:k], labels, prep.calib, options.metric)
+            same_value = head.score_outputs(outs.deployed[:k]).value
         eval_label = "calib"
     task = TaskMetric(
-        result.metric, result.fp32_value, result.value, result.samples, eval_label, fakequant_value
+        result.metric,
+        result.fp32_value,
+        result.value,
+        result.samples,
+        eval_label,
+        fakequant_value,
+        fq_samples,
+        same_value,
     )
 
     import onnxruntime

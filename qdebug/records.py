@@ -177,6 +177,11 @@ class TaskMetric:
     Far above ``quantized`` means the deployed integer kernels, not the quantization
     parameters, lose the accuracy (see ``TensorRecord.accumulated_fakequant``).
     """
+    fakequant_samples: int = 0
+    """Samples ``quantized_fakequant`` was measured on (the first ``--fakequant-samples`` of the data)."""
+    quantized_same_samples: float = float("nan")
+    """The deployed quantized model's metric over those same samples: compare it, not ``quantized``,
+    with ``quantized_fakequant``."""
 
 
 @dataclass(frozen=True)

@@ -227,3 +227,103 @@ def test_permutation_outputs_share_their_sources_statistics(tmp_path, monkeypatc
             assert (x is None) == (y is None)
             if x is not None and math.isfinite(x.sqnr_db):
                 assert x.count == y.count and x.sqnr_db == pytest.approx(y.sqnr_db, abs=1e-4), t.name
+
+
+def _tiny(path, outputs, nodes, x_shape):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)], outputs, [w]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["scalar_output", "time_major_output"])
+def test_outputs_without_a_leading_batch_axis(tmp_path, kind):
+    """A scalar output, or a [T, N, C] output: batches are not cut into chunks and both engines agree."""
+    from onnx import TensorProto, helper
+
+    mm = helper.make_node("MatMul", ["x", "W"], ["a"], name="mm")
+    relu = helper.make_node("Relu", ["a"], ["y"], name="relu")
+    if kind == "scalar_output":
+        nodes = [mm, relu, helper.make_node("ReduceMean", ["y"], ["s"], name="rm", keepdims=0)]
+        outputs = [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+        ]
+        x = np.random.default_rng(1).standard_normal((37, 6)).astype(np.float32)
+        shape = ["N", 6]
+    else:
+        nodes = [mm, relu, helper.make_node("Transpose", ["y"], ["t"], name="tm", perm=[1, 0, 2])]
+        outputs = [helper.make_tensor_value_info("t", TensorProto.FLOAT, ["T", "N", 4])]
+        x = np.random.default_rng(1).standard_normal((37, 5, 6)).astype(np.float32)
+        shape = ["N", "T", 6]
+    model = _tiny(tmp_path / "m.onnx", outputs, nodes, shape)
+    np.savez(tmp_path / "c.npz", x=x)
+    reports = {}
+    for engine in ("graph", "numpy"):
+        out = tmp_path / f"{engine}.json"
+        args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]
+        assert main([*args, "--engine", engine, "--metric", "output_sqnr_db"]) == 0
+        reports[engine] = load_report(out)
+    g, n = reports["graph"], reports["numpy"]
+    assert g.samples == n.samples == 37
+    for t in g.tensors:
+        if t.accumulated is not None and math.isfinite(t.accumulated.sqnr_db):
+            assert t.accumulated.count == n.tensor(t.name).accumulated.count
+            assert t.accumulated.sqnr_db == pytest.approx(n.tensor(t.name).accumulated.sqnr_db, abs=0.02)
+
+
+def test_fake_quantize_uses_dequantize_linears_default_axis():
+    """A per-channel DequantizeLinear without an axis attribute quantizes along axis 1."""
+    from onnx import helper, numpy_helper
+
+    scale = np.array([0.1, 0.2, 0.4], np.float32)
+    zp = np.zeros(3, np.int8)
+    qdq = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 4])],
+            [helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, [2, 3, 4])],
+            [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zp, "z")],
+        )
+    )
+
+    class Pair:
+        fp32, dequant = "x", "d"
+
+    fq = analysis.local_fake_quant(qdq, [Pair()])["x"]
+    assert fq.axis == 1
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    expected = np.clip(np.rint(x / scale[None, :, None]), -128, 127) * scale[None, :, None]
+    np.testing.assert_allclose(analysis.fake_quantize(x, fq), expected, rtol=1e-6)
+
+
+def test_a_shuffling_data_hook_keeps_the_fake_quant_metric_like_for_like(tmp_path, monkeypatch):
+    """The fake-quant view reads the data again: a hook that shuffles on each call must not mismatch it."""
+    calib = fixture_path("transformer", "calib.npz")
+    (tmp_path / "shuffled_hook.py").write_text(
+        "import numpy as np\n"
+        "def data():\n"
+        f"    z = np.load({str(calib)!r})\n"
+        "    x, y = z['input'], z['labels']\n"
+        "    idx = np.random.permutation(len(x))\n"
+        "    for s in range(0, len(x), 16):\n"
+        "        yield {'input': x[idx[s:s + 16]], 'labels': y[idx[s:s + 16]]}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "r.json"
+    model = fixture_path("transformer", "model.onnx")
+    assert main(["analyze", str(model), "--calib", "shuffled_hook:data", "-o", str(out), "-q"]) == 0
+    task = load_report(out).task
+    # scored against its own pass's FP32 outputs and labels: close to the deployed accuracy, not ~10 %
+    assert task.fakequant_samples == 32 and task.quantized_fakequant > 0.7
+    assert math.isfinite(task.quantized_same_samples)

@@ -126,10 +126,15 @@ def print_summary(report, top: int = 10) -> None:
             f"quantized {fmt_metric(task.name, task.quantized)}  (drop {drop:.2f}{unit})"
         )
         if not math.isnan(task.quantized_fakequant):
-            console.print(
-                f"  same QDQ model without ORT's integer kernels (fake-quant): "
-                f"{fmt_metric(task.name, task.quantized_fakequant)}"
-            )
+            fq = fmt_metric(task.name, task.quantized_fakequant)
+            if task.fakequant_samples and task.fakequant_samples < task.samples:
+                same = fmt_metric(task.name, task.quantized_same_samples)
+                console.print(
+                    f"  same QDQ model without ORT's integer kernels (fake-quant), first {task.fakequant_samples} "
+                    f"samples: {fq}  (quantized on those samples: {same})"
+                )
+            else:
+                console.print(f"  same QDQ model without ORT's integer kernels (fake-quant): {fq}")
     for o in report.outputs:
         console.print(f"output {o.name}: SQNR {fmt_db(o.error.sqnr_db)} dB, max-abs {o.error.max_abs:.4g}")
     if report.deployed_gap > 0:

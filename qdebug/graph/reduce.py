@@ -381,7 +381,8 @@ def build_reduction_model(
 
 def _fake_quant(b: _Builder, value: str, fq: FakeQuant) -> str:
     """``DequantizeLinear(QuantizeLinear(value))`` with ``fq``'s parameters, as ORT's QDQ model does it."""
-    scale = b.const("scale", np.asarray(fq.scale))
+    # the reference was cast to float32, so the scale must be too (a float16 model has float16 scales)
+    scale = b.const("scale", np.asarray(fq.scale, dtype=np.float32))
     args = [scale]
     if fq.zero_point is not None:
         args.append(b.const("zp", np.asarray(fq.zero_point)))

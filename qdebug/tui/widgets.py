@@ -144,6 +144,9 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
         if not math.isnan(task.quantized_fakequant):
             fq = Text("fake-quant ")
             fq.append(fmt_metric(task.name, task.quantized_fakequant), style="bold")
+            if task.fakequant_samples and task.fakequant_samples < task.samples:
+                same = fmt_metric(task.name, task.quantized_same_samples)
+                fq.append(f" vs INT8 {same} on the first {task.fakequant_samples}", style="dim")
             results.append(fq)
     else:
         results.append(Text("no task metric", style="dim"))

@@ -288,6 +288,14 @@ def _alias_note(name: str, aliases: dict[str, str] | None) -> str:
     return f"same values as {source} (data movement): its statistics, measured once" if source else ""
 
 
+_LOCAL_QTYPES = {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+}
+
+
 def local_fake_quant(qdq: onnx.ModelProto, pairs: list[TensorPair]) -> dict[str, FakeQuant]:
     """Per quantized FP32 tensor: the scale/zero-point (and axis) of its DequantizeLinear in ``qdq``."""
     index = GraphIndex(qdq)
@@ -300,6 +308,8 @@ def local_fake_quant(qdq: onnx.ModelProto, pairs: list[TensorPair]) -> dict[str,
         zp = index.const_array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
         if scale is None or (len(dq.input) > 2 and dq.input[2] and zp is None):
             continue
+        if zp is not None and index.inits[dq.input[2]].data_type not in _LOCAL_QTYPES:
+            continue  # int4/float8 grids: no local error rather than a wrong one
         # DequantizeLinear's axis defaults to 1 for a per-axis (1-D) scale
         axis = next((int(a.i) for a in dq.attribute if a.name == "axis"), 1) if scale.size > 1 else None
         out[p.fp32] = FakeQuant(scale, zp, axis, dq.domain if dq.domain not in ("", "ai.onnx") else "")

@@ -771,3 +771,23 @@ def test_models_over_the_protobuf_limit_go_through_external_data(tmp_path, monke
     assert (files / "normalized.onnx").stat().st_size < 40_000  # weights live in the .data file
     assert abs(report.task.fp32 - report.task.quantized) <= 0.02
     assert report.tensor("logits").accumulated.sqnr_db > 15
+
+
+def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
+    """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
+    import onnxruntime.tools.symbolic_shape_infer as ssi
+
+    from qdebug.graph import load
+
+    def littering(model, **kwargs):
+        Path("sym_shape_infer_temp.onnx").write_bytes(b"x")  # what ORT does for some models
+        return model
+
+    monkeypatch.setattr(ssi.SymbolicShapeInference, "infer_shapes", staticmethod(littering))
+    cwd = tmp_path / "user_dir"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    model = onnx.load(fixture_path("cnn", "model.onnx"))
+    notes: list[str] = []
+    assert load._symbolic_inference(model, notes) is model
+    assert list(cwd.iterdir()) == [] and Path.cwd() == cwd

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -516,6 +518,27 @@ def _untyped_activations(model: ModelProto) -> list[str]:
     return [o for n in model.graph.node for o in n.output if o and o not in typed]
 
 
+@contextmanager
+def _scratch_cwd() -> Iterator[None]:
+    """Run in a temporary working directory that is deleted afterwards.
+
+    ORT's symbolic shape inference writes ``sym_shape_infer_temp.onnx`` and
+    external-data files into the *current directory* for some models (seen
+    with float16 QDQ models) and leaves them there: the user's directory must
+    not collect them.
+    """
+    import os
+    import tempfile
+
+    old = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="qdebug-shapes-") as tmp:
+        os.chdir(tmp)
+        try:
+            yield
+        finally:
+            os.chdir(old)
+
+
 def _symbolic_inference(model: ModelProto, notes: list[str]) -> ModelProto | None:
     if is_large(model):
         return None
@@ -525,7 +548,8 @@ def _symbolic_inference(model: ModelProto, notes: list[str]) -> ModelProto | Non
         return None
     for auto_merge in (False, True):
         try:
-            out = SymbolicShapeInference.infer_shapes(model, auto_merge=auto_merge)
+            with _scratch_cwd():
+                out = SymbolicShapeInference.infer_shapes(model, auto_merge=auto_merge)
         except Exception:
             continue
         if out is not None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -36,6 +38,7 @@ from qdebug.capture import (
     run_session,
 )
 from qdebug.data import Batch, DataSet
+from qdebug.graph.load import save_model
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.reduce import (
     SUBSAMPLE_INPUT,
@@ -185,14 +188,17 @@ def measure_layers(
         engine == "auto" and compatible(fp32, qdq) and all(types.get(p.fp32) in _FLOAT_TYPES for p in scored)
     )
     numpy_path = _NumpyPath(fp32, qdq, scored, local, config)
-    path: _NumpyPath | _GraphPath = _GraphPath(fp32, qdq, scored, local, config) if use_graph else numpy_path
+    fakequant = fakequant_samples is None or fakequant_samples > 0
+    path: _NumpyPath | _GraphPath = (
+        _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant) if use_graph else numpy_path
+    )
     outputs = ModelOutputs([], [], [], [] if data.has_labels else None, [], [] if data.has_labels else None)
     samples = 0
     gap = 0.0
     fq_done = 0
     # the fake-quant view first, on its own: its session is gone before the main one exists,
     # so the peak is the larger of the two, not their sum
-    if fakequant_samples is None or fakequant_samples > 0:
+    if fakequant:
         for batch in data.batches():
             if fakequant_samples is not None and fq_done >= fakequant_samples:
                 break
@@ -228,6 +234,8 @@ def measure_layers(
         if progress:
             progress("capture", samples, data.n_samples)
 
+    if isinstance(path, _GraphPath):
+        path.close()
     records = _tensor_records(fp32, pairing, accs, skipped, aliases)
     not_captured = [NotCaptured(name, reason) for name, reason in sorted(skipped.items())]
     for name, where in subgraph_tensors(fp32):
@@ -448,6 +456,8 @@ class _GraphPath:
         scored: list,
         local: dict[str, FakeQuant],
         config: SessionConfig,
+        *,
+        fakequant: bool = True,
     ) -> None:
         self.scored = scored
         self.config = config
@@ -456,27 +466,28 @@ class _GraphPath:
         qo = optimize_for_capture(qdq, cand, config, what="quantized model") if fo is not None else None
         self.preoptimized = fo is not None and qo is not None
         ref_model = fo if self.preoptimized else fp32
+        self._files: dict[str, Path] = {}
         types = (elem_types(fp32), _with_dq_types(qdq, elem_types(qdq)))
         keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
         specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
         fq_specs = [PairSpec(p.fp32, p.fp32, p.dequant) for p in scored if p.dequant is not None]
         build = {"ref_types": types[0], "cand_types": types[1], "keep_outputs": keep}
-        cand_model = qo if self.preoptimized else qdq
-        # both merged models are built when first needed and their protos dropped once ORT has them:
-        # the fake-quant view's session is gone before the main model even exists
-        self._make_main = lambda: build_reduction_model(ref_model, cand_model, specs, **build)
-
-        def make_fq():
+        # both merged models go to files and their protos (and the optimized models) are dropped before any
+        # session exists: ORT's copy is then the only one at the peak (60-90 MB less on the BERT model)
+        self._dir = tempfile.TemporaryDirectory(prefix="qdebug-capture-")
+        main = build_reduction_model(ref_model, qo if self.preoptimized else qdq, specs, **build)
+        self.main_model: ReductionModel = self._stash(main, "main.onnx")
+        del main, qo
+        self.fq_model: ReductionModel | None = None
+        if fakequant:
             names = [p.dequant for p in scored if p.dequant is not None]
             fq = optimize_for_capture(qdq, names, config, fake_quant=True, what="quantized model")
             # the fake-quant view: the same FP32 side against the QDQ model with ORT's QDQ handling off
-            return build_reduction_model(
+            fq_model = build_reduction_model(
                 ref_model, fq or qdq, fq_specs, ref_stats=False, with_samples=False, **build
             )
-
-        self._make_fq = make_fq
-        self.main_model: ReductionModel | None = None
-        self.fq_model: ReductionModel | None = None
+            del fq
+            self.fq_model = self._stash(fq_model, "fakequant.onnx")
         self._main_sess = None
         self._fq_sess = None
         self.chunk: int | None = None
@@ -485,32 +496,37 @@ class _GraphPath:
         self._range: dict[str, tuple[float, float]] = {}
         self.splittable = _chunkable(fp32, qdq)
 
-    def _open(self, model: ReductionModel, what: str, **options) -> tuple[object, ReductionModel]:
-        """A session over a merged model (arena on, node order kept) and the model without its proto."""
-        session = make_session(model.model, self.config, what=what, arena=True, keep_order=True, **options)
-        return session, dataclasses.replace(model, model=None)
+    def _stash(self, model: ReductionModel, name: str) -> ReductionModel:
+        """Write a merged model to this capture's scratch directory; return it without its proto."""
+        path = Path(self._dir.name) / name
+        save_model(model.model, path)
+        self._files[name] = path
+        return dataclasses.replace(model, model=None)
+
+    def _open(self, name: str, what: str, **options):
+        """A session over a stashed merged model (arena on, node order kept)."""
+        return make_session(self._files[name], self.config, what=what, arena=True, keep_order=True, **options)
 
     def fq_sess(self):
-        """The fake-quant session, created on first use (not at all with ``fakequant_samples=0``)."""
+        """The fake-quant session, created on first use."""
         if self._fq_sess is None:
-            self._fq_sess, self.fq_model = self._open(
-                self._make_fq(), "fake-quant models", optimize=False, fake_quant=True
-            )
+            self._fq_sess = self._open("fakequant.onnx", "fake-quant models", optimize=False, fake_quant=True)
         return self._fq_sess
 
     def main_sess(self):
         """The main session, created on first use (after the fake-quant view is released)."""
         if self._main_sess is None:
-            self._main_sess, self.main_model = self._open(
-                self._make_main(), "instrumented models", optimize=not self.preoptimized
-            )
-            self._make_main = self._make_fq = None  # lets the optimized protos go
+            self._main_sess = self._open("main.onnx", "instrumented models", optimize=not self.preoptimized)
         return self._main_sess
 
     def close_fakequant(self) -> None:
         """Release the fake-quant session before the main session is created."""
         self._fq_sess = None
-        self._make_fq = None
+
+    def close(self) -> None:
+        """Release the sessions and delete the stashed models."""
+        self._main_sess = self._fq_sess = None
+        self._dir.cleanup()
 
     def main(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str], head: bool = False):
         """One data batch, in capture chunks; returns its (FP32, deployed) graph outputs.

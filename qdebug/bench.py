@@ -998,7 +998,10 @@ def dynamic_layer_report(
     dyn = onnx.load(str(dyn_path))
     pairing, quantized = pair_dynamic(prep.normalized, dyn)
     ranges = prep.ranges.minmax() if prep.ranges is not None else {}
-    layers = measure_layers(prep.normalized, dyn, pairing, prep.calib, config, ranges, progress)
+    # a dynamic model has no Q/DQ pairs: there is no fake-quant view to run
+    layers = measure_layers(
+        prep.normalized, dyn, pairing, prep.calib, config, ranges, progress, fakequant_samples=0
+    )
     nodes = node_records(prep.normalized, layers.tensors, quantized, prep.name_map)
     notes = list(prep.notes) + [
         "dynamic quantization: activations are quantized per batch at run time, so there is no fixed "

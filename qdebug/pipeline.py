@@ -257,7 +257,8 @@ def analyze(
         ranges_mm,
         progress,
         engine=options.engine,
-        fakequant_samples=options.fakequant_samples,
+        # a dynamic model quantizes at run time: no Q/DQ pairs, no fake-quant view
+        fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
     )
     if 0 < layers.fakequant_samples < layers.samples:
         notes.append(

@@ -1357,7 +1357,10 @@ def _capture_nodes(
 
     _, model, _ = search.build(plan.nodes(), plan.overrides(), keep_float=plan.keep_float())
     pairing = pair_models(search.normalized, model)
-    layers = measure_layers(search.normalized, model, pairing, data, config, ranges.minmax())
+    # re-ranking needs local and accumulated error only, not the fake-quant view
+    layers = measure_layers(
+        search.normalized, model, pairing, data, config, ranges.minmax(), fakequant_samples=0
+    )
     qnodes = quantized_node_names(model, pairing)
     nodes = node_records(search.normalized, layers.tensors, qnodes, name_map)
     return nodes, weight_records(search.normalized, model, pairing)

@@ -775,15 +775,20 @@ def test_models_over_the_protobuf_limit_go_through_external_data(tmp_path, monke
 
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
     """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
-    import onnxruntime.tools.symbolic_shape_infer as ssi
+    import types
 
     from qdebug.graph import load
 
-    def littering(model, **kwargs):
-        Path("sym_shape_infer_temp.onnx").write_bytes(b"x")  # what ORT does for some models
-        return model
+    class LitteringInference:  # stands in for ORT's (which needs sympy, not a dependency of qdebug)
+        @staticmethod
+        def infer_shapes(model, **kwargs):
+            Path("sym_shape_infer_temp.onnx").write_bytes(b"x")  # what ORT's does for some models
+            return model
 
-    monkeypatch.setattr(ssi.SymbolicShapeInference, "infer_shapes", staticmethod(littering))
+    fake = types.ModuleType("onnxruntime.tools.symbolic_shape_infer")
+    fake.SymbolicShapeInference = LitteringInference
+    monkeypatch.setitem(sys.modules, "onnxruntime.tools", types.ModuleType("onnxruntime.tools"))
+    monkeypatch.setitem(sys.modules, "onnxruntime.tools.symbolic_shape_infer", fake)
     cwd = tmp_path / "user_dir"
     cwd.mkdir()
     monkeypatch.chdir(cwd)

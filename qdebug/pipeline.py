@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,26 @@ def analyze(
     out = Path(output)
     check_writable(out)
     workdir = artifacts_dir(out)
+    created = not workdir.exists()
+    try:
+        return _analyze(model, calib, eval_data, quantized, out, workdir, options, progress)
+    except BaseException:
+        if created:  # a failed or interrupted run leaves no half-filled <stem>_files/ behind
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def _analyze(
+    model: str | Path,
+    calib: str | Path,
+    eval_data: str | Path | None,
+    quantized: str | Path | None,
+    out: Path,
+    workdir: Path,
+    options: AnalyzeOptions,
+    progress: Progress,
+) -> Report:
+    """The body of :func:`analyze` (which cleans up after it on failure)."""
     config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
     prep = prepare(model, calib, workdir, options, need_ranges=quantized is None, progress=progress)
     notes = list(prep.notes)

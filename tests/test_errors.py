@@ -197,3 +197,14 @@ def test_help_imports_neither_onnxruntime_nor_textual():
 def test_python_dash_m_works():
     out = subprocess.run([sys.executable, "-m", "qdebug", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("qdebug ")
+
+
+def test_a_failed_analysis_leaves_no_artifacts_directory(tmp_path, cnn):
+    """Bad data is found after the model was normalized: the new <stem>_files/ must not stay behind."""
+    import numpy as np
+
+    model, _ = cnn
+    np.savez(tmp_path / "wrong.npz", input=np.zeros((4, 3, 3, 3), np.float32))
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "wrong.npz"), "-o", str(out), "-q"]) == 5
+    assert not out.exists() and not (tmp_path / "r_files").exists()

@@ -304,7 +304,9 @@ def _analyze(
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
         result = evaluator.score(qproto)
         fakequant_value = (
-            evaluator.score(qproto, fake_quant=True).value if options.fakequant_samples != 0 else math.nan
+            evaluator.score(qproto, fake_quant=True).value
+            if options.fakequant_samples != 0 and dyn_nodes is None
+            else math.nan
         )
         fq_samples, same_value = (
             (result.samples, result.value) if not math.isnan(fakequant_value) else (0, math.nan)

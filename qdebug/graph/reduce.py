@@ -53,10 +53,9 @@ from onnx import TensorProto, helper, numpy_helper
 SUBSAMPLE_INPUT = "qdbg/subsample"
 """Graph input (int64 scalar): about how many elements per tensor a run copies out (every k-th element)."""
 
-REF_STATS = ("count", "ref2")
-REF_EXTRA = ("rmin", "rmax", "rsum")
-PAIR_STATS = ("noise2", "cand2", "dmax", "dmin")
 GROUPS = ("ref", "acc", "local")
+"""Statistic groups of a merged model: ``ref`` (count, ref2, rmin, rmax, rsum), ``acc`` and ``local``
+(noise2, cand2, dmax, dmin); see the module docstring."""
 
 
 def dot_from_sums(ref2: float, cand2: float, noise2: float) -> float:

@@ -4,6 +4,8 @@ Each measurement runs in its own subprocess so peak RSS (ru_maxrss of the
 child) is its own. In one run, on the same models and samples:
 
   floor   plain FP32 + QDQ inference over the samples (sessions created once)
+  floor/w the same, with batches side by side on one single-threaded run per
+          core (the scheme qdebug's capture uses), for a like-for-like ratio
   qdebug  `qdebug analyze --quantized Q` (capture + metrics; no calibration)
   ortdbg  onnxruntime.quantization.qdq_loss_debug: collect_activations for
           both models, create_activation_matching, compute_activation_error
@@ -42,6 +44,14 @@ if mode == 'floor':
     s2 = ort.InferenceSession(qmodel, providers=['CPUExecutionProvider'])
     for feeds in batches():
         s1.run(None, feeds); s2.run(None, feeds)
+elif mode == 'floorw':
+    import os, onnxruntime as ort
+    from concurrent.futures import ThreadPoolExecutor
+    o = ort.SessionOptions(); o.intra_op_num_threads = 1
+    s1 = ort.InferenceSession(model, o, providers=['CPUExecutionProvider'])
+    s2 = ort.InferenceSession(qmodel, o, providers=['CPUExecutionProvider'])
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as ex:
+        for _ in ex.map(lambda f: (s1.run(None, f), s2.run(None, f)), batches()): pass
 elif mode == 'qdebug':
     from qdebug.cli.main import main
     rc = main(['analyze', model, '--calib', data_dir, '--quantized', qmodel, '-o', out + '.report.json', '-q', '--batch-size', '16'])
@@ -98,7 +108,8 @@ def quantize(model: Path, calib_dir: Path, out: Path) -> None:
 def run_child(mode: str, model: Path, qmodel: Path, data: Path, timeout: float = 1800) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
     try:
         proc = subprocess.run(
             [sys.executable, "-c", CHILD, mode, str(model), str(qmodel), str(data), out],
@@ -150,28 +161,32 @@ def main() -> None:
                 if not qmodel.exists():
                     quantize(model, data, qmodel)
                 floor = run_child("floor", model, qmodel, data)
+                floorw = run_child("floorw", model, qmodel, data)
                 qd = run_child("qdebug", model, qmodel, data)
                 od = (
                     run_child("ortdbg", model, qmodel, data)
                     if (n != args.n_big and not args.skip_ortdbg)
                     else {}
                 )
-                rows.append((name, n, floor, qd, od))
-                print(name, n, floor, qd, od, file=sys.stderr, flush=True)
+                rows.append((name, n, floor, floorw, qd, od))
+                print(name, n, floor, floorw, qd, od, file=sys.stderr, flush=True)
     print(
-        "| model | N | floor s | qdebug s | qdebug/floor | qdebug RSS MB | ORT qdq_loss_debug s | RSS MB | speed-up | RSS ratio |"
+        "| model | N | floor s | qdebug s | qdebug/floor | floor/w s | qdebug/(floor/w) | qdebug RSS MB "
+        "| ORT qdq_loss_debug s | RSS MB | speed-up | RSS ratio |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, n, fl, qd, od in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, n, fl, flw, qd, od in rows:
 
         def g(d, k):
             return f"{d[k]:.2f}" if k in d else d.get("error", "-")
 
         ratio = f"{qd['seconds'] / fl['seconds']:.2f}" if "seconds" in qd and "seconds" in fl else "-"
+        ratio_w = f"{qd['seconds'] / flw['seconds']:.2f}" if "seconds" in qd and "seconds" in flw else "-"
         sp = f"{od['seconds'] / qd['seconds']:.1f}x" if "seconds" in od and "seconds" in qd else "-"
         rr = f"{od['rss_mb'] / qd['rss_mb']:.1f}x" if "rss_mb" in od and "rss_mb" in qd else "-"
         print(
-            f"| {name} | {n} | {g(fl, 'seconds')} | {g(qd, 'seconds')} | {ratio} | {g(qd, 'rss_mb')} | {g(od, 'seconds')} | {g(od, 'rss_mb')} | {sp} | {rr} |"
+            f"| {name} | {n} | {g(fl, 'seconds')} | {g(qd, 'seconds')} | {ratio} | {g(flw, 'seconds')} | {ratio_w} "
+            f"| {g(qd, 'rss_mb')} | {g(od, 'seconds')} | {g(od, 'rss_mb')} | {sp} | {rr} |"
         )
 
 

@@ -16,14 +16,19 @@ u8s8 saturation on CPUs without VNNI) that fake-quant tools never see.
 Each batch is reduced inside ORT to a few sums per tensor and dropped, so
 memory is flat in the number of samples; batches are split into capture
 chunks whose largest tensor stays cache-sized (:data:`CAPTURE_ELEMENTS`).
+Chunks run concurrently, one single-threaded ORT run per core
+(:func:`capture_workers`), and are accumulated in order, so the result does
+not depend on which run finishes first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +40,7 @@ from qdebug.capture import (
     Tap,
     make_session,
     optimize_for_capture,
+    release_freed_memory,
     run_session,
 )
 from qdebug.data import Batch, DataSet
@@ -76,7 +82,39 @@ their difference stay in a CPU's last-level cache while they are reduced. On the
 chunks of 4 samples (512 K elements) ran 1.3x faster than whole batches of 16 and peaked at 0.3 GB instead
 of 0.8 GB (docs/benchmarks.md)."""
 
+MAX_CAPTURE_WORKERS = 8
+"""Most capture chunks in flight at once (each holds its own chunk's tensors)."""
+
+MIN_WORKER_ELEMENTS = CAPTURE_ELEMENTS // 8
+"""A batch is cut into more chunks to feed the workers only if each still holds this many elements of its
+largest tensor: below that, the ~3-10 ms each run costs in Python (reading its sums) outweighs the second
+core (the transformer fixture ran 1.4x slower at N = 1000 when its batches of 16 were cut in two)."""
+
 Progress = Callable[[str, int, int | None], None]
+
+
+def capture_workers(config: SessionConfig) -> int:
+    """How many capture chunks run at once, each an ORT run with one intra-op thread.
+
+    The merged models run ~3,000 small reductions per chunk. With ORT's
+    intra-op pool, each one pays a fork/join across the cores; running whole
+    chunks side by side, one thread each, keeps every core busy without that
+    synchronization. On the 2-core development machine the BERT benchmark's
+    capture took 3.4-3.8 s instead of 4.8-5.7 s (docs/benchmarks.md). Only on
+    the CPU provider: other providers keep their own threading.
+    """
+    if tuple(config.providers) != ("CPUExecutionProvider",):
+        return 1
+    cores = config.intra_op_threads or _cpu_count()
+    return max(1, min(cores, MAX_CAPTURE_WORKERS))
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on (a container's limit, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -192,6 +230,44 @@ def measure_layers(
     path: _NumpyPath | _GraphPath = (
         _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant) if use_graph else numpy_path
     )
+    try:
+        outputs, samples, gap, fq_done = _stream(
+            path, numpy_path, data, accs, skipped, qdq, config, progress, fakequant, fakequant_samples
+        )
+    finally:  # sessions, capture workers and stashed models go on failure and Ctrl-C too
+        if isinstance(path, _GraphPath):
+            path.close()
+
+    records = _tensor_records(fp32, pairing, accs, skipped, aliases)
+    not_captured = [NotCaptured(name, reason) for name, reason in sorted(skipped.items())]
+    for name, where in subgraph_tensors(fp32):
+        not_captured.append(
+            NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
+        )
+    engine_used = "graph" if isinstance(path, _GraphPath) else "numpy"
+    head = {
+        k: a.head.result()
+        for k, a in accs.items()
+        if k not in aliases and a.head is not None and a.head.count
+    }
+    return LayerErrors(
+        tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done, head, aliases
+    )
+
+
+def _stream(
+    path: _NumpyPath | _GraphPath,
+    numpy_path: _NumpyPath,
+    data: DataSet,
+    accs: dict[str, _TensorAcc],
+    skipped: dict[str, str],
+    qdq: onnx.ModelProto,
+    config: SessionConfig,
+    progress: Progress | None,
+    fakequant: bool,
+    fakequant_samples: int | None,
+) -> tuple[ModelOutputs, int, float, int]:
+    """The fake-quant view, then the main pass over ``data``: (outputs, samples, deployed gap, fq samples)."""
     outputs = ModelOutputs([], [], [], [] if data.has_labels else None, [], [] if data.has_labels else None)
     samples = 0
     gap = 0.0
@@ -226,6 +302,7 @@ def measure_layers(
                 first, dep_first = batch.feeds, dep_out
             gap = _deployed_gap(plain.run(first), dep_first, plain.graph_outputs)
             del plain
+            release_freed_memory()
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
         if outputs.labels is not None and batch.labels is not None:
@@ -233,24 +310,7 @@ def measure_layers(
         samples += batch.size
         if progress:
             progress("capture", samples, data.n_samples)
-
-    if isinstance(path, _GraphPath):
-        path.close()
-    records = _tensor_records(fp32, pairing, accs, skipped, aliases)
-    not_captured = [NotCaptured(name, reason) for name, reason in sorted(skipped.items())]
-    for name, where in subgraph_tensors(fp32):
-        not_captured.append(
-            NotCaptured(name, f"inside {where}: ORT cannot expose subgraph tensors as graph outputs")
-        )
-    engine_used = "graph" if isinstance(path, _GraphPath) else "numpy"
-    head = {
-        k: a.head.result()
-        for k, a in accs.items()
-        if k not in aliases and a.head is not None and a.head.count
-    }
-    return LayerErrors(
-        tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done, head, aliases
-    )
+    return outputs, samples, gap, fq_done
 
 
 _FLOAT_TYPES = {
@@ -488,6 +548,7 @@ class _GraphPath:
             )
             del fq
             self.fq_model = self._stash(fq_model, "fakequant.onnx")
+        release_freed_memory()  # the protos are on disk now: their memory must not add to the sessions' peak
         self._main_sess = None
         self._fq_sess = None
         self.chunk: int | None = None
@@ -495,6 +556,9 @@ class _GraphPath:
         self._pending: dict[tuple[str, str], tuple[list, list]] = {}
         self._range: dict[str, tuple[float, float]] = {}
         self.splittable = _chunkable(fp32, qdq)
+        # concurrent chunks need samples that are independent along axis 0, as chunking does
+        self.workers = capture_workers(config) if self.splittable else 1
+        self._pool: ThreadPoolExecutor | None = None
 
     def _stash(self, model: ReductionModel, name: str) -> ReductionModel:
         """Write a merged model to this capture's scratch directory; return it without its proto."""
@@ -505,7 +569,10 @@ class _GraphPath:
 
     def _open(self, name: str, what: str, **options):
         """A session over a stashed merged model (arena on, node order kept)."""
-        return make_session(self._files[name], self.config, what=what, arena=True, keep_order=True, **options)
+        threads = 1 if self.workers > 1 else None
+        return make_session(
+            self._files[name], self.config, what=what, arena=True, keep_order=True, threads=threads, **options
+        )
 
     def fq_sess(self):
         """The fake-quant session, created on first use."""
@@ -521,10 +588,15 @@ class _GraphPath:
 
     def close_fakequant(self) -> None:
         """Release the fake-quant session before the main session is created."""
-        self._fq_sess = None
+        if self._fq_sess is not None:
+            self._fq_sess = None
+            release_freed_memory()
 
     def close(self) -> None:
-        """Release the sessions and delete the stashed models."""
+        """Release the sessions and the workers and delete the stashed models."""
+        if self._pool is not None:  # chunks still queued (an error, Ctrl-C) are dropped, not run
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         self._main_sess = self._fq_sess = None
         self._dir.cleanup()
 
@@ -533,7 +605,14 @@ class _GraphPath:
 
         ``head``: the batch was also in the fake-quant view; its deployed error goes to ``head`` too.
         """
-        parts = self._each_chunk(batch, lambda feeds: self._main(feeds, accs, numpy_path, skipped, head))
+        session = self.main_sess()  # here, not on a worker: two workers must not both create it
+        parts = self._each_chunk(
+            batch,
+            lambda feeds: run_session(
+                session, self.main_model.outputs, _with_subsample(feeds), "the instrumented models"
+            ),
+            lambda feeds, out: self._use_main(feeds, out, accs, numpy_path, skipped, head),
+        )
         self._flush(accs)
         return _join([r for r, _ in parts]), _join([d for _, d in parts])
 
@@ -555,29 +634,63 @@ class _GraphPath:
 
     def fakequant(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
         """One data batch through the fake-quant view; returns its (FP32, fake-quant) graph outputs."""
-        parts = self._each_chunk(batch, lambda feeds: self._fakequant(feeds, accs, numpy_path))
+        session = self.fq_sess()
+        parts = self._each_chunk(
+            batch,
+            lambda feeds: run_session(
+                session, self.fq_model.outputs, _with_subsample(feeds), "the fake-quant models"
+            ),
+            lambda feeds, out: self._use_fakequant(feeds, out, accs, numpy_path),
+        )
         return _join([r for r, _ in parts]), _join([q for _, q in parts])
 
-    def _each_chunk(self, batch: Batch, step):
-        """``step`` over capture chunks of ``batch``; until they are sized, the first sample runs alone."""
+    def _each_chunk(self, batch: Batch, run, use) -> list:
+        """``use(feeds, run(feeds))`` over the capture chunks of ``batch``, in order.
+
+        ``run`` (ORT only, thread-safe) goes to the workers; ``use`` (the
+        accumulation) stays on this thread and sees the chunks in order, so the
+        float64 sums are the same whatever the timing. Until chunks are sized,
+        the first sample runs alone.
+        """
         feeds, n = batch.feeds, batch.size
         results = []
         if self.splittable and n > 1 and self.chunk is None:
-            results.append(step({k: v[:1] for k, v in feeds.items()}))
+            first = {k: v[:1] for k, v in feeds.items()}
+            results.append(use(first, run(first)))
             self.chunk = max(1, min(n, CAPTURE_ELEMENTS // max(self._largest, 1)))
-            feeds = {k: v[1:] for k, v in feeds.items()}
-        size = self.chunk if (self.splittable and self.chunk) else n
-        results.extend(step(f) for f in _split(feeds, size))
+            if n * self._largest < MIN_WORKER_ELEMENTS * self.workers:
+                # too little work per run to share out: one run at a time, and a main session created
+                # from here on gets ORT's intra-op threads back
+                self.workers = 1
+            feeds, n = {k: v[1:] for k, v in feeds.items()}, n - 1
+        pieces = list(_split(feeds, self._piece_rows(n)))
+        results.extend(use(piece, out) for piece, out in zip(pieces, self._map(run, pieces), strict=True))
         return results
+
+    def _piece_rows(self, n: int) -> int:
+        """Rows per chunk for a batch of ``n``: at most ``self.chunk``, in a multiple of the workers."""
+        if not (self.splittable and self.chunk):
+            return n
+        pieces = -(-n // self.chunk)
+        # e.g. 16 rows, chunk 16, 2 workers: two chunks of 8, not one of 16 -- unless the chunks would be
+        # so small that the per-run cost in Python outweighs the second core (a small last batch)
+        if self.workers > 1 and n * self._largest >= MIN_WORKER_ELEMENTS * self.workers:
+            pieces = min(n, -(-pieces // self.workers) * self.workers)
+        return -(-n // max(pieces, 1))
+
+    def _map(self, run, pieces: list) -> Iterator:
+        """``run`` over ``pieces``, on the workers when there are several; results in order."""
+        if self.workers <= 1 or len(pieces) <= 1:
+            return map(run, pieces)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="qdebug-capture")
+        return self._pool.map(run, pieces)
 
     def _note_size(self, counts: list[float], feeds) -> None:
         rows = next(iter(feeds.values())).shape[0] if feeds else 1
         self._largest = -(-int(max(counts, default=0)) // max(rows, 1))
 
-    def _main(self, feeds, accs, numpy_path, skipped, head=False):
-        out = run_session(
-            self.main_sess(), self.main_model.outputs, _with_subsample(feeds), "the instrumented models"
-        )
+    def _use_main(self, feeds, out, accs, numpy_path, skipped, head=False):
         st = self.main_model.stats(out)
         bad = []
         for p in self.scored:
@@ -612,10 +725,7 @@ class _GraphPath:
         dep_out = {orig: out[name] for name, orig in self.main_model.cand_outputs.items()}
         return ref_out, dep_out
 
-    def _fakequant(self, feeds, accs, numpy_path):
-        out = run_session(
-            self.fq_sess(), self.fq_model.outputs, _with_subsample(feeds), "the fake-quant models"
-        )
+    def _use_fakequant(self, feeds, out, accs, numpy_path):
         st = self.fq_model.stats(out)
         bad = []
         for p in self.scored:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import onnx
@@ -144,6 +145,50 @@ def test_chunked_capture_matches_whole_batches(tmp_path, monkeypatch):
         # kernels may round differently at another batch size: equal to float32 precision
         assert ta.summary.max == pytest.approx(tb.summary.max, rel=1e-6, abs=1e-7)
     assert compared > 50
+
+
+def test_concurrent_capture_chunks_give_the_serial_report(tmp_path, monkeypatch):
+    """Chunks run side by side on the capture workers but are accumulated in order: nothing changes.
+
+    Batches too small to be worth a worker (the fixture's, at the real threshold) are not shared out.
+    """
+    base = fixture_path("transformer")
+    threads_seen: list[str] = []
+    real_run = analysis.run_session
+
+    def spy(session, names, feeds, what="the model"):
+        threads_seen.append(threading.current_thread().name)
+        return real_run(session, names, feeds, what)
+
+    monkeypatch.setattr(analysis, "run_session", spy)
+    monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", 1)  # one sample per chunk, whatever the workers
+    reports, workers = {}, {}
+    runs = (
+        ("serial", 1, 1, []),
+        ("concurrent", 3, 1, []),
+        ("tiny", 3, 1 << 16, ["--fakequant-samples", "0"]),
+    )
+    for label, threads, min_elements, extra in runs:
+        monkeypatch.setattr(analysis, "MIN_WORKER_ELEMENTS", min_elements)
+        threads_seen.clear()
+        out = tmp_path / f"{label}.json"
+        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
+        args += ["--max-samples", "24", "--batch-size", "12", "--threads", str(threads)]
+        assert main(args) == 0
+        reports[label] = load_report(out)
+        workers[label] = {t for t in threads_seen if t.startswith("qdebug-capture")}
+    assert not workers["serial"] and len(workers["concurrent"]) >= 2 and not workers["tiny"]
+    serial, concurrent = reports["serial"], reports["concurrent"]
+    assert serial.task == concurrent.task
+    compared = 0
+    for ts in serial.tensors:
+        tc = concurrent.tensor(ts.name)
+        assert ts.summary == tc.summary, ts.name
+        pairs = ((ts.accumulated, tc.accumulated), (ts.local, tc.local))
+        for a, b in (*pairs, (ts.accumulated_fakequant, tc.accumulated_fakequant)):
+            assert a == b, ts.name  # the same chunks, summed in the same order: bit for bit
+            compared += a is not None
+    assert compared > 80
 
 
 def test_opset_10_models_use_the_graph_engine_and_agree_with_numpy(tmp_path):

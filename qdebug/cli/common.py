@@ -67,7 +67,12 @@ def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = F
     )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
     p.add_argument("--provider", default="CPUExecutionProvider", help="ONNX Runtime execution provider")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads per run (default: ORT's choice, one per core); analyze runs that many capture chunks side by side",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 

@@ -605,6 +605,7 @@ class _GraphPath:
 
         ``head``: the batch was also in the fake-quant view; its deployed error goes to ``head`` too.
         """
+        self._fit_workers(batch)
         session = self.main_sess()  # here, not on a worker: two workers must not both create it
         parts = self._each_chunk(
             batch,
@@ -634,6 +635,7 @@ class _GraphPath:
 
     def fakequant(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
         """One data batch through the fake-quant view; returns its (FP32, fake-quant) graph outputs."""
+        self._fit_workers(batch)
         session = self.fq_sess()
         parts = self._each_chunk(
             batch,
@@ -643,6 +645,14 @@ class _GraphPath:
             lambda feeds, out: self._use_fakequant(feeds, out, accs, numpy_path),
         )
         return _join([r for r, _ in parts]), _join([q for _, q in parts])
+
+    def _fit_workers(self, batch: Batch) -> None:
+        """Before any session exists: one-sample batches cannot be shared out, so ORT keeps its threads.
+
+        (Whether larger batches hold enough work per chunk is decided when chunks are sized.)
+        """
+        if self.chunk is None and batch.size == 1 and self._main_sess is None and self._fq_sess is None:
+            self.workers = 1
 
     def _each_chunk(self, batch: Batch, run, use) -> list:
         """``use(feeds, run(feeds))`` over the capture chunks of ``batch``, in order.

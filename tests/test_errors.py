@@ -21,7 +21,7 @@ def run_cli(args, capsys):
 
 
 def assert_one_line(err: str, *needles: str) -> None:
-    lines = [l for l in err.splitlines() if l.startswith("qdebug: error:")]
+    lines = [line for line in err.splitlines() if line.startswith("qdebug: error:")]
     assert len(lines) == 1, err
     assert "Traceback" not in err
     for n in needles:

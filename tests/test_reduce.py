@@ -95,6 +95,29 @@ def test_every_compared_tensor_has_one_consumer(transformer_models):
     assert sum(1 for s in specs if s.local is not None) == len(rm.keys["local"]) > 20
 
 
+def test_the_candidate_is_released_before_the_local_error_is_computed(transformer_models):
+    """Each side is subsampled right after its own reductions: the candidate tensor's last reader runs
+    before the pair's QuantizeLinear, so the two never hold memory at once."""
+    fp32, qdq, pairing, _ = transformer_models
+    rm, specs = _merged(fp32, qdq, pairing)
+    nodes = list(rm.model.graph.node)
+    position = {o: i for i, n in enumerate(nodes) for o in n.output}
+    last_read: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for x in n.input:
+            last_read[x] = i
+    checked = 0
+    for key, sides in rm.samples.items():
+        if "c" not in sides or "l" not in sides:
+            continue
+        cand = nodes[position[sides["c"]]].input[0]  # the Reshape that flattens the candidate
+        cand = nodes[position[cand]].input[0]
+        quantize = next(n for n in nodes[position[cand] :] if n.op_type == "QuantizeLinear")
+        assert last_read[cand] < nodes.index(quantize), key
+        checked += 1
+    assert checked > 20
+
+
 def test_in_graph_sums_match_numpy_on_one_batch(transformer_models):
     fp32, qdq, pairing, calib = transformer_models
     rm, specs = _merged(fp32, qdq, pairing)
@@ -163,12 +186,7 @@ def test_concurrent_capture_chunks_give_the_serial_report(tmp_path, monkeypatch)
     monkeypatch.setattr(analysis, "run_session", spy)
     monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", 1)  # one sample per chunk, whatever the workers
     reports, workers = {}, {}
-    runs = (
-        ("serial", 1, 1, []),
-        ("concurrent", 3, 1, []),
-        ("tiny", 3, 1 << 16, ["--fakequant-samples", "0"]),
-    )
-    for label, threads, min_elements, extra in runs:
+    for label, threads, min_elements in (("serial", 1, 1), ("concurrent", 3, 1), ("tiny", 3, 1 << 16)):
         monkeypatch.setattr(analysis, "MIN_WORKER_ELEMENTS", min_elements)
         threads_seen.clear()
         out = tmp_path / f"{label}.json"
@@ -189,6 +207,24 @@ def test_concurrent_capture_chunks_give_the_serial_report(tmp_path, monkeypatch)
             assert a == b, ts.name  # the same chunks, summed in the same order: bit for bit
             compared += a is not None
     assert compared > 80
+
+
+def test_single_sample_batches_keep_ort_intra_op_threads(tmp_path, monkeypatch):
+    """Batches of one sample cannot be shared out: the capture sessions must keep ORT's own threads."""
+    base = fixture_path("transformer")
+    opened: list[int | None] = []
+    real_make = analysis.make_session
+
+    def spy(*args, threads=None, **kwargs):
+        opened.append(threads)
+        return real_make(*args, threads=threads, **kwargs)
+
+    monkeypatch.setattr(analysis, "make_session", spy)
+    out = tmp_path / "r.json"
+    args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
+    assert main([*args, "--max-samples", "6", "--batch-size", "1", "--threads", "2"]) == 0
+    assert len(opened) == 2 and opened == [None, None]  # the fake-quant view and the main pass
+    assert load_report(out).samples == 6
 
 
 def test_opset_10_models_use_the_graph_engine_and_agree_with_numpy(tmp_path):

@@ -315,22 +315,27 @@ def build_reduction_model(
             stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
         emit("ref", p.key, stats)
         # every (size // target + 1)-th element: at least 1 and at most ``target`` elements; Add, not Max,
-        # because Max takes no int64 before opset 12
-        sides = {"r": rv}
-        if p.cand is not None:
-            # one consumer only: ORT would otherwise duplicate a DequantizeLinear per consumer
-            cv = b.op("Identity", [as_float(p.cand, "c")], "c")
-            emit("acc", p.key, compare(rv, cv))
-            sides["c"] = cv
-        if p.local is not None:
-            fq = _fake_quant(b, rv, p.local)
-            emit("local", p.key, compare(rv, fq))
-            sides["l"] = fq
+        # because Max takes no int64 before opset 12. Each side is sampled right after its reductions, so
+        # the candidate is freed before the local error's tensors exist (the live set is smaller).
+        step = None
         if with_samples:
             step = b.op(
                 "Reshape", [b.op("Add", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step"
             )
-            samples[p.key] = {side: sample(value, step) for side, value in sides.items()}
+            samples[p.key] = {}
+        if p.cand is not None:
+            # one consumer only: ORT would otherwise duplicate a DequantizeLinear per consumer
+            cv = b.op("Identity", [as_float(p.cand, "c")], "c")
+            emit("acc", p.key, compare(rv, cv))
+            if step is not None:
+                samples[p.key]["c"] = sample(cv, step)
+        if p.local is not None:
+            fq = _fake_quant(b, rv, p.local)
+            emit("local", p.key, compare(rv, fq))
+            if step is not None:
+                samples[p.key]["l"] = sample(fq, step)
+        if step is not None:
+            samples[p.key]["r"] = sample(rv, step)
         groups.append(b.nodes[first:])
     tail_start = len(b.nodes)
     outputs = []

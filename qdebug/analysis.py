@@ -82,26 +82,38 @@ their difference stay in a CPU's last-level cache while they are reduced. On the
 chunks of 4 samples (512 K elements) ran 1.3x faster than whole batches of 16 and peaked at 0.3 GB instead
 of 0.8 GB (docs/benchmarks.md)."""
 
-MAX_CAPTURE_WORKERS = 8
-"""Most capture chunks in flight at once (each holds its own chunk's tensors)."""
+MAX_CAPTURE_WORKERS = 4
+"""Most capture runs in flight at once (each holds its own chunk's tensors)."""
 
-MIN_WORKER_ELEMENTS = CAPTURE_ELEMENTS // 8
-"""A batch is cut into more chunks to feed the workers only if each still holds this many elements of its
-largest tensor: below that, the ~3-10 ms each run costs in Python (reading its sums) outweighs the second
-core (the transformer fixture ran 1.4x slower at N = 1000 when its batches of 16 were cut in two)."""
+CHUNK_PIECES = 4
+"""A batch with enough work is cut into a multiple of this many chunks, so that up to this many workers
+share it evenly (16 rows, chunk 16: four chunks of 4, not one of 16). A constant, not the worker count:
+where chunks start and end moves the float32 in-graph sums and the histogram subsamples, and a report must
+not depend on the machine's core count or ``--threads`` (tested)."""
+
+MIN_PIECE_ELEMENTS = CAPTURE_ELEMENTS // 8
+"""A batch is cut into :data:`CHUNK_PIECES` chunks only if each still holds this many elements of its
+largest tensor: below that, the ~3-10 ms each run costs in Python (reading its sums) outweighs another core
+(the transformer fixture ran 1.1-1.4x slower at N = 1000 when its batches of 16 were cut in two), and such
+batches run one at a time on ORT's own threads."""
+
+IN_FLIGHT_ELEMENTS = 4 * CAPTURE_ELEMENTS
+"""Budget for the largest tensors of all chunks in flight: a model whose chunk is large gets fewer workers,
+so the capture's memory does not grow with the number of cores (one chunk of 4 M elements: one worker)."""
 
 Progress = Callable[[str, int, int | None], None]
 
 
 def capture_workers(config: SessionConfig) -> int:
-    """How many capture chunks run at once, each an ORT run with one intra-op thread.
+    """How many capture chunks may run at once, each an ORT run with one intra-op thread.
 
     The merged models run ~3,000 small reductions per chunk. With ORT's
     intra-op pool, each one pays a fork/join across the cores; running whole
     chunks side by side, one thread each, keeps every core busy without that
     synchronization. On the 2-core development machine the BERT benchmark's
     capture took 3.4-3.8 s instead of 4.8-5.7 s (docs/benchmarks.md). Only on
-    the CPU provider: other providers keep their own threading.
+    the CPU provider: other providers keep their own threading. Fewer run once
+    the chunks are sized (:data:`IN_FLIGHT_ELEMENTS`, :data:`MIN_PIECE_ELEMENTS`).
     """
     if tuple(config.providers) != ("CPUExecutionProvider",):
         return 1
@@ -110,7 +122,7 @@ def capture_workers(config: SessionConfig) -> int:
 
 
 def _cpu_count() -> int:
-    """CPUs this process may run on (a container's limit, not the host's)."""
+    """CPUs this process may run on (its affinity mask, e.g. ``taskset`` or a cpuset; not a CPU quota)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -606,11 +618,12 @@ class _GraphPath:
         ``head``: the batch was also in the fake-quant view; its deployed error goes to ``head`` too.
         """
         self._fit_workers(batch)
-        session = self.main_sess()  # here, not on a worker: two workers must not both create it
+        self.main_sess()  # here, not on a worker: two workers must not both create it
         parts = self._each_chunk(
             batch,
+            # the session is looked up per run: it is reopened if sizing the chunks turned the workers off
             lambda feeds: run_session(
-                session, self.main_model.outputs, _with_subsample(feeds), "the instrumented models"
+                self.main_sess(), self.main_model.outputs, _with_subsample(feeds), "the instrumented models"
             ),
             lambda feeds, out: self._use_main(feeds, out, accs, numpy_path, skipped, head),
         )
@@ -636,11 +649,11 @@ class _GraphPath:
     def fakequant(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
         """One data batch through the fake-quant view; returns its (FP32, fake-quant) graph outputs."""
         self._fit_workers(batch)
-        session = self.fq_sess()
+        self.fq_sess()
         parts = self._each_chunk(
             batch,
             lambda feeds: run_session(
-                session, self.fq_model.outputs, _with_subsample(feeds), "the fake-quant models"
+                self.fq_sess(), self.fq_model.outputs, _with_subsample(feeds), "the fake-quant models"
             ),
             lambda feeds, out: self._use_fakequant(feeds, out, accs, numpy_path),
         )
@@ -667,25 +680,35 @@ class _GraphPath:
         if self.splittable and n > 1 and self.chunk is None:
             first = {k: v[:1] for k, v in feeds.items()}
             results.append(use(first, run(first)))
-            self.chunk = max(1, min(n, CAPTURE_ELEMENTS // max(self._largest, 1)))
-            if n * self._largest < MIN_WORKER_ELEMENTS * self.workers:
-                # too little work per run to share out: one run at a time, and a main session created
-                # from here on gets ORT's intra-op threads back
-                self.workers = 1
+            self._size_chunks(n)
             feeds, n = {k: v[1:] for k, v in feeds.items()}, n - 1
         pieces = list(_split(feeds, self._piece_rows(n)))
         results.extend(use(piece, out) for piece, out in zip(pieces, self._map(run, pieces), strict=True))
         return results
 
+    def _size_chunks(self, n: int) -> None:
+        """Chunk rows from the first sample's largest tensor; then how many workers the chunks are worth."""
+        largest = max(self._largest, 1)
+        self.chunk = max(1, min(n, CAPTURE_ELEMENTS // largest))
+        workers = self.workers
+        if self._piece_rows(n) >= n:  # one chunk per batch: nothing to share out
+            workers = 1
+        else:  # the chunks in flight together stay within the memory budget
+            workers = min(workers, max(1, IN_FLIGHT_ELEMENTS // (self.chunk * largest)))
+        if workers == 1 and self.workers > 1:
+            # the open session was made single-threaded for the workers: reopen it with ORT's threads
+            self._main_sess = self._fq_sess = None
+            release_freed_memory()
+        self.workers = workers
+
     def _piece_rows(self, n: int) -> int:
-        """Rows per chunk for a batch of ``n``: at most ``self.chunk``, in a multiple of the workers."""
+        """Rows per chunk for a batch of ``n``: at most ``self.chunk``; a multiple of :data:`CHUNK_PIECES`
+        chunks when each keeps enough work. Depends on the model and the batch only, never on the workers."""
         if not (self.splittable and self.chunk):
             return n
         pieces = -(-n // self.chunk)
-        # e.g. 16 rows, chunk 16, 2 workers: two chunks of 8, not one of 16 -- unless the chunks would be
-        # so small that the per-run cost in Python outweighs the second core (a small last batch)
-        if self.workers > 1 and n * self._largest >= MIN_WORKER_ELEMENTS * self.workers:
-            pieces = min(n, -(-pieces // self.workers) * self.workers)
+        if n * self._largest >= MIN_PIECE_ELEMENTS * CHUNK_PIECES:
+            pieces = min(n, -(-pieces // CHUNK_PIECES) * CHUNK_PIECES)
         return -(-n // max(pieces, 1))
 
     def _map(self, run, pieces: list) -> Iterator:

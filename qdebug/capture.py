@@ -38,12 +38,14 @@ def release_freed_memory() -> None:
 def _malloc_trim():
     """The C library's ``malloc_trim`` (glibc), or None where it has none."""
     import ctypes
-    import ctypes.util
 
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols: libc is already loaded
+    except (OSError, AttributeError, TypeError):
         return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,14 @@ class SessionConfig:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     intra_op_threads: int = 0
     """0 lets ORT choose (one thread per physical core)."""
+
+    def __post_init__(self) -> None:
+        if self.intra_op_threads < 0:
+            raise QDebugError(
+                f"--threads must be >= 0 (got {self.intra_op_threads})",
+                "pass 0 for ORT's choice or a number of threads",
+                ExitCode.USAGE,
+            )
 
 
 def available_providers() -> list[str]:

@@ -129,6 +129,8 @@ def prepare(
     )
     normalized_path = workdir / "normalized.onnx"
     save_model(norm.proto, normalized_path)
+    info = model_info(loaded.path, loaded.proto, loaded.sha256)
+    del loaded  # the normalized model is what the rest works on: not two copies of the weights
     specs = model_input_specs(norm.proto)
     data = open_data(calib, specs, batch_size=options.batch_size, max_samples=options.max_samples)
     ranges = None
@@ -150,8 +152,6 @@ def prepare(
             providers=options.providers,
             large=is_large(norm.proto),
         )
-    info = model_info(loaded.path, loaded.proto, loaded.sha256)
-    del loaded
     return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges)
 
 

@@ -178,6 +178,15 @@ def test_usage_errors_exit_2(capsys):
     assert main([]) == ExitCode.USAGE
 
 
+def test_negative_threads_is_a_usage_error(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    args = ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", tmp_path / "r.json"]
+    code, err = run_cli([*args, "--threads", "-1"], capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line(err, "--threads must be >= 0")
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_help_imports_neither_onnxruntime_nor_textual():
     code = "import sys\nfrom qdebug.cli.main import main\nmain(['--help'])\n"
     probe = code + "print('onnxruntime' in sys.modules, 'textual' in sys.modules)\n"

@@ -170,41 +170,59 @@ def test_chunked_capture_matches_whole_batches(tmp_path, monkeypatch):
     assert compared > 50
 
 
-def test_concurrent_capture_chunks_give_the_serial_report(tmp_path, monkeypatch):
-    """Chunks run side by side on the capture workers but are accumulated in order: nothing changes.
+def test_reports_do_not_depend_on_the_capture_workers(tmp_path, monkeypatch):
+    """Chunks run side by side on the capture workers, but where they start and end depends on the model
+    and the batch only, and they are accumulated in order: 1 or 3 workers give the same report, bit for bit.
 
-    Batches too small to be worth a worker (the fixture's, at the real threshold) are not shared out.
+    Batches too small to be worth a worker (the fixture's, at the real thresholds), and chunks too large
+    for the in-flight memory budget, run one at a time on sessions with ORT's own threads (the one opened
+    single-threaded before sizing is reopened).
     """
     base = fixture_path("transformer")
     threads_seen: list[str] = []
-    real_run = analysis.run_session
+    opened: list[int | None] = []
+    real_run, real_make = analysis.run_session, analysis.make_session
 
-    def spy(session, names, feeds, what="the model"):
+    def spy_run(session, names, feeds, what="the model"):
         threads_seen.append(threading.current_thread().name)
         return real_run(session, names, feeds, what)
 
-    monkeypatch.setattr(analysis, "run_session", spy)
-    monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", 1)  # one sample per chunk, whatever the workers
-    reports, workers = {}, {}
-    for label, threads, min_elements in (("serial", 1, 1), ("concurrent", 3, 1), ("tiny", 3, 1 << 16)):
-        monkeypatch.setattr(analysis, "MIN_WORKER_ELEMENTS", min_elements)
-        threads_seen.clear()
-        out = tmp_path / f"{label}.json"
-        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
-        args += ["--max-samples", "24", "--batch-size", "12", "--threads", str(threads)]
-        assert main(args) == 0
+    def spy_make(*args, threads=None, **kwargs):
+        opened.append(threads)
+        return real_make(*args, threads=threads, **kwargs)
+
+    monkeypatch.setattr(analysis, "run_session", spy_run)
+    monkeypatch.setattr(analysis, "make_session", spy_make)
+    reports, workers, sessions = {}, {}, {}
+    small = {"CAPTURE_ELEMENTS": 4 * 1024, "MIN_PIECE_ELEMENTS": 1}  # chunks of 4 rows, cut in 4s
+    budget = {**small, "IN_FLIGHT_ELEMENTS": 4 * 1024}  # room for one chunk in flight: one worker
+    runs = (("one", 1, small), ("three", 3, small), ("tiny", 3, {}), ("budget", 3, budget))
+    for label, threads, patch in runs:
+        with monkeypatch.context() as m:
+            for name, value in patch.items():
+                m.setattr(analysis, name, value)
+            threads_seen.clear()
+            opened.clear()
+            out = tmp_path / f"{label}.json"
+            args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out)]
+            args += ["-q", "--max-samples", "32", "--batch-size", "16", "--threads", str(threads)]
+            assert main(args) == 0
         reports[label] = load_report(out)
         workers[label] = {t for t in threads_seen if t.startswith("qdebug-capture")}
-    assert not workers["serial"] and len(workers["concurrent"]) >= 2 and not workers["tiny"]
-    serial, concurrent = reports["serial"], reports["concurrent"]
-    assert serial.task == concurrent.task
+        sessions[label] = list(opened)
+    assert not workers["one"] and len(workers["three"]) >= 2
+    assert not workers["tiny"] and sessions["tiny"] == [1, None, None]  # fake-quant, reopened, main
+    assert not workers["budget"] and sessions["budget"] == [1, None, None]
+    assert reports["budget"].tensors == reports["one"].tensors
+    one, three = reports["one"], reports["three"]
+    assert one.task == three.task
     compared = 0
-    for ts in serial.tensors:
-        tc = concurrent.tensor(ts.name)
+    for ts in one.tensors:
+        tc = three.tensor(ts.name)
         assert ts.summary == tc.summary, ts.name
         pairs = ((ts.accumulated, tc.accumulated), (ts.local, tc.local))
         for a, b in (*pairs, (ts.accumulated_fakequant, tc.accumulated_fakequant)):
-            assert a == b, ts.name  # the same chunks, summed in the same order: bit for bit
+            assert a == b, ts.name
             compared += a is not None
     assert compared > 80
 

@@ -71,7 +71,8 @@ def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = F
         "--threads",
         type=int,
         default=0,
-        help="CPU threads per run (default: ORT's choice, one per core); analyze runs that many capture chunks side by side",
+        help="CPU threads (default: ORT's choice, one per core); analyze runs up to that many "
+        "capture chunks side by side (at most 4)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 

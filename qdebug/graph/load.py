@@ -47,7 +47,9 @@ def is_large(model: ModelProto) -> bool:
     g = model.graph
     estimate = sum(len(t.raw_data) + 64 if t.raw_data else t.ByteSize() for t in g.initializer)
     estimate += sum(m.ByteSize() for m in (*g.node, *g.sparse_initializer, *model.functions))
-    estimate += sum(v.ByteSize() for v in (*g.input, *g.output, *g.value_info))
+    estimate += sum(v.ByteSize() for v in (*g.input, *g.output, *g.value_info, *g.quantization_annotation))
+    estimate += sum(m.ByteSize() for m in (*model.metadata_props, *model.training_info, *model.opset_import))
+    estimate += len(model.doc_string) + len(g.doc_string)
     if estimate < PROTO_LIMIT - (1 << 26):
         return False
     return model.ByteSize() > PROTO_LIMIT

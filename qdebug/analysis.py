@@ -17,8 +17,9 @@ Each batch is reduced inside ORT to a few sums per tensor and dropped, so
 memory is flat in the number of samples; batches are split into capture
 chunks whose largest tensor stays cache-sized (:data:`CAPTURE_ELEMENTS`).
 Chunks run concurrently, one single-threaded ORT run per core
-(:func:`capture_workers`), and are accumulated in order, so the result does
-not depend on which run finishes first.
+(:func:`capture_workers`), and are accumulated in order; where chunks start
+and end depends only on the model and the batch. So a report depends neither
+on which run finishes first nor on the machine's core count.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ not depend on the machine's core count or ``--threads`` (tested)."""
 MIN_PIECE_ELEMENTS = CAPTURE_ELEMENTS // 8
 """A batch is cut into :data:`CHUNK_PIECES` chunks only if each still holds this many elements of its
 largest tensor: below that, the ~3-10 ms each run costs in Python (reading its sums) outweighs another core
-(the transformer fixture ran 1.1-1.4x slower at N = 1000 when its batches of 16 were cut in two), and such
+(the transformer fixture ran up to 1.4x slower at N = 1000 when its batches of 16 were cut in two), and such
 batches run one at a time on ORT's own threads."""
 
 IN_FLIGHT_ELEMENTS = 4 * CAPTURE_ELEMENTS

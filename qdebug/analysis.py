@@ -28,7 +28,8 @@ import dataclasses
 import math
 import os
 import tempfile
-from collections.abc import Callable, Collection, Iterator
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,10 @@ batches run one at a time on ORT's own threads."""
 IN_FLIGHT_ELEMENTS = 4 * CAPTURE_ELEMENTS
 """Budget for the largest tensors of all chunks in flight: a model whose chunk is large gets fewer workers,
 so the capture's memory does not grow with the number of cores (one chunk of 4 M elements: one worker)."""
+
+READ_AHEAD_BYTES = 1 << 20
+"""The capture loads the next batch before the current one is read only if a batch's inputs are this small
+(or the batches are too small to keep the workers busy): the data is then not what sets the peak."""
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -288,10 +293,8 @@ def _stream(
     # the fake-quant view first, on its own: its session is gone before the main one exists,
     # so the peak is the larger of the two, not their sum
     if fakequant:
-        for batch in data.batches():
-            if fakequant_samples is not None and fq_done >= fakequant_samples:
-                break
-            ref_out, fq_out = path.fakequant(batch, accs, numpy_path, skipped)
+        first = _first_samples(data.batches(), fakequant_samples)
+        for batch, ref_out, fq_out in path.fakequant_batches(first, accs, numpy_path, skipped):
             outputs.fakequant.append(fq_out)
             outputs.fakequant_reference.append(ref_out)
             if outputs.fakequant_labels is not None and batch.labels is not None:
@@ -303,8 +306,8 @@ def _stream(
                     total = min(total, fakequant_samples)
                 progress("fake-quant view", min(fq_done, total or fq_done), total)
     path.close_fakequant()
-    for index, batch in enumerate(data.batches()):
-        ref_out, dep_out = path.main(batch, accs, numpy_path, skipped, head=samples < fq_done)
+    main = path.main_batches(data.batches(), accs, numpy_path, skipped, fq_done)
+    for index, (batch, ref_out, dep_out) in enumerate(main):
         if index == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
             rows = min(batch.size, getattr(path, "chunk", None) or batch.size)
             plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
@@ -324,6 +327,16 @@ def _stream(
         if progress:
             progress("capture", samples, data.n_samples)
     return outputs, samples, gap, fq_done
+
+
+def _first_samples(batches: Iterable[Batch], limit: int | None) -> Iterator[Batch]:
+    """The batches that hold the first ``limit`` samples (all with None)."""
+    done = 0
+    for batch in batches:
+        if limit is not None and done >= limit:
+            return
+        yield batch
+        done += batch.size
 
 
 _FLOAT_TYPES = {
@@ -492,6 +505,18 @@ class _NumpyPath:
         """One batch through the fake-quant session; returns its (FP32, fake-quant) graph outputs."""
         return self.fakequant_pairs(batch.feeds, accs, self.scored)
 
+    def main_batches(self, batches: Iterable[Batch], accs, numpy_path, skipped, fq_done: int):
+        """``(batch, FP32 outputs, deployed outputs)`` per batch, in order (the graph path's interface)."""
+        start = 0
+        for batch in batches:
+            yield (batch, *self.main(batch, accs, numpy_path, skipped, head=start < fq_done))
+            start += batch.size
+
+    def fakequant_batches(self, batches: Iterable[Batch], accs, numpy_path, skipped):
+        """``(batch, FP32 outputs, fake-quant outputs)`` per batch, in order."""
+        for batch in batches:
+            yield (batch, *self.fakequant(batch, accs, numpy_path, skipped))
+
     def fakequant_pairs(self, feeds, accs: dict[str, _TensorAcc], pairs: list):
         """FP32 vs fake-quant DQ outputs of ``pairs`` for one batch of ``feeds``; returns both graph outputs."""
         fp_tap, _, fq_tap = self.taps()
@@ -569,8 +594,9 @@ class _GraphPath:
         self._pending: dict[tuple[str, str], tuple[list, list]] = {}
         self._range: dict[str, tuple[float, float]] = {}
         self.splittable = _chunkable(fp32, qdq)
-        # concurrent chunks need samples that are independent along axis 0, as chunking does
-        self.workers = capture_workers(config) if self.splittable else 1
+        self.workers = capture_workers(config)
+        """Runs in flight at once; settled after the first run (:meth:`_settle`)."""
+        self._settled = False
         self._pool: ThreadPoolExecutor | None = None
 
     def _stash(self, model: ReductionModel, name: str) -> ReductionModel:
@@ -612,24 +638,28 @@ class _GraphPath:
             self._pool = None
         self._main_sess = self._fq_sess = None
         self._dir.cleanup()
+        release_freed_memory()  # the report is built next: it must not stack on the sessions' leftovers
 
-    def main(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str], head: bool = False):
-        """One data batch, in capture chunks; returns its (FP32, deployed) graph outputs.
+    def main_batches(self, batches: Iterable[Batch], accs, numpy_path: _NumpyPath, skipped, fq_done: int):
+        """``(batch, FP32 outputs, deployed outputs)`` per batch, in order.
 
-        ``head``: the batch was also in the fake-quant view; its deployed error goes to ``head`` too.
+        A batch's deployed error also goes to ``head`` when it was in the fake-quant view (its first
+        ``fq_done`` samples).
         """
-        self._fit_workers(batch)
         self.main_sess()  # here, not on a worker: two workers must not both create it
-        parts = self._each_chunk(
-            batch,
-            # the session is looked up per run: it is reopened if sizing the chunks turned the workers off
-            lambda feeds: run_session(
-                self.main_sess(), self.main_model.outputs, _with_subsample(feeds), "the instrumented models"
-            ),
-            lambda feeds, out: self._use_main(feeds, out, accs, numpy_path, skipped, head),
-        )
-        self._flush(accs)
-        return _join([r for r, _ in parts]), _join([d for _, d in parts])
+        model = self.main_model
+
+        def run(feeds):  # looked up per run: the session is reopened if the workers are turned off
+            return run_session(
+                self.main_sess(), model.outputs, _with_subsample(feeds), "the instrumented models"
+            )
+
+        def use(start, feeds, out):
+            return self._use_main(feeds, out, accs, numpy_path, skipped, start < fq_done)
+
+        for batch, parts in self._pipeline(batches, run, use):
+            self._flush(accs)
+            yield batch, _join([r for r, _ in parts]), _join([d for _, d in parts])
 
     def _queue(self, name: str, kind: str, ref: np.ndarray, cand: np.ndarray) -> None:
         """Histogram samples wait for the end of the data batch: one numpy call per tensor, not per chunk."""
@@ -647,60 +677,105 @@ class _GraphPath:
                 target.histogram.update(np.concatenate(refs), np.concatenate(cands))
         self._pending.clear()
 
-    def fakequant(self, batch: Batch, accs, numpy_path: _NumpyPath, skipped: dict[str, str]):
-        """One data batch through the fake-quant view; returns its (FP32, fake-quant) graph outputs."""
-        self._fit_workers(batch)
+    def fakequant_batches(self, batches: Iterable[Batch], accs, numpy_path: _NumpyPath, skipped):
+        """``(batch, FP32 outputs, fake-quant outputs)`` per batch, in order."""
         self.fq_sess()
-        parts = self._each_chunk(
-            batch,
-            lambda feeds: run_session(
-                self.fq_sess(), self.fq_model.outputs, _with_subsample(feeds), "the fake-quant models"
-            ),
-            lambda feeds, out: self._use_fakequant(feeds, out, accs, numpy_path),
-        )
-        return _join([r for r, _ in parts]), _join([q for _, q in parts])
+        model = self.fq_model
 
-    def _fit_workers(self, batch: Batch) -> None:
-        """Before any session exists: one-sample batches cannot be shared out, so ORT keeps its threads.
+        def run(feeds):
+            return run_session(self.fq_sess(), model.outputs, _with_subsample(feeds), "the fake-quant models")
 
-        (Whether larger batches hold enough work per chunk is decided when chunks are sized.)
+        def use(start, feeds, out):
+            return self._use_fakequant(feeds, out, accs, numpy_path)
+
+        for batch, parts in self._pipeline(batches, run, use):
+            yield batch, _join([r for r, _ in parts]), _join([q for _, q in parts])
+
+    def _pipeline(self, batches: Iterable[Batch], run, use) -> Iterator[tuple[Batch, list]]:
+        """``(batch, [use(start, chunk, run(chunk)) for its chunks])`` per batch, in order.
+
+        ``run`` (ORT only, thread-safe) goes to the workers. A batch with
+        fewer chunks than workers (one sample, or a model whose batches cannot
+        be cut) does not leave them idle: the next batches' chunks start while
+        its own are read. ``use`` (the accumulation) stays on this thread and
+        sees the chunks in order, so the float64 sums are the same whatever
+        the timing. ``start``: the samples before the batch. Until the workers
+        are settled, the first run is made alone.
         """
-        if self.chunk is None and batch.size == 1 and self._main_sess is None and self._fq_sess is None:
-            self.workers = 1
+        window: deque = deque()
+        start = 0
+        for batch in batches:
+            done, pieces = self._first(batch, start, run, use)
+            jobs = [self._pool_for().submit(run, p) if self.workers > 1 else None for p in pieces]
+            window.append((batch, start, done, pieces, jobs))
+            del done, pieces, jobs  # the window owns them: a finished batch's results must not outlive it
+            start += batch.size
+            while window and self._must_finish(window):
+                yield self._finish(window.popleft(), run, use)
+        while window:
+            yield self._finish(window.popleft(), run, use)
 
-    def _each_chunk(self, batch: Batch, run, use) -> list:
-        """``use(feeds, run(feeds))`` over the capture chunks of ``batch``, in order.
+    def _must_finish(self, window: deque) -> bool:
+        """Whether the oldest batch is read now, before the next one is loaded.
 
-        ``run`` (ORT only, thread-safe) goes to the workers; ``use`` (the
-        accumulation) stays on this thread and sees the chunks in order, so the
-        float64 sums are the same whatever the timing. Until chunks are sized,
-        the first sample runs alone.
+        The pipeline reads ahead only as far as the workers need: batches
+        with fewer chunks than workers, until the batches behind hold as many;
+        a batch that keeps them busy alone, one batch more when its inputs are
+        small (the next batch's chunks then start the moment this one's end,
+        not after its results are read), and none when they are large (ResNet
+        batches of 16: 9.6 MB more at the peak).
         """
+        behind = sum(len(entry[3]) for entry in list(window)[1:])
+        if len(window) > self.workers or behind >= self.workers:
+            return True
+        oldest = window[0]
+        if len(oldest[3]) < self.workers:
+            return False
+        small = sum(v.nbytes for v in oldest[0].feeds.values()) <= READ_AHEAD_BYTES
+        return not (small and len(window) == 1)
+
+    @staticmethod
+    def _finish(entry, run, use) -> tuple[Batch, list]:
+        batch, start, done, pieces, jobs = entry
+        for i, piece in enumerate(pieces):
+            job, jobs[i] = jobs[i], None  # each run's outputs go as soon as they are read, not with the batch
+            done.append(use(start, piece, job.result() if job is not None else run(piece)))
+            del job
+        return batch, done
+
+    def _first(self, batch: Batch, start: int, run, use) -> tuple[list, list]:
+        """(chunks already used, chunks to run) of ``batch``; the very first run is made here, alone."""
         feeds, n = batch.feeds, batch.size
-        results = []
-        if self.splittable and n > 1 and self.chunk is None:
-            first = {k: v[:1] for k, v in feeds.items()}
-            results.append(use(first, run(first)))
-            self._size_chunks(n)
-            feeds, n = {k: v[1:] for k, v in feeds.items()}, n - 1
-        pieces = list(_split(feeds, self._piece_rows(n)))
-        results.extend(use(piece, out) for piece, out in zip(pieces, self._map(run, pieces), strict=True))
-        return results
+        done = []
+        if not self._settled:
+            rows = (
+                1 if self.splittable else n
+            )  # one sample measures the model; a batch that cannot be cut runs whole
+            first = {k: v[:rows] for k, v in feeds.items()}
+            done.append(use(start, first, run(first)))
+            self._settle(n)
+            if rows == n:
+                return done, []
+            feeds, n = {k: v[rows:] for k, v in feeds.items()}, n - rows
+        return done, list(_split(feeds, self._piece_rows(n)))
 
-    def _size_chunks(self, n: int) -> None:
-        """Chunk rows from the first sample's largest tensor; then how many workers the chunks are worth."""
+    def _settle(self, n: int) -> None:
+        """After the first run: chunk rows from its largest tensor, then how many workers that is worth."""
         largest = max(self._largest, 1)
-        self.chunk = max(1, min(n, CAPTURE_ELEMENTS // largest))
+        if self.splittable:
+            self.chunk = max(1, CAPTURE_ELEMENTS // largest)
+        per_run = (min(self._piece_rows(n), n) if self.splittable else n) * largest
         workers = self.workers
-        if self._piece_rows(n) >= n:  # one chunk per batch: nothing to share out
+        if per_run < MIN_PIECE_ELEMENTS:  # too little work per run: the Python side would be the bottleneck
             workers = 1
-        else:  # the chunks in flight together stay within the memory budget
-            workers = min(workers, max(1, IN_FLIGHT_ELEMENTS // (self.chunk * largest)))
+        else:  # the runs in flight together stay within the memory budget
+            workers = min(workers, max(1, IN_FLIGHT_ELEMENTS // per_run))
         if workers == 1 and self.workers > 1:
             # the open session was made single-threaded for the workers: reopen it with ORT's threads
             self._main_sess = self._fq_sess = None
             release_freed_memory()
         self.workers = workers
+        self._settled = True
 
     def _piece_rows(self, n: int) -> int:
         """Rows per chunk for a batch of ``n``: at most ``self.chunk``; a multiple of :data:`CHUNK_PIECES`
@@ -712,13 +787,10 @@ class _GraphPath:
             pieces = min(n, -(-pieces // CHUNK_PIECES) * CHUNK_PIECES)
         return -(-n // max(pieces, 1))
 
-    def _map(self, run, pieces: list) -> Iterator:
-        """``run`` over ``pieces``, on the workers when there are several; results in order."""
-        if self.workers <= 1 or len(pieces) <= 1:
-            return map(run, pieces)
+    def _pool_for(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="qdebug-capture")
-        return self._pool.map(run, pieces)
+        return self._pool
 
     def _note_size(self, counts: list[float], feeds) -> None:
         rows = next(iter(feeds.values())).shape[0] if feeds else 1

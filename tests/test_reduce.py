@@ -227,22 +227,47 @@ def test_reports_do_not_depend_on_the_capture_workers(tmp_path, monkeypatch):
     assert compared > 80
 
 
-def test_single_sample_batches_keep_ort_intra_op_threads(tmp_path, monkeypatch):
-    """Batches of one sample cannot be shared out: the capture sessions must keep ORT's own threads."""
+def test_one_sample_batches_run_side_by_side_across_batches(tmp_path, monkeypatch):
+    """A one-sample batch cannot be cut, so the workers take consecutive batches: the same report as one
+    run at a time. With too little work per sample (the fixture, at the real threshold) the runs stay one
+    at a time, on sessions with ORT's own threads."""
     base = fixture_path("transformer")
+    threads_seen: list[str] = []
     opened: list[int | None] = []
-    real_make = analysis.make_session
+    real_run, real_make = analysis.run_session, analysis.make_session
 
-    def spy(*args, threads=None, **kwargs):
+    def spy_run(session, names, feeds, what="the model"):
+        threads_seen.append(threading.current_thread().name)
+        return real_run(session, names, feeds, what)
+
+    def spy_make(*args, threads=None, **kwargs):
         opened.append(threads)
         return real_make(*args, threads=threads, **kwargs)
 
-    monkeypatch.setattr(analysis, "make_session", spy)
-    out = tmp_path / "r.json"
-    args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
-    assert main([*args, "--max-samples", "6", "--batch-size", "1", "--threads", "2"]) == 0
-    assert len(opened) == 2 and opened == [None, None]  # the fake-quant view and the main pass
-    assert load_report(out).samples == 6
+    monkeypatch.setattr(analysis, "run_session", spy_run)
+    monkeypatch.setattr(analysis, "make_session", spy_make)
+    reports, workers, sessions = {}, {}, {}
+    for label, threads, min_elements in (
+        ("one", 1, 1),
+        ("two", 2, 1),
+        ("tiny", 2, analysis.MIN_PIECE_ELEMENTS),
+    ):
+        with monkeypatch.context() as m:
+            m.setattr(analysis, "MIN_PIECE_ELEMENTS", min_elements)
+            threads_seen.clear()
+            opened.clear()
+            out = tmp_path / f"{label}.json"
+            args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out)]
+            args += ["-q", "--max-samples", "12", "--batch-size", "1", "--threads", str(threads)]
+            assert main(args) == 0
+        reports[label] = load_report(out)
+        workers[label] = {t for t in threads_seen if t.startswith("qdebug-capture")}
+        sessions[label] = list(opened)
+    assert len(workers["two"]) == 2 and sessions["two"] == [1, 1]
+    assert not workers["tiny"] and sessions["tiny"] == [1, None, None]  # fake-quant, reopened, main
+    assert not workers["one"] and reports["one"].samples == 12
+    assert reports["one"].tensors == reports["two"].tensors  # both single-threaded sessions: bit for bit
+    assert reports["one"].task == reports["two"].task
 
 
 def test_opset_10_models_use_the_graph_engine_and_agree_with_numpy(tmp_path):

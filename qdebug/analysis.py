@@ -293,8 +293,8 @@ def _stream(
     # the fake-quant view first, on its own: its session is gone before the main one exists,
     # so the peak is the larger of the two, not their sum
     if fakequant:
-        first = _first_samples(data.batches(), fakequant_samples)
-        for batch, ref_out, fq_out in path.fakequant_batches(first, accs, numpy_path, skipped):
+        head_batches = _first_samples(data.batches(), fakequant_samples)
+        for batch, ref_out, fq_out in path.fakequant_batches(head_batches, accs, numpy_path, skipped):
             outputs.fakequant.append(fq_out)
             outputs.fakequant_reference.append(ref_out)
             if outputs.fakequant_labels is not None and batch.labels is not None:
@@ -305,10 +305,11 @@ def _stream(
                 if fakequant_samples is not None and total is not None:
                     total = min(total, fakequant_samples)
                 progress("fake-quant view", min(fq_done, total or fq_done), total)
+            del batch, ref_out, fq_out  # not held while the next batches run
     path.close_fakequant()
     main = path.main_batches(data.batches(), accs, numpy_path, skipped, fq_done)
-    for index, (batch, ref_out, dep_out) in enumerate(main):
-        if index == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
+    for batch, ref_out, dep_out in main:  # not enumerate(): its cached tuple would hold the previous batch
+        if samples == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
             rows = min(batch.size, getattr(path, "chunk", None) or batch.size)
             plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
             if rows < batch.size:  # chunked: outputs are batch-major (checked by _chunkable)
@@ -317,7 +318,7 @@ def _stream(
             else:
                 first, dep_first = batch.feeds, dep_out
             gap = _deployed_gap(plain.run(first), dep_first, plain.graph_outputs)
-            del plain
+            del plain, first, dep_first
             release_freed_memory()
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
@@ -326,6 +327,7 @@ def _stream(
         samples += batch.size
         if progress:
             progress("capture", samples, data.n_samples)
+        del batch, ref_out, dep_out  # not held while the next batches run
     return outputs, samples, gap, fq_done
 
 
@@ -591,6 +593,9 @@ class _GraphPath:
         self._fq_sess = None
         self.chunk: int | None = None
         self._largest = 0
+        self._split_largest = 0
+        """The first run's largest tensor per sample: what batches are cut by (fixed, so the cut of a batch
+        does not depend on how far the pipeline has read when it is loaded)."""
         self._pending: dict[tuple[str, str], tuple[list, list]] = {}
         self._range: dict[str, tuple[float, float]] = {}
         self.splittable = _chunkable(fp32, qdq)
@@ -657,9 +662,13 @@ class _GraphPath:
         def use(start, feeds, out):
             return self._use_main(feeds, out, accs, numpy_path, skipped, start < fq_done)
 
-        for batch, parts in self._pipeline(batches, run, use):
+        def joined(item):
+            batch, parts = item
             self._flush(accs)
-            yield batch, _join([r for r, _ in parts]), _join([d for _, d in parts])
+            return batch, _join([r for r, _ in parts]), _join([d for _, d in parts])
+
+        # through map(): no local of this frame holds a yielded batch while the next ones run
+        yield from map(joined, self._pipeline(batches, run, use))
 
     def _queue(self, name: str, kind: str, ref: np.ndarray, cand: np.ndarray) -> None:
         """Histogram samples wait for the end of the data batch: one numpy call per tensor, not per chunk."""
@@ -688,8 +697,11 @@ class _GraphPath:
         def use(start, feeds, out):
             return self._use_fakequant(feeds, out, accs, numpy_path)
 
-        for batch, parts in self._pipeline(batches, run, use):
-            yield batch, _join([r for r, _ in parts]), _join([q for _, q in parts])
+        def joined(item):
+            batch, parts = item
+            return batch, _join([r for r, _ in parts]), _join([q for _, q in parts])
+
+        yield from map(joined, self._pipeline(batches, run, use))
 
     def _pipeline(self, batches: Iterable[Batch], run, use) -> Iterator[tuple[Batch, list]]:
         """``(batch, [use(start, chunk, run(chunk)) for its chunks])`` per batch, in order.
@@ -726,7 +738,7 @@ class _GraphPath:
         batches of 16: 9.6 MB more at the peak).
         """
         behind = sum(len(entry[3]) for entry in list(window)[1:])
-        if len(window) > self.workers or behind >= self.workers:
+        if self.workers == 1 or len(window) > self.workers or behind >= self.workers:
             return True
         oldest = window[0]
         if len(oldest[3]) < self.workers:
@@ -761,7 +773,7 @@ class _GraphPath:
 
     def _settle(self, n: int) -> None:
         """After the first run: chunk rows from its largest tensor, then how many workers that is worth."""
-        largest = max(self._largest, 1)
+        largest = self._split_largest = max(self._largest, 1)
         if self.splittable:
             self.chunk = max(1, CAPTURE_ELEMENTS // largest)
         per_run = (min(self._piece_rows(n), n) if self.splittable else n) * largest
@@ -783,7 +795,7 @@ class _GraphPath:
         if not (self.splittable and self.chunk):
             return n
         pieces = -(-n // self.chunk)
-        if n * self._largest >= MIN_PIECE_ELEMENTS * CHUNK_PIECES:
+        if n * self._split_largest >= MIN_PIECE_ELEMENTS * CHUNK_PIECES:
             pieces = min(n, -(-pieces // CHUNK_PIECES) * CHUNK_PIECES)
         return -(-n // max(pieces, 1))
 

@@ -270,6 +270,25 @@ def test_one_sample_batches_run_side_by_side_across_batches(tmp_path, monkeypatc
     assert reports["one"].task == reports["two"].task
 
 
+def test_batches_of_varying_shapes_are_cut_the_same_whatever_the_workers(tmp_path):
+    """How a batch is cut must not depend on how far the pipeline has read when it is loaded (found in
+    review: a folder of two sequence lengths gave other sums with 2 workers than with 1)."""
+    model = fixture_path("robustness", "dynamic.onnx")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "calib"
+    data.mkdir()
+    for i, length in enumerate((256, 512, 256, 256)):
+        np.savez(data / f"f{i:02d}.npz", x=rng.standard_normal((2, length, 16)).astype(np.float32))
+    reports = {}
+    for threads in (1, 2):
+        out = tmp_path / f"t{threads}.json"
+        args = ["analyze", str(model), "--calib", str(data), "-o", str(out), "-q", "--batch-size", "2"]
+        assert main([*args, "--fakequant-samples", "0", "--threads", str(threads)]) == 0
+        reports[threads] = load_report(out)
+    assert reports[1].samples == reports[2].samples == 8
+    assert reports[1].tensors == reports[2].tensors
+
+
 def test_opset_10_models_use_the_graph_engine_and_agree_with_numpy(tmp_path):
     """Opset 10 has no sequence ops: the reductions stack their scalars with Reshape + Concat instead."""
     from tests.models import small_cnn, small_data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -14,6 +15,7 @@ from qdebug.capture import SessionConfig, make_session, optimize_for_capture, ru
 from qdebug.cli.main import main
 from qdebug.graph.match import pair_models
 from qdebug.graph.reduce import SUBSAMPLE_INPUT, PairSpec, build_reduction_model, elem_types
+from qdebug.records import Report
 from qdebug.report_io import load_report
 from tests.conftest import fixture_path
 
@@ -170,6 +172,43 @@ def test_chunked_capture_matches_whole_batches(tmp_path, monkeypatch):
     assert compared > 50
 
 
+@dataclass
+class _Capture:
+    """A report of the transformer fixture, with the capture-worker threads that ran and the intra-op
+    threads of every capture session opened (None: ORT's own)."""
+
+    report: Report
+    workers: set[str]
+    sessions: list[int | None]
+
+
+def _capture(tmp_path, monkeypatch, label: str, threads: int, patch: dict, *extra: str) -> _Capture:
+    """``qdebug analyze`` of the transformer fixture with ``patch`` applied to qdebug.analysis."""
+    base = fixture_path("transformer")
+    seen: list[str] = []
+    opened: list[int | None] = []
+    real_run, real_make = analysis.run_session, analysis.make_session
+
+    def spy_run(session, names, feeds, what="the model"):
+        seen.append(threading.current_thread().name)
+        return real_run(session, names, feeds, what)
+
+    def spy_make(*args, threads=None, **kwargs):
+        opened.append(threads)
+        return real_make(*args, threads=threads, **kwargs)
+
+    out = tmp_path / f"{label}.json"
+    with monkeypatch.context() as m:
+        m.setattr(analysis, "run_session", spy_run)
+        m.setattr(analysis, "make_session", spy_make)
+        for name, value in patch.items():
+            m.setattr(analysis, name, value)
+        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out)]
+        assert main([*args, "-q", "--threads", str(threads), *extra]) == 0
+    workers = {t for t in seen if t.startswith("qdebug-capture")}
+    return _Capture(load_report(out), workers, opened)
+
+
 def test_reports_do_not_depend_on_the_capture_workers(tmp_path, monkeypatch):
     """Chunks run side by side on the capture workers, but where they start and end depends on the model
     and the batch only, and they are accumulated in order: 1 or 3 workers give the same report, bit for bit.
@@ -178,43 +217,20 @@ def test_reports_do_not_depend_on_the_capture_workers(tmp_path, monkeypatch):
     for the in-flight memory budget, run one at a time on sessions with ORT's own threads (the one opened
     single-threaded before sizing is reopened).
     """
-    base = fixture_path("transformer")
-    threads_seen: list[str] = []
-    opened: list[int | None] = []
-    real_run, real_make = analysis.run_session, analysis.make_session
-
-    def spy_run(session, names, feeds, what="the model"):
-        threads_seen.append(threading.current_thread().name)
-        return real_run(session, names, feeds, what)
-
-    def spy_make(*args, threads=None, **kwargs):
-        opened.append(threads)
-        return real_make(*args, threads=threads, **kwargs)
-
-    monkeypatch.setattr(analysis, "run_session", spy_run)
-    monkeypatch.setattr(analysis, "make_session", spy_make)
-    reports, workers, sessions = {}, {}, {}
     small = {"CAPTURE_ELEMENTS": 4 * 1024, "MIN_PIECE_ELEMENTS": 1}  # chunks of 4 rows, cut in 4s
     budget = {**small, "IN_FLIGHT_ELEMENTS": 4 * 1024}  # room for one chunk in flight: one worker
     runs = (("one", 1, small), ("three", 3, small), ("tiny", 3, {}), ("budget", 3, budget))
-    for label, threads, patch in runs:
-        with monkeypatch.context() as m:
-            for name, value in patch.items():
-                m.setattr(analysis, name, value)
-            threads_seen.clear()
-            opened.clear()
-            out = tmp_path / f"{label}.json"
-            args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out)]
-            args += ["-q", "--max-samples", "32", "--batch-size", "16", "--threads", str(threads)]
-            assert main(args) == 0
-        reports[label] = load_report(out)
-        workers[label] = {t for t in threads_seen if t.startswith("qdebug-capture")}
-        sessions[label] = list(opened)
-    assert not workers["one"] and len(workers["three"]) >= 2
-    assert not workers["tiny"] and sessions["tiny"] == [1, None, None]  # fake-quant, reopened, main
-    assert not workers["budget"] and sessions["budget"] == [1, None, None]
-    assert reports["budget"].tensors == reports["one"].tensors
-    one, three = reports["one"], reports["three"]
+    got = {
+        label: _capture(
+            tmp_path, monkeypatch, label, threads, patch, "--max-samples", "32", "--batch-size", "16"
+        )
+        for label, threads, patch in runs
+    }
+    assert not got["one"].workers and len(got["three"].workers) >= 2
+    assert not got["tiny"].workers and got["tiny"].sessions == [1, None, None]  # fake-quant, reopened, main
+    assert not got["budget"].workers and got["budget"].sessions == [1, None, None]
+    assert got["budget"].report.tensors == got["one"].report.tensors
+    one, three = got["one"].report, got["three"].report
     assert one.task == three.task
     compared = 0
     for ts in one.tensors:
@@ -231,43 +247,19 @@ def test_one_sample_batches_run_side_by_side_across_batches(tmp_path, monkeypatc
     """A one-sample batch cannot be cut, so the workers take consecutive batches: the same report as one
     run at a time. With too little work per sample (the fixture, at the real threshold) the runs stay one
     at a time, on sessions with ORT's own threads."""
-    base = fixture_path("transformer")
-    threads_seen: list[str] = []
-    opened: list[int | None] = []
-    real_run, real_make = analysis.run_session, analysis.make_session
-
-    def spy_run(session, names, feeds, what="the model"):
-        threads_seen.append(threading.current_thread().name)
-        return real_run(session, names, feeds, what)
-
-    def spy_make(*args, threads=None, **kwargs):
-        opened.append(threads)
-        return real_make(*args, threads=threads, **kwargs)
-
-    monkeypatch.setattr(analysis, "run_session", spy_run)
-    monkeypatch.setattr(analysis, "make_session", spy_make)
-    reports, workers, sessions = {}, {}, {}
-    for label, threads, min_elements in (
-        ("one", 1, 1),
-        ("two", 2, 1),
-        ("tiny", 2, analysis.MIN_PIECE_ELEMENTS),
-    ):
-        with monkeypatch.context() as m:
-            m.setattr(analysis, "MIN_PIECE_ELEMENTS", min_elements)
-            threads_seen.clear()
-            opened.clear()
-            out = tmp_path / f"{label}.json"
-            args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out)]
-            args += ["-q", "--max-samples", "12", "--batch-size", "1", "--threads", str(threads)]
-            assert main(args) == 0
-        reports[label] = load_report(out)
-        workers[label] = {t for t in threads_seen if t.startswith("qdebug-capture")}
-        sessions[label] = list(opened)
-    assert len(workers["two"]) == 2 and sessions["two"] == [1, 1]
-    assert not workers["tiny"] and sessions["tiny"] == [1, None, None]  # fake-quant, reopened, main
-    assert not workers["one"] and reports["one"].samples == 12
-    assert reports["one"].tensors == reports["two"].tensors  # both single-threaded sessions: bit for bit
-    assert reports["one"].task == reports["two"].task
+    runs = (("one", 1, {"MIN_PIECE_ELEMENTS": 1}), ("two", 2, {"MIN_PIECE_ELEMENTS": 1}), ("tiny", 2, {}))
+    got = {
+        label: _capture(
+            tmp_path, monkeypatch, label, threads, patch, "--max-samples", "12", "--batch-size", "1"
+        )
+        for label, threads, patch in runs
+    }
+    assert len(got["two"].workers) == 2 and got["two"].sessions == [1, 1]
+    assert not got["tiny"].workers and got["tiny"].sessions == [1, None, None]  # fake-quant, reopened, main
+    assert not got["one"].workers and got["one"].report.samples == 12
+    # both single-threaded sessions: bit for bit
+    assert got["one"].report.tensors == got["two"].report.tensors
+    assert got["one"].report.task == got["two"].report.task
 
 
 def test_batches_of_varying_shapes_are_cut_the_same_whatever_the_workers(tmp_path):

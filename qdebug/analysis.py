@@ -760,9 +760,8 @@ class _GraphPath:
         feeds, n = batch.feeds, batch.size
         done = []
         if not self._settled:
-            rows = (
-                1 if self.splittable else n
-            )  # one sample measures the model; a batch that cannot be cut runs whole
+            # one sample measures the model; a batch that cannot be cut runs whole
+            rows = 1 if self.splittable else n
             first = {k: v[:rows] for k, v in feeds.items()}
             done.append(use(start, first, run(first)))
             self._settle(n)

@@ -29,3 +29,18 @@ def fixture_path(*parts: str) -> Path:
     path = FIXTURES.joinpath(*parts)
     assert path.exists(), f"fixture {path} missing (run python fixtures/make_fixtures.py)"
     return path
+
+
+def analyze_args(name: str, out: Path, *extra: str) -> list[str]:
+    """``qdebug analyze`` argv for a committed fixture (its model and calibration set), quiet, to ``out``."""
+    base = fixture_path(name)
+    return [
+        "analyze",
+        str(base / "model.onnx"),
+        "--calib",
+        str(base / "calib.npz"),
+        "-o",
+        str(out),
+        "-q",
+        *extra,
+    ]

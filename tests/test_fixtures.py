@@ -12,7 +12,7 @@ import pytest
 from qdebug.cli.analyze import rank_nodes
 from qdebug.cli.main import main
 from qdebug.report_io import load_report
-from tests.conftest import FIXTURES, fixture_path
+from tests.conftest import FIXTURES, analyze_args, fixture_path
 
 
 def _manifest() -> dict:
@@ -82,28 +82,10 @@ def test_transformer_responsible_nodes_rank_at_the_top(transformer_report):
 
 
 def test_graph_and_numpy_engines_agree(tmp_path):
-    base = fixture_path("transformer")
     reports = {}
     for engine in ("graph", "numpy"):
         out = tmp_path / f"{engine}.json"
-        assert (
-            main(
-                [
-                    "analyze",
-                    str(base / "model.onnx"),
-                    "--calib",
-                    str(base / "calib.npz"),
-                    "-o",
-                    str(out),
-                    "-q",
-                    "--engine",
-                    engine,
-                    "--max-samples",
-                    "48",
-                ]
-            )
-            == 0
-        )
+        assert main(analyze_args("transformer", out, "--engine", engine, "--max-samples", "48")) == 0
         reports[engine] = load_report(out)
     g, n = reports["graph"], reports["numpy"]
     assert not any("numpy engine" in note for note in g.notes)

@@ -17,7 +17,7 @@ from qdebug.graph.match import pair_models
 from qdebug.graph.reduce import SUBSAMPLE_INPUT, PairSpec, build_reduction_model, elem_types
 from qdebug.records import Report
 from qdebug.report_io import load_report
-from tests.conftest import fixture_path
+from tests.conftest import analyze_args, fixture_path
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,7 @@ def transformer_models(tmp_path_factory):
     """(normalized FP32, QDQ, pairing, calib) of the transformer fixture, via a real analysis."""
     base = fixture_path("transformer")
     out = tmp_path_factory.mktemp("reduce") / "r.json"
-    args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
-    assert main([*args, "--max-samples", "16"]) == 0
+    assert main(analyze_args("transformer", out, "--max-samples", "16")) == 0
     report = load_report(out)
     fp32, qdq = onnx.load(report.normalized_model), onnx.load(report.quantized_model.path)
     return fp32, qdq, pair_models(fp32, qdq), base / "calib.npz"
@@ -146,13 +145,11 @@ def _exposed(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
 
 def test_chunked_capture_matches_whole_batches(tmp_path, monkeypatch):
     """Cutting batches into capture chunks changes nothing but speed and memory."""
-    base = fixture_path("transformer")
     reports = {}
     for label, elements in (("one-sample", 1), ("whole", 1 << 40)):
         monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", elements)
         out = tmp_path / f"{label}.json"
-        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
-        assert main([*args, "--max-samples", "24", "--batch-size", "12"]) == 0
+        assert main(analyze_args("transformer", out, "--max-samples", "24", "--batch-size", "12")) == 0
         reports[label] = load_report(out)
     a, b = reports["one-sample"], reports["whole"]
     assert a.task == b.task
@@ -184,7 +181,6 @@ class _Capture:
 
 def _capture(tmp_path, monkeypatch, label: str, threads: int, patch: dict, *extra: str) -> _Capture:
     """``qdebug analyze`` of the transformer fixture with ``patch`` applied to qdebug.analysis."""
-    base = fixture_path("transformer")
     seen: list[str] = []
     opened: list[int | None] = []
     real_run, real_make = analysis.run_session, analysis.make_session
@@ -203,8 +199,7 @@ def _capture(tmp_path, monkeypatch, label: str, threads: int, patch: dict, *extr
         m.setattr(analysis, "make_session", spy_make)
         for name, value in patch.items():
             m.setattr(analysis, name, value)
-        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out)]
-        assert main([*args, "-q", "--threads", str(threads), *extra]) == 0
+        assert main(analyze_args("transformer", out, "--threads", str(threads), *extra)) == 0
     workers = {t for t in seen if t.startswith("qdebug-capture")}
     return _Capture(load_report(out), workers, opened)
 
@@ -344,14 +339,12 @@ def test_deployed_head_covers_the_fake_quant_samples(transformer_models):
 
 def test_permutation_outputs_share_their_sources_statistics(tmp_path, monkeypatch):
     """Reshape/Transpose outputs are not measured twice, and sharing changes no number."""
-    base = fixture_path("transformer")
     reports = {}
     for label in ("shared", "measured"):
         if label == "measured":
             monkeypatch.setattr(analysis, "permutation_aliases", lambda *a, **k: {})
         out = tmp_path / f"{label}.json"
-        args = ["analyze", str(base / "model.onnx"), "--calib", str(base / "calib.npz"), "-o", str(out), "-q"]
-        assert main([*args, "--max-samples", "16"]) == 0
+        assert main(analyze_args("transformer", out, "--max-samples", "16")) == 0
         reports[label] = load_report(out)
     shared = [t for t in reports["shared"].tensors if t.note.startswith("same values as")]
     assert len(shared) >= 8

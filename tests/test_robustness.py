@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
 from qdebug.report_io import load_report
-from tests.conftest import ROOT, fixture_path
+from tests.conftest import ROOT, analyze_args, fixture_path
 from tests.models import small_cnn, small_data
 
 SMALL = ["-q", "--max-samples", "16"]
@@ -750,20 +750,8 @@ def test_models_over_the_protobuf_limit_go_through_external_data(tmp_path, monke
     import qdebug.graph.load as load
 
     monkeypatch.setattr(load, "PROTO_LIMIT", 4096)
-    base = fixture_path("cnn")
     out = tmp_path / "r.json"
-    code = main(
-        [
-            "analyze",
-            str(base / "model.onnx"),
-            "--calib",
-            str(base / "calib.npz"),
-            "-o",
-            str(out),
-            "-q",
-            "--no-cache",
-        ]
-    )
+    code = main(analyze_args("cnn", out, "--no-cache"))
     assert code == 0
     report = load_report(out)
     files = tmp_path / "r_files"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -31,23 +32,34 @@ _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 def to_jsonable(obj: Any) -> Any:
     """Convert records (and nested tuples, floats) to plain JSON values."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, float):  # the most common value: checked first
+        return obj if math.isfinite(obj) else _nonfinite_str(obj)
     if isinstance(obj, (list, tuple)):
         if all(type(v) is int for v in obj):  # histogram counts: most of a report's values
             return list(obj)
         return [to_jsonable(v) for v in obj]
+    names = _field_names(type(obj))
+    if names is not None:
+        return {n: to_jsonable(getattr(obj, n)) for n in names}
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
         return to_jsonable(obj.item())
     return obj
+
+
+def _nonfinite_str(x: float) -> str:
+    if math.isnan(x):
+        return "nan"
+    return "inf" if x > 0 else "-inf"
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """A record class's field names (None for anything else); cached: a report holds ~50k values."""
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return None
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -92,8 +104,48 @@ def from_jsonable(tp: Any, value: Any) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    """Serialize a record as strict, stable, human-readable JSON."""
-    return json.dumps(to_jsonable(obj), indent=1, allow_nan=False) + "\n"
+    """Serialize a record as strict, stable, human-readable JSON.
+
+    Objects and lists of objects are indented down to :data:`_INDENT_DEPTH`
+    (one field per line: readable, and a diff shows which field changed);
+    anything deeper, and any list of plain values (histogram counts), is one
+    compact line. Only those compact pieces go through ``json``'s C encoder:
+    ``indent=`` forces its pure-Python encoder, which took 0.5 s of a 7.5 s
+    analysis on the BERT benchmark model.
+    """
+    out: list[str] = []
+    _emit(to_jsonable(obj), 0, out)
+    out.append("\n")
+    return "".join(out)
+
+
+_INDENT_DEPTH = 4
+"""Containers this deep or deeper are written on one line (a tensor's error record is at depth 3)."""
+
+_compact = json.JSONEncoder(allow_nan=False, separators=(", ", ": ")).encode
+
+
+def _emit(value: Any, depth: int, out: list[str]) -> None:
+    """Append ``value`` as JSON at nesting ``depth`` (see :func:`dumps`)."""
+    nested = isinstance(value, dict) and value or isinstance(value, list) and any(
+        isinstance(v, (dict, list)) for v in value
+    )
+    if not nested or depth >= _INDENT_DEPTH:
+        out.append(_compact(value))
+        return
+    pad = "\n" + " " * (depth + 1)
+    if isinstance(value, dict):
+        out.append("{")
+        for i, (k, v) in enumerate(value.items()):
+            out.append(("," if i else "") + pad + _compact(k) + ": ")
+            _emit(v, depth + 1, out)
+        out.append("\n" + " " * depth + "}")
+    else:
+        out.append("[")
+        for i, v in enumerate(value):
+            out.append(("," if i else "") + pad)
+            _emit(v, depth + 1, out)
+        out.append("\n" + " " * depth + "]")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

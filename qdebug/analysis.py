@@ -46,7 +46,7 @@ from qdebug.capture import (
     run_session,
 )
 from qdebug.data import Batch, DataSet
-from qdebug.graph.load import is_large, save_model
+from qdebug.graph.load import save_model
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.reduce import (
     SUBSAMPLE_INPUT,
@@ -607,10 +607,7 @@ class _GraphPath:
     def _stash(self, model: ReductionModel, name: str) -> ReductionModel:
         """Write a merged model to this capture's scratch directory; return it without its proto."""
         path = Path(self._dir.name) / name
-        if is_large(model.model):
-            save_model(model.model, path)
-        else:  # a scratch file: neither atomic nor checked (save_model's extra cost was 0.1 s per BERT model)
-            path.write_bytes(model.model.SerializeToString())
+        save_model(model.model, path)
         self._files[name] = path
         return dataclasses.replace(model, model=None)
 

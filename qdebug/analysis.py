@@ -561,33 +561,14 @@ class _GraphPath:
     ) -> None:
         self.scored = scored
         self.config = config
-        cand = [p.dequant or p.qdq for p in scored if p.qdq is not None]
-        fo = optimize_for_capture(fp32, [p.fp32 for p in scored], config, what="FP32 model")
-        qo = optimize_for_capture(qdq, cand, config, what="quantized model") if fo is not None else None
-        self.preoptimized = fo is not None and qo is not None
-        ref_model = fo if self.preoptimized else fp32
         self._files: dict[str, Path] = {}
-        types = (elem_types(fp32), _with_dq_types(qdq, elem_types(qdq)))
-        keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
-        specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
-        fq_specs = [PairSpec(p.fp32, p.fp32, p.dequant) for p in scored if p.dequant is not None]
-        build = {"ref_types": types[0], "cand_types": types[1], "keep_outputs": keep}
-        # both merged models go to files and their protos (and the optimized models) are dropped before any
-        # session exists: ORT's copy is then the only one at the peak (60-90 MB less on the BERT model)
+        # the optimized models' weights go to files here, next to the merged models that refer to them
         self._dir = tempfile.TemporaryDirectory(prefix="qdebug-capture-")
-        main = build_reduction_model(ref_model, qo if self.preoptimized else qdq, specs, **build)
-        self.main_model: ReductionModel = self._stash(main, "main.onnx")
-        del main, qo
-        self.fq_model: ReductionModel | None = None
-        if fakequant:
-            names = [p.dequant for p in scored if p.dequant is not None]
-            fq = optimize_for_capture(qdq, names, config, fake_quant=True, what="quantized model")
-            # the fake-quant view: the same FP32 side against the QDQ model with ORT's QDQ handling off
-            fq_model = build_reduction_model(
-                ref_model, fq or qdq, fq_specs, ref_stats=False, with_samples=False, **build
-            )
-            del fq
-            self.fq_model = self._stash(fq_model, "fakequant.onnx")
+        try:
+            self._build(fp32, qdq, scored, local, fakequant)
+        except BaseException:  # a model ORT rejects, Ctrl-C: no scratch files left behind
+            self._dir.cleanup()
+            raise
         release_freed_memory()  # the protos are on disk now: their memory must not add to the sessions' peak
         self._main_sess = None
         self._fq_sess = None
@@ -603,6 +584,52 @@ class _GraphPath:
         """Runs in flight at once; settled after the first run (:meth:`_settle`)."""
         self._settled = False
         self._pool: ThreadPoolExecutor | None = None
+
+    def _build(self, fp32, qdq, scored: list, local: dict[str, FakeQuant], fakequant: bool) -> None:
+        """Optimize each side, merge them into the main (and fake-quant) reduction models, stash those."""
+        config = self.config
+        scratch = Path(self._dir.name)
+        cand = [p.dequant or p.qdq for p in scored if p.qdq is not None]
+        fo = optimize_for_capture(
+            fp32, [p.fp32 for p in scored], config, what="FP32 model", scratch=scratch, tag="fp32-optimized"
+        )
+        qo = (
+            optimize_for_capture(
+                qdq, cand, config, what="quantized model", scratch=scratch, tag="qdq-optimized"
+            )
+            if fo is not None
+            else None
+        )
+        self.preoptimized = fo is not None and qo is not None
+        ref_model = fo if self.preoptimized else fp32
+        types = (elem_types(fp32), _with_dq_types(qdq, elem_types(qdq)))
+        keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
+        specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
+        fq_specs = [PairSpec(p.fp32, p.fp32, p.dequant) for p in scored if p.dequant is not None]
+        build = {"ref_types": types[0], "cand_types": types[1], "keep_outputs": keep}
+        # both merged models go to files and their protos (and the optimized models) are dropped before any
+        # session exists: ORT's copy is then the only one at the peak (60-90 MB less on the BERT model)
+        main = build_reduction_model(ref_model, qo if self.preoptimized else qdq, specs, **build)
+        self.main_model: ReductionModel = self._stash(main, "main.onnx")
+        del main, qo
+        self.fq_model: ReductionModel | None = None
+        if fakequant:
+            names = [p.dequant for p in scored if p.dequant is not None]
+            fq = optimize_for_capture(
+                qdq,
+                names,
+                config,
+                fake_quant=True,
+                what="quantized model",
+                scratch=scratch,
+                tag="fakequant-optimized",
+            )
+            # the fake-quant view: the same FP32 side against the QDQ model with ORT's QDQ handling off
+            fq_model = build_reduction_model(
+                ref_model, fq or qdq, fq_specs, ref_stats=False, with_samples=False, **build
+            )
+            del fq
+            self.fq_model = self._stash(fq_model, "fakequant.onnx")
 
     def _stash(self, model: ReductionModel, name: str) -> ReductionModel:
         """Write a merged model to this capture's scratch directory; return it without its proto."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -117,6 +119,42 @@ def test_the_candidate_is_released_before_the_local_error_is_computed(transforme
         assert last_read[cand] < nodes.index(quantize), key
         checked += 1
     assert checked > 20
+
+
+def test_merged_models_refer_to_the_weights_files_and_leave_nothing_behind(
+    transformer_models, tmp_path, monkeypatch
+):
+    """ORT writes each optimized side's weights once, to the capture's scratch directory; the merged models
+    only refer to them (copying them into each merge set the BERT benchmark's peak), and the directory
+    goes with the capture, also when building fails."""
+    fp32, qdq, pairing, _ = transformer_models
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    types = elem_types(fp32)
+    scored = [p for p in pairing.tensors if types.get(p.fp32) == onnx.TensorProto.FLOAT]
+    local = analysis.local_fake_quant(qdq, scored)
+    path = analysis._GraphPath(fp32, qdq, scored, local, SessionConfig())
+    scratch = Path(path._dir.name)
+    big = sum(len(t.raw_data) for t in fp32.graph.initializer if len(t.raw_data) > 1024)
+    for name in ("main.onnx", "fakequant.onnx"):
+        merged = onnx.load(scratch / name, load_external_data=False)
+        assert max(len(t.raw_data) for t in merged.graph.initializer) <= 1024, name
+        external = [t for t in merged.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        sizes = [int(next(e.value for e in t.external_data if e.key == "length")) for t in external]
+        assert sum(sizes) >= big, name  # the FP32 side's weights, at least, are in the files
+        files = {e.value for t in external for e in t.external_data if e.key == "location"}
+        assert files and all((scratch / f).is_file() for f in files), name
+    path.main_sess()  # ORT finds the weights next to the merged model
+    path.close()
+    assert not scratch.exists()
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(analysis, "build_reduction_model", fail)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        analysis._GraphPath(fp32, qdq, scored, local, SessionConfig())
+    # checked while the traceback (and so the half-built capture) is still alive: not left to the GC
+    assert caught.traceback and not list(tmp_path.glob("qdebug-capture-*"))
 
 
 def test_in_graph_sums_match_numpy_on_one_batch(transformer_models):

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import stat
 import tempfile
 import types
 import typing
@@ -175,6 +176,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, output_mode(path))
         os.replace(tmp, path)
     except OSError as e:
         _silent_unlink(tmp)
@@ -184,6 +186,30 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         _silent_unlink(tmp)
         raise
+
+
+def output_mode(path: str | Path) -> int:
+    """Permissions for a file written through a temp file: those of the file it replaces, else what
+    ``open()`` would give a new file (0o666 less the umask). ``mkstemp`` creates 0o600 files, which would
+    leave reports unreadable to the rest of a team or a CI artifact store."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+@functools.lru_cache(maxsize=1)
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask can only be read by setting it)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _silent_unlink(path: str) -> None:

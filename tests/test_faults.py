@@ -200,3 +200,37 @@ def test_disk_full_while_writing_the_report(tmp_path, monkeypatch, capsys):
     assert "No space left on device" in err and "Traceback" not in err
     assert not out.exists()
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_outputs_get_the_permissions_a_plain_write_would_give(good, tmp_path):
+    """Atomic writes go through mkstemp, which creates 0600 files: reports and models must instead get
+    what ``open()`` gives (0666 less the umask), or keep the mode of the file they replace."""
+    import stat
+
+    import qdebug.report_io as rio
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    _, _, report = good
+    expected = 0o666 & ~mask
+    assert mode(report) == expected
+    models = list(report.with_name("r_files").glob("*.onnx"))
+    assert models and {mode(m) for m in models} == {expected}
+
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    kept.chmod(0o640)
+    rio.atomic_write_text(kept, "[]\n")
+    assert mode(kept) == 0o640 and kept.read_text() == "[]\n"
+
+    previous = os.umask(0o027)
+    rio._umask.cache_clear()
+    try:
+        rio.atomic_write_text(tmp_path / "new.json", "{}\n")
+    finally:
+        os.umask(previous)
+        rio._umask.cache_clear()
+    assert mode(tmp_path / "new.json") == 0o640

@@ -579,6 +579,8 @@ def save_model(model: ModelProto, path: Path) -> None:
     import os
     import tempfile
 
+    from qdebug.report_io import output_mode
+
     path.parent.mkdir(parents=True, exist_ok=True)
     large = is_large(model)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -589,6 +591,7 @@ def save_model(model: ModelProto, path: Path) -> None:
             save_with_external_data(model, Path(tmp), location=path.name + ".data")
         else:
             onnx.save_model(model, tmp)
+        os.chmod(tmp, output_mode(path))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -128,12 +128,10 @@ _compact = json.JSONEncoder(allow_nan=False, separators=(", ", ": ")).encode
 
 def _emit(value: Any, depth: int, out: list[str]) -> None:
     """Append ``value`` as JSON at nesting ``depth`` (see :func:`dumps`)."""
-    nested = (
-        isinstance(value, dict)
-        and value
-        or isinstance(value, list)
-        and any(isinstance(v, (dict, list)) for v in value)
-    )
+    if isinstance(value, dict):
+        nested = bool(value)
+    else:  # a list of plain values (histogram counts, names) stays on one line
+        nested = isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)
     if not nested or depth >= _INDENT_DEPTH:
         out.append(_compact(value))
         return

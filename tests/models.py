@@ -60,3 +60,52 @@ def small_data(path: Path, n: int = 40, seed: int = 1, labels: bool = True) -> P
         arrays["labels"] = rng.integers(0, 10, n)
     np.savez(path, **arrays)
     return path
+
+
+def branch_reads_outer_weight(path: Path, seed: int = 0) -> Path:
+    """MatMul-Relu, then an ``If`` on the input's sign whose else branch multiplies by a weight of the
+    *outer* graph (exporters write this for weights shared by branches), then MatMul."""
+    rng = np.random.default_rng(seed)
+
+    def branch(tag: str, weight: str) -> onnx.GraphProto:
+        nodes = [
+            helper.make_node("MatMul", ["r", weight], [f"m_{tag}"], name=f"mm_{tag}"),
+            helper.make_node("Add", [f"m_{tag}", f"b_{tag}"], [f"o_{tag}"], name=f"add_{tag}"),
+        ]
+        out = [helper.make_tensor_value_info(f"o_{tag}", TensorProto.FLOAT, ["N", 16])]
+        inits = [_init(f"b_{tag}", np.zeros(16)), _init(f"w_{tag}", rng.normal(0, 0.3, (16, 16)))]
+        return helper.make_graph(nodes, f"g_{tag}", [], out, inits)
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu0"),
+        helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"], name="positive"),
+        helper.make_node(
+            "If",
+            ["c"],
+            ["i"],
+            name="branch",
+            then_branch=branch("then", "w_then"),
+            else_branch=branch("else", "w_outer"),
+        ),
+        helper.make_node("MatMul", ["i", "w1"], ["y"], name="mm1"),
+    ]
+    inits = [
+        _init("w0", rng.normal(0, 0.3, (16, 16))),
+        _init("w1", rng.normal(0, 0.3, (16, 16))),
+        _init("w_outer", rng.normal(0, 0.3, (16, 16))),
+        _init("zero", np.array(0.0)),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "branch_reads_outer_weight",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

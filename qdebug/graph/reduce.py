@@ -119,7 +119,43 @@ class ReductionModel:
 
 
 def _prefixed(model: onnx.ModelProto, prefix: str) -> onnx.ModelProto:
-    return onnx.compose.add_prefix(model, prefix, rename_inputs=False)
+    """A copy of ``model`` with every node and tensor name prefixed, the graph inputs (shared by both
+    sides of the merged model; an initializer listed as an input is renamed) excepted; subgraphs
+    included.
+
+    Not ``onnx.compose.add_prefix``: it renames a subgraph before it has seen the outer graph's
+    initializers, so a branch reading an outer weight kept the old name and ORT refused the merged
+    model ("nodes must be topologically sorted").
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = {i.name for i in out.graph.input} - {t.name for t in out.graph.initializer}
+
+    def rename(name: str) -> str:
+        return name if not name or name in keep else prefix + name
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.name:
+                node.name = prefix + node.name
+            for names in (node.input, node.output):
+                for i, name in enumerate(names):
+                    names[i] = rename(name)
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+        for info in (*graph.input, *graph.output, *graph.value_info):
+            info.name = rename(info.name)
+        for tensor in graph.initializer:
+            tensor.name = rename(tensor.name)
+        for sparse in graph.sparse_initializer:
+            sparse.values.name = rename(sparse.values.name)
+            sparse.indices.name = rename(sparse.indices.name)
+
+    visit(out.graph)
+    return out
 
 
 def _opset_map(*models: onnx.ModelProto) -> dict[str, int]:

@@ -56,21 +56,66 @@ def is_large(model: ModelProto) -> bool:
 
 
 def save_with_external_data(model: ModelProto, path: Path, location: str | None = None) -> None:
-    """Save a copy of ``model`` with every initializer in one external file next to ``path``.
+    """Save a copy of ``model`` with every initializer over 1 KB in one external file next to ``path``.
 
-    ``onnx.save_model(save_as_external_data=True)`` rewrites the proto it is given,
-    so it gets a copy: the caller's model stays usable.
+    Written here rather than by ``onnx.save_model(save_as_external_data=True)``,
+    which appends to a data file that already exists (each re-run into the same
+    output grew it by the whole model) and refuses a ``location`` that exists
+    relative to the *working* directory. The data goes to a temp file renamed
+    over ``location``; a caller that saves atomically renames the model last.
+    The caller's model is not modified.
     """
+    import os
+    import tempfile
+
+    from qdebug.report_io import output_mode
+
+    location = location or path.name + ".data"
+    target = path.parent / location
     copy = ModelProto()
     copy.CopyFrom(model)
-    onnx.save_model(
-        copy,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=location or path.name + ".data",
-        size_threshold=1024,
-    )
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{location}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for tensor in _initializers(copy.graph):
+                if len(tensor.raw_data) < EXTERNAL_MIN_BYTES:
+                    continue
+                offset = f.tell()
+                f.write(tensor.raw_data)
+                del tensor.external_data[:]
+                for key, value in (
+                    ("location", location),
+                    ("offset", offset),
+                    ("length", len(tensor.raw_data)),
+                ):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, str(value)
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                tensor.ClearField("raw_data")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, output_mode(target))
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    onnx.save_model(copy, str(path))
+
+
+EXTERNAL_MIN_BYTES = 1024
+"""Initializers this large go to the external data file (as ``onnx``'s own default threshold)."""
+
+
+def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every initializer of ``graph`` and of its subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                yield from _initializers(attr.g)
+            for sub in attr.graphs:
+                yield from _initializers(sub)
 
 
 @dataclass(frozen=True, eq=False)

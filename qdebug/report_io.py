@@ -123,16 +123,25 @@ def dumps(obj: Any) -> str:
 _INDENT_DEPTH = 4
 """Containers this deep or deeper are written on one line (a tensor's error record is at depth 3)."""
 
+_LINE = 100
+"""A list of strings longer than this (the report's notes) is written one item per line."""
+
 _compact = json.JSONEncoder(allow_nan=False, separators=(", ", ": ")).encode
 
 
 def _emit(value: Any, depth: int, out: list[str]) -> None:
     """Append ``value`` as JSON at nesting ``depth`` (see :func:`dumps`)."""
-    if isinstance(value, dict):
+    if depth >= _INDENT_DEPTH:
+        nested = False
+    elif isinstance(value, dict):
         nested = bool(value)
-    else:  # a list of plain values (histogram counts, names) stays on one line
-        nested = isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)
-    if not nested or depth >= _INDENT_DEPTH:
+    elif isinstance(value, list):  # numbers (histogram counts) and a few names stay on one line
+        nested = any(isinstance(v, (dict, list)) for v in value) or (
+            any(isinstance(v, str) for v in value) and len(_compact(value)) > _LINE
+        )
+    else:
+        nested = False
+    if not nested:
         out.append(_compact(value))
         return
     pad = "\n" + " " * (depth + 1)

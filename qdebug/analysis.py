@@ -563,7 +563,8 @@ class _GraphPath:
         self.config = config
         self._files: dict[str, Path] = {}
         # the optimized models' weights go to files here, next to the merged models that refer to them
-        self._dir = tempfile.TemporaryDirectory(prefix="qdebug-capture-")
+        # (ORT maps them while a session lives: where a mapped file cannot be deleted, cleanup must not fail)
+        self._dir = tempfile.TemporaryDirectory(prefix="qdebug-capture-", ignore_cleanup_errors=True)
         try:
             self._build(fp32, qdq, scored, local, fakequant)
         except BaseException:  # a model ORT rejects, Ctrl-C: no scratch files left behind

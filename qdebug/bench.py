@@ -567,7 +567,7 @@ def run_bench(
     from qdebug.evaluate import Evaluator
     from qdebug.graph.load import sha256_file
     from qdebug.pipeline import AnalyzeOptions, artifacts_dir, prepare
-    from qdebug.report_io import atomic_write_text, check_writable, dumps
+    from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
 
     options = options or BenchOptions()
     if not options.variants:
@@ -585,6 +585,15 @@ def run_bench(
     check_writable(out)
     if chart is not None:
         check_writable(chart)
+    check_outputs_spare_inputs(
+        {"the bench result": out, "the chart": chart},
+        {
+            "the model": model,
+            "the calibration data": calib,
+            "the evaluation data": eval_data,
+            "the proposal": proposal,
+        },
+    )
     prop = None
     if "selective" in options.variants:
         if proposal is None:

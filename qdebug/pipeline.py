@@ -45,7 +45,7 @@ from qdebug.graph.load import (
 from qdebug.graph.match import is_qdq_model, pair_models
 from qdebug.quantize import QuantSpec, float16_exclusions, quantize_static_model
 from qdebug.records import SCHEMA_VERSION, AnalysisConfig, ModelInfo, Report, TaskMetric
-from qdebug.report_io import check_writable, save_report
+from qdebug.report_io import check_outputs_spare_inputs, check_writable, save_report
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -181,6 +181,19 @@ def analyze(
     out = Path(output)
     check_writable(out)
     workdir = artifacts_dir(out)
+    check_outputs_spare_inputs(
+        {
+            "the report": out,
+            "the normalized model": workdir / "normalized.onnx",
+            "the quantized model": workdir / "quantized.onnx" if quantized is None else None,
+        },
+        {
+            "the model": model,
+            "the calibration data": calib,
+            "the evaluation data": eval_data,
+            "the quantized model": quantized,
+        },
+    )
     created = not workdir.exists()
     try:
         return _analyze(model, calib, eval_data, quantized, out, workdir, options, progress)

@@ -1074,11 +1074,12 @@ def propose(
     """
     import tempfile
 
-    from qdebug.report_io import check_writable, load_report
+    from qdebug.report_io import check_outputs_spare_inputs, check_writable, load_report
 
     start = time.perf_counter()
     options = options or ProposeOptions()
     progress = progress or (lambda stage, done, total: None)
+    source = report
     if not isinstance(report, Report):
         report = load_report(report)
     allow = _check_allow(options.allow)
@@ -1091,6 +1092,15 @@ def propose(
     eval_src = eval_data if eval_data is not None else (report.config.eval or calib_src)
     if output is not None:
         check_writable(output)
+        check_outputs_spare_inputs(
+            {"the proposal": output, "the selective model": selective_model_path(Path(output))},
+            {
+                "the report": source if isinstance(source, (str, Path)) else None,
+                "the model": model_path,
+                "the calibration data": calib_src,
+                "the evaluation data": eval_src,
+            },
+        )
     with tempfile.TemporaryDirectory(prefix="qdebug-propose-") as tmp:
         from qdebug.pipeline import artifacts_dir
 

@@ -247,6 +247,34 @@ def check_writable(path: str | Path) -> None:
         raise QDebugError(f"output path {path} is a directory", "give a file name with -o", ExitCode.OUTPUT)
 
 
+def check_outputs_spare_inputs(
+    outputs: dict[str, str | Path | None], inputs: dict[str, str | Path | None]
+) -> None:
+    """Refuse an output path that is one of the inputs, or another output: the user's files are never
+    modified (``-o model.onnx`` had replaced the model with the report, ``--csv`` the same as ``-o``
+    the report with the CSV). Keys name the paths for the message; ``None`` entries are skipped, and
+    inputs that are not files (a data folder, a ``module:function`` hook) cannot collide."""
+
+    def where(path: str | Path) -> Path:
+        return Path(os.path.realpath(path))
+
+    taken: dict[Path, str] = {}
+    for what, path in inputs.items():
+        if path is not None and Path(path).is_file():
+            taken.setdefault(where(path), what)
+    for what, path in outputs.items():
+        if path is None:
+            continue
+        key = where(path)
+        if key in taken:
+            raise QDebugError(
+                f"{what} {path} would overwrite {taken[key]} (the same file)",
+                "choose another output path",
+                ExitCode.USAGE,
+            )
+        taken[key] = what
+
+
 def save_report(report: Report, path: str | Path) -> None:
     """Write the report as JSON, atomically."""
     atomic_write_text(path, dumps(report))

@@ -419,13 +419,23 @@ def verify(
     from qdebug.graph.load import load_model, save_model
     from qdebug.pipeline import artifacts_dir
     from qdebug.quantize import QuantSpec, quantize_static_model
-    from qdebug.report_io import atomic_write_text, check_writable, dumps
+    from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
 
     start = time.perf_counter()
     options = options or VerifyOptions()
     progress = progress or (lambda stage, done, total: None)
     cancelled = cancelled or (lambda: False)
     source = "tui" if isinstance(proposal, Proposal) else str(proposal)
+    if output is not None:
+        check_outputs_spare_inputs(
+            {"the verify result": output},
+            {
+                "the model": model,
+                "the calibration data": calib,
+                "the evaluation data": eval_data,
+                "the proposal": None if isinstance(proposal, Proposal) else proposal,
+            },
+        )
     if not isinstance(proposal, Proposal):
         proposal = load_proposal(proposal)
     if not 0.0 <= options.min_recovery <= 1.5:

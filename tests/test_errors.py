@@ -217,3 +217,28 @@ def test_a_failed_analysis_leaves_no_artifacts_directory(tmp_path, cnn):
     out = tmp_path / "r.json"
     assert main(["analyze", str(model), "--calib", str(tmp_path / "wrong.npz"), "-o", str(out), "-q"]) == 5
     assert not out.exists() and not (tmp_path / "r_files").exists()
+
+
+def test_outputs_never_overwrite_inputs(tmp_path, capsys):
+    """``-o`` or ``--csv`` naming an input file (or each other) is refused before any work: the user's
+    files are never modified (``-o model.onnx`` had replaced the model with the report)."""
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    before = {p: p.read_bytes() for p in (model, calib)}
+    report = tmp_path / "r.json"
+    cases = [
+        (["-o", model], "the report", "the model"),
+        (["-o", report, "--csv", calib], "--csv", "the calibration data"),
+        (["-o", report, "--csv", tmp_path / "." / "r.json"], "--csv", "the report"),
+    ]
+    for extra, what, whose in cases:
+        code, err = run_cli(["analyze", model, "--calib", calib, "-q", *extra], capsys)
+        assert code == ExitCode.USAGE, err
+        assert_one_line(err, what, f"would overwrite {whose}")
+    assert {p: p.read_bytes() for p in before} == before and not report.exists()
+
+    assert run_cli(["analyze", model, "--calib", calib, "-q", "-o", report], capsys)[0] == 0
+    saved = report.read_bytes()
+    code, err = run_cli(["propose", report, "-o", report, "-q"], capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line(err, "the proposal", "would overwrite the report")
+    assert report.read_bytes() == saved

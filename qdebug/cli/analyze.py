@@ -79,10 +79,18 @@ def _fakequant_samples(value: str | None) -> int | None:
 def run(args: argparse.Namespace) -> int:
     """Run the analysis and print the summary."""
     from qdebug.pipeline import analyze
-    from qdebug.report_io import atomic_write_text, check_writable, report_to_csv
+    from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, report_to_csv
 
     if args.csv:
         check_writable(args.csv)
+        inputs = {
+            "the model": args.model,
+            "the calibration data": args.calib,
+            "the evaluation data": args.eval,
+        }
+        check_outputs_spare_inputs(
+            {"the report": args.output, "--csv": args.csv}, {**inputs, "the quantized model": args.quantized}
+        )
     options = dataclasses.replace(
         analyze_options(args),
         engine=args.engine,

@@ -181,7 +181,9 @@ class _TensorAcc:
 
 
 def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | None:
-    if quant is not None and quant.scale > 0:
+    if (
+        quant is not None and math.isfinite(quant.scale) and quant.scale > 0
+    ):  # a user's QDQ model may hold inf
         return grid_edges_for(quant)
     if rng is not None and math.isfinite(rng[0]) and math.isfinite(rng[1]):
         return range_edges(rng[0], rng[1])

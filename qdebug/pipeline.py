@@ -43,7 +43,7 @@ from qdebug.graph.load import (
     sha256_file,
 )
 from qdebug.graph.match import is_qdq_model, pair_models
-from qdebug.quantize import QuantSpec, float16_exclusions, quantize_static_model
+from qdebug.quantize import QuantSpec, float16_exclusions, nonfinite_range_exclusions, quantize_static_model
 from qdebug.records import SCHEMA_VERSION, AnalysisConfig, ModelInfo, Report, TaskMetric
 from qdebug.report_io import check_outputs_spare_inputs, check_writable, save_report
 
@@ -203,6 +203,23 @@ def analyze(
         raise
 
 
+def _refuse_nan_outputs(model: onnx.ModelProto, ranges: Ranges) -> None:
+    """Stop before quantizing a model whose FP32 outputs were entirely NaN during calibration.
+
+    ORT's quantizer would fail later on with "scale issue"; the cause is the FP32 model (e.g. an attention
+    mask computed as ``(1 - mask) * -inf``: 0 * inf is NaN), which no quantization setting fixes.
+    """
+    seen = ranges.minmax()
+    nan = [o.name for o in model.graph.output if o.name in seen and any(math.isnan(v) for v in seen[o.name])]
+    if nan:
+        raise QDebugError(
+            f"the FP32 model computes NaN for output(s) {', '.join(nan[:3])} on the calibration data",
+            "fix the model: e.g. an attention mask of (1 - mask) * -inf is NaN where mask is 1 (0 * inf); "
+            "use a large negative number such as -1e4, or Where(mask, scores, -inf)",
+            ExitCode.MODEL,
+        )
+
+
 def _analyze(
     model: str | Path,
     calib: str | Path,
@@ -220,6 +237,7 @@ def _analyze(
 
     if quantized is None:
         assert prep.ranges is not None
+        _refuse_nan_outputs(prep.normalized, prep.ranges)
         spec = QuantSpec(
             per_channel=options.per_channel,
             activation_type=options.activation_type,
@@ -239,6 +257,15 @@ def _analyze(
                 f"kept {len(half)} node(s) that compute in float16 out of quantization ({', '.join(half[:6])}"
                 f"{'...' if len(half) > 6 else ''}): ORT's quantizer writes an invalid model (float16 scales) for "
                 "them; every qdebug variant excludes them, add them to nodes_to_exclude when you call ORT yourself"
+            )
+        unbounded, why = nonfinite_range_exclusions(prep.normalized, prep.ranges)
+        if unbounded:
+            notes.append(
+                f"kept {len(unbounded)} node(s) out of quantization ({', '.join(unbounded[:6])}"
+                f"{'...' if len(unbounded) > 6 else ''}) because tensor(s) they read or write have a calibrated "
+                f"range that is not finite ({', '.join(why[:4])}{'...' if len(why) > 4 else ''}: an -inf mask or "
+                "a division by zero?): ORT's quantizer fails or writes an infinite scale for them; every qdebug "
+                "variant excludes them, add them to nodes_to_exclude when you call ORT yourself"
             )
         if prep.ranges.from_cache:
             notes.append(f"calibration ranges reused from cache {prep.ranges.cache_path}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -103,7 +104,7 @@ def quantize_static_model(
             "use node names from the qdebug report (normalized names)",
             ExitCode.INPUT,
         )
-    forced = float16_exclusions(model)
+    forced = float16_exclusions(model) + nonfinite_range_exclusions(model, ranges)[0]
     if forced:
         extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
         spec = dataclasses.replace(spec, nodes_to_exclude=tuple(spec.nodes_to_exclude) + extra_excluded)
@@ -155,6 +156,27 @@ def quantize_static_model(
     if out_path is not None:
         save_model(result, out_path)
     return result
+
+
+def nonfinite_range_exclusions(model: onnx.ModelProto, ranges: Ranges) -> tuple[list[str], list[str]]:
+    """(nodes every static variant must exclude, tensors why): the producers and consumers of tensors whose
+    calibrated range is not finite.
+
+    An attention mask written with ``-inf`` (``masked_fill``, ``Where(mask, scores, -inf)``) or a division
+    by zero gives a tensor an infinite range: ORT's quantizer then asserts ("scale issue") or writes an
+    infinite scale that turns the tensor into NaN. Keeping the nodes around it in FP32 is what a user of
+    ORT has to do too; the analysis says so in a note.
+    """
+    bad = sorted(
+        n for n, (lo, hi) in ranges.minmax().items() if not (math.isfinite(lo) and math.isfinite(hi))
+    )
+    if not bad:
+        return [], []
+    wanted = set(bad)
+    nodes = [
+        n.name for n in model.graph.node if n.name and any(t in wanted for t in [*n.input, *n.output] if t)
+    ]
+    return nodes, bad
 
 
 _HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)

@@ -109,3 +109,47 @@ def branch_reads_outer_weight(path: Path, seed: int = 0) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def masked_attention(path: Path, *, nan_mask: bool = False, seed: int = 0) -> Path:
+    """Causal self-attention whose mask puts -inf in the scores: ``Where(mask, scores, -inf)`` as PyTorch's
+    ``masked_fill`` exports it, or (``nan_mask``) the broken ``scores + (1 - mask) * -inf``, NaN where
+    the mask is 1 (0 * inf)."""
+    rng = np.random.default_rng(seed)
+    causal = np.tril(np.ones((6, 6), dtype=bool))
+    inits = [_init("wq", rng.normal(0, 0.4, (8, 8))), _init("wo", rng.normal(0, 0.4, (8, 8)))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q_proj"),
+        helper.make_node("Transpose", ["x"], ["xt"], name="k_t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "xt"], ["scores"], name="qk"),
+    ]
+    if nan_mask:
+        inits += [
+            _init("keep", causal.astype(np.float32)),
+            _init("one", np.array(1.0)),
+            _init("ninf", np.array(-np.inf)),
+        ]
+        nodes += [
+            helper.make_node("Sub", ["one", "keep"], ["drop"], name="mask_inv"),
+            helper.make_node("Mul", ["drop", "ninf"], ["madd"], name="mask_mul"),
+            helper.make_node("Add", ["scores", "madd"], ["masked"], name="mask_add"),
+        ]
+    else:
+        inits += [numpy_helper.from_array(causal, "keep"), _init("ninf", np.array(-np.inf))]
+        nodes.append(helper.make_node("Where", ["keep", "scores", "ninf"], ["masked"], name="mask_where"))
+    nodes += [
+        helper.make_node("Softmax", ["masked"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "x"], ["ctx"], name="pv"),
+        helper.make_node("MatMul", ["ctx", "wo"], ["y"], name="o_proj"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

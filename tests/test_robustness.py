@@ -23,7 +23,7 @@ from qdebug.cli.main import main
 from qdebug.errors import ExitCode
 from qdebug.report_io import load_report
 from tests.conftest import ROOT, analyze_args, fixture_path
-from tests.models import branch_reads_outer_weight, small_cnn, small_data
+from tests.models import branch_reads_outer_weight, masked_attention, small_cnn, small_data
 
 SMALL = ["-q", "--max-samples", "16"]
 
@@ -793,6 +793,51 @@ def test_a_branch_reading_an_outer_weight(tmp_path):
         if t.accumulated is not None and math.isfinite(t.accumulated.sqnr_db):
             assert graph.tensor(t.name).accumulated.sqnr_db == pytest.approx(t.accumulated.sqnr_db, abs=0.02)
     assert any("inside" in n.reason for n in graph.not_captured)  # the branches' own tensors
+
+
+def test_an_infinite_mask_keeps_its_nodes_in_fp32(tmp_path, capsys):
+    """``Where(mask, scores, -inf)`` gives the masked scores an infinite range: ORT's quantizer would write
+    an infinite scale (NaN outputs); qdebug keeps the nodes around the tensor in FP32 and says so. A mask
+    that makes the FP32 outputs NaN is refused as a model error, not blamed on the quantizer."""
+    model = masked_attention(tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(1).normal(0, 1, (16, 6, 8)).astype(np.float32))
+    out = tmp_path / "r.json"
+    assert (
+        main(["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q", "--no-cache"])
+        == 0
+    )
+    report = load_report(out)
+    note = next(n for n in report.notes if "not finite" in n)
+    assert "mask_where" in note and "softmax" in note and "masked" in note
+    assert math.isfinite(report.outputs[0].error.sqnr_db) and report.outputs[0].error.sqnr_db > 15
+    quantized = onnx.load(report.quantized_model.path)
+    q_inputs = {n.input[0] for n in quantized.graph.node if n.op_type == "QuantizeLinear"}
+    assert "masked" not in q_inputs and "q" in q_inputs  # the masked scores stay FP32, the rest is quantized
+
+    # the model ORT's quantize_static itself writes (an infinite scale on the masked scores) is analyzed
+    # as given, without a traceback: its error is what the user needs to see
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x": np.load(tmp_path / "c.npz")["x"]}])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    own = tmp_path / "own_qdq.onnx"
+    quantize_static(str(model), str(own), Reader(), quant_format=QuantFormat.QDQ)
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--quantized", str(own)]
+    assert main([*args, "-o", str(tmp_path / "own.json"), "-q"]) == 0
+    assert not report.outputs[0].error.sqnr_db < load_report(tmp_path / "own.json").outputs[0].error.sqnr_db
+
+    capsys.readouterr()
+    broken = masked_attention(tmp_path / "nan.onnx", nan_mask=True)
+    code = main(
+        ["analyze", str(broken), "--calib", str(tmp_path / "c.npz"), "-o", str(tmp_path / "n.json"), "-q"]
+    )
+    err = capsys.readouterr().err
+    assert code == ExitCode.MODEL and "computes NaN for output(s) y" in err and "Traceback" not in err
 
 
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):

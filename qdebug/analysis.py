@@ -180,6 +180,17 @@ class _TensorAcc:
             self.acc.histogram = HistogramAccumulator(range_edges(lo, hi))
 
 
+def _container_values(model: onnx.ModelProto) -> dict[str, str]:
+    """Values typed as a sequence, map or optional (``SplitToSequence``...): name -> kind. ORT returns them
+    as Python lists or dicts, and the in-graph reductions cannot take them."""
+    out = {}
+    for vi in (*model.graph.value_info, *model.graph.output):
+        kind = vi.type.WhichOneof("value")
+        if kind in ("sequence_type", "map_type", "optional_type"):
+            out[vi.name] = kind.split("_")[0]
+    return out
+
+
 def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | None:
     if (
         quant is not None and math.isfinite(quant.scale) and quant.scale > 0
@@ -229,9 +240,12 @@ def measure_layers(
     accs = {p.fp32: _TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
     skipped: dict[str, str] = {}
     types = elem_types(fp32)
+    containers = _container_values(fp32)
     for p in pairing.tensors:
         t = types.get(p.fp32)
-        if t is not None and t not in _FLOAT_TYPES:
+        if p.fp32 in containers:
+            skipped[p.fp32] = f"{containers[p.fp32]} value, not a tensor: not scored"
+        elif t is not None and t not in _FLOAT_TYPES:
             skipped[p.fp32] = (
                 f"{onnx.TensorProto.DataType.Name(t).lower()} tensor: not a float tensor, not scored"
             )
@@ -484,9 +498,10 @@ class _NumpyPath:
         d = dep_tap.run(feeds)
         for p in pairs:
             ref = f.get(p.fp32)
-            if ref is None or ref.dtype.kind != "f":
+            if not isinstance(ref, np.ndarray) or ref.dtype.kind != "f":
                 if ref is not None:
-                    skipped.setdefault(p.fp32, f"{ref.dtype} tensor: not a float tensor, not scored")
+                    kind = ref.dtype if isinstance(ref, np.ndarray) else f"{type(ref).__name__}-valued"
+                    skipped.setdefault(p.fp32, f"{kind} tensor: not a float tensor, not scored")
                 continue
             a = accs[p.fp32]
             a.summary.update(ref)

@@ -153,3 +153,26 @@ def masked_attention(path: Path, *, nan_mask: bool = False, seed: int = 0) -> Pa
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+def sequence_split(path: Path, seed: int = 0) -> Path:
+    """MatMul, SplitToSequence, ConcatFromSequence, Relu, MatMul: a sequence-typed value mid-graph."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("SplitToSequence", ["h"], ["parts"], name="split", axis=1, keepdims=1),
+        helper.make_node("ConcatFromSequence", ["parts"], ["cat"], name="concat", axis=1),
+        helper.make_node("Relu", ["cat"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sequence_split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [_init("w", rng.normal(0, 0.3, (8, 8))), _init("w2", rng.normal(0, 0.3, (8, 4)))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

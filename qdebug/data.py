@@ -197,12 +197,15 @@ def _file_dataset(
     has_labels = True
     for f, header in headers.items():
         n = _check_header(f, header, specs, what)
-        has_labels = has_labels and LABELS_KEY in header
+        has_labels = has_labels and LABELS_KEY in header and not _labels_fed(specs)
         total += n
     if total == 0:
         raise QDebugError(f"{what} {source} holds no samples", "give at least one sample", ExitCode.DATA)
     n_samples = min(total, max_samples) if max_samples else total
     bsize = _batch_size(specs, batch_size, source)
+    _check_fixed_batches(
+        specs, [n for n in (_npz_count(h) for h in headers.values())], n_samples, source, what
+    )
 
     def make_iter() -> Iterator[Batch]:
         left = n_samples
@@ -214,7 +217,7 @@ def _file_dataset(
             _check_finite(arrays, str(f))
             take = min(n, left)
             left -= take
-            yield from _split(arrays, take, bsize, str(f), has_labels)
+            yield from _split(arrays, take, bsize, str(f), has_labels, _labels_fed(specs))
             del arrays
 
     return DataSet(source, specs, make_iter, n_samples, has_labels)
@@ -299,6 +302,38 @@ def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
             )
 
 
+def _npz_count(header: Mapping[str, tuple]) -> int:
+    """Samples in one file (its arrays agree: checked by :func:`_check_header`)."""
+    shape = next(iter(v[0] for k, v in header.items() if k != LABELS_KEY), ())
+    return shape[0] if shape else 1
+
+
+def _check_fixed_batches(
+    specs: tuple[InputSpec, ...], counts: list[int], n_samples: int, source: str, what: str
+):
+    """A model whose batch dimension is fixed at B > 1 takes only full batches: every file's share of the
+    samples must be a multiple of B. Refused up front (exit 5), never padded or dropped silently; ORT had
+    failed mid-calibration instead, and the message blamed the model."""
+    fixed = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)}
+    if not fixed or (batch := fixed.pop()) <= 1:
+        return
+    left = n_samples
+    for n in counts:
+        take = min(n, left)
+        left -= take
+        if take % batch:
+            usable = n_samples - n_samples % batch if len(counts) == 1 else None
+            hint = (
+                f"pass --max-samples {usable}" if usable else f"give each file a multiple of {batch} samples"
+            )
+            raise QDebugError(
+                f"{what} {source}: {take} sample(s) in a file do not fill batches of {batch} "
+                f"(the model's batch dimension is fixed at {batch})",
+                f"{hint}, or export the model with a dynamic batch dimension",
+                ExitCode.DATA,
+            )
+
+
 def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str) -> int | None:
     """The batch size to split files into; ``None`` keeps each file's batch as is.
 
@@ -317,13 +352,24 @@ def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str
     return requested if requested is not None else 16
 
 
+def _labels_fed(specs: tuple[InputSpec, ...]) -> bool:
+    """Whether the model has an input named ``labels``: the key is then fed to it and is not the labels
+    (the model had been run without it: "Required inputs (['labels']) are missing")."""
+    return any(s.name == LABELS_KEY for s in specs)
+
+
 def _split(
-    arrays: Mapping[str, np.ndarray], n: int, bsize: int | None, origin: str, has_labels: bool
+    arrays: Mapping[str, np.ndarray],
+    n: int,
+    bsize: int | None,
+    origin: str,
+    has_labels: bool,
+    labels_fed: bool = False,
 ) -> Iterator[Batch]:
     step = bsize or n
     for start in range(0, n, step):
         stop = min(n, start + step)
-        feeds = {k: v[start:stop] for k, v in arrays.items() if k != LABELS_KEY}
+        feeds = {k: v[start:stop] for k, v in arrays.items() if labels_fed or k != LABELS_KEY}
         labels = arrays[LABELS_KEY][start:stop] if has_labels and LABELS_KEY in arrays else None
         yield Batch(feeds, labels, stop - start, f"{origin}[{start}:{stop}]")
 
@@ -399,7 +445,8 @@ def _hook_dataset(
             if n <= 0:
                 return
             produced += n
-            yield from _split(arrays, n, bsize, f"{spec} item {i}", LABELS_KEY in arrays)
+            fed = _labels_fed(specs)
+            yield from _split(arrays, n, bsize, f"{spec} item {i}", LABELS_KEY in arrays and not fed, fed)
 
     # Validate the first item now, before any long work.
     first = next(iter(make_iter()), None)

@@ -242,3 +242,22 @@ def test_outputs_never_overwrite_inputs(tmp_path, capsys):
     assert code == ExitCode.USAGE
     assert_one_line(err, "the proposal", "would overwrite the report")
     assert report.read_bytes() == saved
+
+
+def test_a_fixed_batch_takes_only_full_batches(tmp_path, capsys):
+    """Batch dimension fixed at 4, 30 samples: refused before any work as a data error naming the fix (ORT
+    had failed mid-calibration, exit 4, blaming the model); 28 samples run."""
+    import onnx
+
+    model = small_cnn(tmp_path / "m.onnx")
+    proto = onnx.load(model)
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 4
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 4
+    onnx.save(proto, model)
+    calib = small_data(tmp_path / "c.npz", n=30)
+    code, err = run_cli(["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q"], capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "30 sample(s)", "batches of 4", "--max-samples 28")
+    assert not (tmp_path / "r.json").exists()
+    args = ["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q", "--max-samples", "28"]
+    assert run_cli(args, capsys)[0] == 0

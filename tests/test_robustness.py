@@ -866,6 +866,40 @@ def test_sequence_values_are_listed_not_scored(tmp_path, engine):
     assert report.tensor("cat").accumulated.sqnr_db > 15 and report.tensor("y").accumulated.sqnr_db > 15
 
 
+def test_a_model_input_named_labels_is_fed_to_the_model(tmp_path):
+    """The data's ``labels`` key is the labels, unless the model has an input of that name: it is then fed
+    to the model (it had been withheld: ORT "Required inputs (['labels']) are missing", exit 4)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Add", ["h", "labels"], ["y"], name="add"),
+        ],
+        "labels_input",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+            helper.make_tensor_value_info("labels", TensorProto.FLOAT, ["N", 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    data = {"x": rng.normal(0, 1, (32, 8)), "labels": rng.normal(0, 1, (32, 4))}
+    np.savez(tmp_path / "c.npz", **{k: v.astype(np.float32) for k, v in data.items()})
+    out = tmp_path / "r.json"
+    assert (
+        main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"])
+        == 0
+    )
+    report = load_report(out)
+    assert report.task.name != "top1"  # not taken as labels
+    assert report.tensor("y").accumulated.sqnr_db > 15
+
+
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
     """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
     import types

@@ -180,6 +180,26 @@ class _TensorAcc:
             self.acc.histogram = HistogramAccumulator(range_edges(lo, hi))
 
 
+DATA_SHAPED_OPS = frozenset({"NonZero", "NonMaxSuppression", "Unique", "Compress"})
+"""Ops whose output shape depends on input *values*: quantization can change how many elements they keep."""
+
+
+def data_dependent_shapes(model: onnx.ModelProto) -> dict[str, str]:
+    """Top-level tensors at or after an op of :data:`DATA_SHAPED_OPS` (or a TopK whose k is computed):
+    name -> ``"<op> '<node>'"``. Conservative: everything downstream, whatever its shape inference says."""
+    constant = {i.name for i in model.graph.initializer}
+    constant |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    out: dict[str, str] = {}
+    for node in model.graph.node:  # topologically sorted (ONNX requires it)
+        origin = next((out[t] for t in node.input if t in out), None)
+        computed_k = node.op_type == "TopK" and len(node.input) > 1 and node.input[1] not in constant
+        if origin is None and (node.op_type in DATA_SHAPED_OPS or computed_k):
+            origin = f"{node.op_type} '{node.name}'"
+        if origin is not None:
+            out.update((o, origin) for o in node.output if o)
+    return out
+
+
 def _container_values(model: onnx.ModelProto) -> dict[str, str]:
     """Values typed as a sequence, map or optional (``SplitToSequence``...): name -> kind. ORT returns them
     as Python lists or dicts, and the in-graph reductions cannot take them."""
@@ -241,10 +261,16 @@ def measure_layers(
     skipped: dict[str, str] = {}
     types = elem_types(fp32)
     containers = _container_values(fp32)
+    data_shaped = data_dependent_shapes(fp32)
     for p in pairing.tensors:
         t = types.get(p.fp32)
         if p.fp32 in containers:
             skipped[p.fp32] = f"{containers[p.fp32]} value, not a tensor: not scored"
+        elif p.fp32 in data_shaped:
+            skipped[p.fp32] = (
+                f"its shape depends on the data (after {data_shaped[p.fp32]}): the FP32 and quantized models "
+                "may keep different elements, which cannot be compared one to one; not scored"
+            )
         elif t is not None and t not in _FLOAT_TYPES:
             skipped[p.fp32] = (
                 f"{onnx.TensorProto.DataType.Name(t).lower()} tensor: not a float tensor, not scored"

@@ -900,6 +900,46 @@ def test_a_model_input_named_labels_is_fed_to_the_model(tmp_path):
     assert report.tensor("y").accumulated.sqnr_db > 15
 
 
+@pytest.mark.parametrize("engine", ["graph", "numpy"])
+def test_data_dependent_shapes_are_listed_not_compared(tmp_path, engine):
+    """NonZero -> GatherND (how detection post-processing selects boxes): the quantized model may keep
+    other elements than FP32, so those tensors are listed, not compared (the graph engine had failed inside
+    its own Sub node, the numpy engine with a traceback on the output's shape)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(16)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Greater", ["h", "zero"], ["pos"], name="gt"),
+        helper.make_node("NonZero", ["pos"], ["nz"], name="nz"),
+        helper.make_node("Transpose", ["nz"], ["idx"], name="tr", perm=[1, 0]),
+        helper.make_node("GatherND", ["h", "idx"], ["sel"], name="select"),
+        helper.make_node("Sigmoid", ["sel"], ["y"], name="sig"),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array(0, np.float32), "zero"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nonzero",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["K"])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (32, 8)).astype(np.float32))
+    out = tmp_path / "r.json"
+    args = ["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]
+    assert main([*args, "--engine", engine]) == 0
+    report = load_report(out)
+    reasons = {n.name: n.reason for n in report.not_captured}
+    assert all("depends on the data (after NonZero 'nz')" in reasons[t] for t in ("sel", "y"))
+    assert report.tensor("h").accumulated.sqnr_db > 15
+
+
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
     """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
     import types

@@ -558,7 +558,25 @@ def run_bench(
 
     The variants' models go to ``<output stem>_files/``. A variant that fails to
     build or run is kept in the report with its ``error``; the others go on.
+    A run that fails as a whole (or is interrupted) leaves no ``_files/`` behind.
     """
+    from qdebug.pipeline import artifacts_dir, removed_on_failure
+
+    with removed_on_failure(artifacts_dir(Path(output))):
+        return _run_bench(model, calib, eval_data, proposal, output, chart, options, progress)
+
+
+def _run_bench(
+    model: str | Path,
+    calib: str | Path,
+    eval_data: str | Path | None,
+    proposal: str | Path | None,
+    output: str | Path,
+    chart: str | Path | None,
+    options: BenchOptions | None,
+    progress: Progress,
+) -> BenchReport:
+    """The body of :func:`run_bench`."""
     import onnx
 
     from qdebug.calibrate import calibrate

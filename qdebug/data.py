@@ -105,12 +105,26 @@ class DataSet:
         self._make_iter = make_iter
         self.n_samples = n_samples
         self.has_labels = has_labels
+        self._pass_samples: int | None = None
+        """Samples in the first complete pass: every later complete pass must match it."""
 
     def batches(self) -> Iterator[Batch]:
         """Iterate over the batches (validated as they are produced)."""
+        seen = 0
         for batch in self._make_iter():
             _check_batch(batch, self.specs)
+            seen += batch.size
             yield batch
+        if self._pass_samples is None:
+            self._pass_samples = seen
+        elif seen != self._pass_samples:
+            # e.g. a module-level reader object returned on every call: used up after the first pass
+            raise QDebugError(
+                f"data source {self.source} yielded {self._pass_samples} samples on its first pass and "
+                f"{seen} on a later one",
+                "make the hook return a new iterable or CalibrationDataReader on every call",
+                ExitCode.DATA,
+            )
 
     def first(self) -> Batch:
         """The first batch (used to prepare sessions before the timed work)."""
@@ -352,6 +366,31 @@ def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str
     return requested if requested is not None else 16
 
 
+def _class_indices(labels: np.ndarray, n: int, origin: str) -> np.ndarray:
+    """``labels`` as one integer class index per sample, or a one-line error.
+
+    Labels shaped [N, 1] had broadcast against the [N] predictions (top-1 of 244 %), [N, 3] crashed, and a
+    hook's labels of another length too.
+    """
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1 or len(labels) != n:
+        raise QDebugError(
+            f"{origin}: labels have shape {list(labels.shape)}, expected one class index per sample ([{n}])",
+            "give labels as a 1-D integer array with the inputs' number of samples",
+            ExitCode.DATA,
+        )
+    if labels.dtype.kind in "iu":
+        return labels
+    if labels.dtype.kind == "f" and np.isfinite(labels).all() and np.array_equal(labels, np.round(labels)):
+        return labels.astype(np.int64)
+    raise QDebugError(
+        f"{origin}: labels have dtype {labels.dtype}, expected integer class indices",
+        "convert them with labels.astype(numpy.int64) (one class index per sample)",
+        ExitCode.DATA,
+    )
+
+
 def _labels_fed(specs: tuple[InputSpec, ...]) -> bool:
     """Whether the model has an input named ``labels``: the key is then fed to it and is not the labels
     (the model had been run without it: "Required inputs (['labels']) are missing")."""
@@ -371,6 +410,8 @@ def _split(
         stop = min(n, start + step)
         feeds = {k: v[start:stop] for k, v in arrays.items() if labels_fed or k != LABELS_KEY}
         labels = arrays[LABELS_KEY][start:stop] if has_labels and LABELS_KEY in arrays else None
+        if labels is not None:
+            labels = _class_indices(labels, stop - start, origin)
         yield Batch(feeds, labels, stop - start, f"{origin}[{start}:{stop}]")
 
 

@@ -100,10 +100,24 @@ class Evaluator:
         self.fp32_value = self._score(self.reference)
         return self
 
+    def _check_label_range(self, classes: int) -> None:
+        """Labels outside [0, classes) would score 0 % without a word (e.g. 1-based or offset labels)."""
+        assert self.labels is not None
+        lo = min(int(lab.min()) for lab in self.labels if lab.size)
+        hi = max(int(lab.max()) for lab in self.labels if lab.size)
+        if lo < 0 or hi >= classes:
+            raise QDebugError(
+                f"labels of evaluation data {self.data.source} run from {lo} to {hi}, but the model's first "
+                f"output {self.output_names[0]} has {classes} classes",
+                f"give class indices in [0, {classes - 1}] (shift 1-based labels by -1)",
+                ExitCode.DATA,
+            )
+
     def _resolve_metric(self, metric: str | None) -> tuple[str, Callable | None]:
         first = self.reference[0][self.output_names[0]]
         if metric in (None, "auto"):
             if self.labels is not None and _classifier_shaped(first):
+                self._check_label_range(first.shape[1])
                 return "top1", None
             if _classifier_shaped(first):
                 return "top1_agreement", None
@@ -122,6 +136,7 @@ class Evaluator:
                     "use --metric output_sqnr_db or a module:function metric",
                     ExitCode.DATA,
                 )
+            self._check_label_range(first.shape[1])
             return "top1", None
         if metric in BUILTIN:
             return metric, None

@@ -8,10 +8,11 @@ score the task metric on un-instrumented sessions and write the report.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +156,19 @@ def prepare(
     return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges)
 
 
+@contextlib.contextmanager
+def removed_on_failure(workdir: Path | None) -> Iterator[None]:
+    """Remove ``workdir`` (a ``<stem>_files/`` directory) if the block fails or is interrupted and the
+    directory did not exist before it: a failed run leaves no half-filled artifacts behind."""
+    created = workdir is not None and not workdir.exists()
+    try:
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
 def analyze(
     model: str | Path,
     calib: str | Path,
@@ -194,13 +208,8 @@ def analyze(
             "the quantized model": quantized,
         },
     )
-    created = not workdir.exists()
-    try:
+    with removed_on_failure(workdir):
         return _analyze(model, calib, eval_data, quantized, out, workdir, options, progress)
-    except BaseException:
-        if created:  # a failed or interrupted run leaves no half-filled <stem>_files/ behind
-            shutil.rmtree(workdir, ignore_errors=True)
-        raise
 
 
 def _refuse_nan_outputs(model: onnx.ModelProto, ranges: Ranges) -> None:
@@ -260,12 +269,13 @@ def _analyze(
             )
         unbounded, why = nonfinite_range_exclusions(prep.normalized, prep.ranges)
         if unbounded:
+            nodes = ", ".join(unbounded[:6]) + ("..." if len(unbounded) > 6 else "")
+            tensors = ", ".join(why[:4]) + ("..." if len(why) > 4 else "")
             notes.append(
-                f"kept {len(unbounded)} node(s) out of quantization ({', '.join(unbounded[:6])}"
-                f"{'...' if len(unbounded) > 6 else ''}) because tensor(s) they read or write have a calibrated "
-                f"range that is not finite ({', '.join(why[:4])}{'...' if len(why) > 4 else ''}: an -inf mask or "
-                "a division by zero?): ORT's quantizer fails or writes an infinite scale for them; every qdebug "
-                "variant excludes them, add them to nodes_to_exclude when you call ORT yourself"
+                f"kept {len(unbounded)} node(s) out of quantization ({nodes}) because tensor(s) they read or "
+                f"write have a calibrated range that is not finite ({tensors}: an -inf mask or a division by "
+                "zero?): ORT's quantizer fails or writes an infinite scale for them; every qdebug variant "
+                "excludes them, add them to nodes_to_exclude when you call ORT yourself"
             )
         if prep.ranges.from_cache:
             notes.append(f"calibration ranges reused from cache {prep.ranges.cache_path}")

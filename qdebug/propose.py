@@ -1102,12 +1102,13 @@ def propose(
             },
         )
     with tempfile.TemporaryDirectory(prefix="qdebug-propose-") as tmp:
-        from qdebug.pipeline import artifacts_dir
+        from qdebug.pipeline import artifacts_dir, removed_on_failure
 
         workdir = artifacts_dir(Path(output)) if output is not None else Path(tmp)
-        return _propose(
-            report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start
-        )
+        with removed_on_failure(workdir if output is not None else None):
+            return _propose(
+                report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start
+            )
 
 
 def _propose(

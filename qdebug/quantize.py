@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import math
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path

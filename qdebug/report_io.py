@@ -55,7 +55,7 @@ def _nonfinite_str(x: float) -> str:
     return "inf" if x > 0 else "-inf"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_names(cls: type) -> tuple[str, ...] | None:
     """A record class's field names (None for anything else); cached: a report holds ~50k values."""
     if dataclasses.is_dataclass(cls):
@@ -86,6 +86,8 @@ def from_jsonable(tp: Any, value: Any) -> Any:
                 kwargs[f.name] = from_jsonable(hints[f.name], value[f.name])
         return tp(**kwargs)
     if origin is tuple:
+        if not isinstance(value, list):  # a string would otherwise become a tuple of its letters
+            raise ValueError(f"expected a list, got {type(value).__name__} {str(value)[:40]!r}")
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(from_jsonable(args[0], v) for v in value)
         return tuple(from_jsonable(a, v) for a, v in zip(args, value, strict=True))
@@ -303,6 +305,13 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
             "pass a file written by qdebug",
             ExitCode.INPUT,
         )
+    found = _kind_of(data)
+    if found is not None and found != _KINDS.get(kind, kind):
+        raise QDebugError(
+            f"{path} is a qdebug {found} file, not a {kind}",
+            f"pass the {kind} (qdebug writes one per command: analyze, propose, verify, bench)",
+            ExitCode.INPUT,
+        )
     if data.get("schema_version") != schema_version:
         raise QDebugError(
             f"{path} has {kind} schema version {data.get('schema_version')!r}, this qdebug reads version {schema_version}",
@@ -317,6 +326,19 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
             "re-create it with qdebug",
             ExitCode.INPUT,
         ) from None
+
+
+_KINDS = {"bench result": "bench"}
+"""Names used in messages -> the ``kind`` field the files carry."""
+
+
+def _kind_of(data: dict) -> str | None:
+    """The kind of a qdebug JSON file: its ``kind`` field (proposal, verify, bench), else ``report`` for an
+    analysis report (which predates the field), else unknown."""
+    kind = data.get("kind")
+    if isinstance(kind, str):
+        return kind
+    return "report" if "tensors" in data and "nodes" in data else None
 
 
 def load_report(path: str | Path) -> Report:

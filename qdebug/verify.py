@@ -19,6 +19,7 @@ not trusted), and the three variants are compared on:
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -458,6 +459,7 @@ def verify(
     activation = options.activation_type or proposal.activation_type or "QUInt8"
     weight = options.weight_type or proposal.weight_type or "QInt8"
     tmp = None
+    files_before = output is not None and artifacts_dir(Path(output)).exists()
     try:
         ctx = _context
         if ctx is None:
@@ -587,6 +589,10 @@ def verify(
         if output is not None:
             atomic_write_text(output, dumps(result))
         return result
+    except BaseException:
+        if output is not None and not files_before:  # no half-filled <stem>_files/ left behind
+            shutil.rmtree(artifacts_dir(Path(output)), ignore_errors=True)
+        raise
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -261,3 +261,109 @@ def test_a_fixed_batch_takes_only_full_batches(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
     args = ["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q", "--max-samples", "28"]
     assert run_cli(args, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    "labels, needle",
+    [
+        (lambda y: y[:, None], None),  # [N, 1] is read as [N] (it had broadcast: top-1 of 244 %)
+        (lambda y: np.zeros((len(y), 3), np.int64), "labels have shape"),
+        (lambda y: y + 100, "run from"),
+        (lambda y: y + 0.5, "expected integer class indices"),
+    ],
+)
+def test_labels_are_one_class_index_per_sample(tmp_path, capsys, labels, needle):
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz")
+    with np.load(calib) as z:
+        np.savez(tmp_path / "e.npz", input=z["input"], labels=labels(z["labels"]))
+    args = ["analyze", model, "--calib", calib, "--eval", tmp_path / "e.npz", "-o", tmp_path / "r.json", "-q"]
+    code, err = run_cli(args, capsys)
+    if needle is None:
+        from qdebug.report_io import load_report
+
+        task = load_report(tmp_path / "r.json").task
+        np.savez(tmp_path / "e.npz", input=np.load(calib)["input"], labels=np.load(calib)["labels"])
+        assert run_cli(args, capsys)[0] == 0
+        plain = load_report(tmp_path / "r.json").task
+        assert code == 0 and task.name == "top1"
+        assert (task.fp32, task.quantized) == (plain.fp32, plain.quantized)
+    else:
+        assert code == ExitCode.DATA
+        assert_one_line(err, needle)
+
+
+def test_a_hook_used_up_after_one_pass_is_named(tmp_path, capsys, monkeypatch):
+    """A module-level reader returned on every call is empty on the second pass: one line naming the fix
+    (it had crashed with an IndexError)."""
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    (tmp_path / "hooks_once.py").write_text(
+        "import numpy as np\n"
+        f"_data = np.load({str(calib)!r})\n"
+        "_once = iter([{'input': _data['input'][i:i + 8]} for i in range(0, 40, 8)])\n"
+        "def feeds():\n"
+        "    return _once\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, err = run_cli(
+        ["analyze", model, "--calib", "hooks_once:feeds", "-o", tmp_path / "r.json", "-q"], capsys
+    )
+    assert code == ExitCode.DATA
+    assert_one_line(err, "samples on its first pass and 0 on a later one", "new iterable")
+
+
+def test_failed_propose_and_verify_leave_no_artifacts(tmp_path, capsys):
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert run_cli(["analyze", model, "--calib", calib, "-o", report, "-q"], capsys)[0] == 0
+    assert run_cli(["propose", report, "-o", tmp_path / "p.json", "-q"], capsys)[0] in (
+        0,
+        ExitCode.TARGET_NOT_MET,
+    )
+    np.savez(tmp_path / "nan.npz", input=np.full((8, 1, 8, 8), np.nan, np.float32))
+    args = [
+        "verify",
+        model,
+        "--calib",
+        calib,
+        "--proposal",
+        tmp_path / "p.json",
+        "--eval",
+        tmp_path / "nan.npz",
+    ]
+    code, err = run_cli([*args, "-o", tmp_path / "v.json", "--runs", "0"], capsys)
+    assert code == ExitCode.DATA
+    assert not (tmp_path / "v.json").exists() and not (tmp_path / "v_files").exists()
+    code, err = run_cli(
+        ["propose", report, "--eval", tmp_path / "nan.npz", "-o", tmp_path / "q.json"], capsys
+    )
+    assert code == ExitCode.DATA
+    assert not (tmp_path / "q_files").exists() and not (tmp_path / "q.selective.onnx").exists()
+
+
+def test_record_files_of_another_kind_or_malformed(tmp_path, capsys):
+    """A proposal where a report is expected is named as such (not as a schema-version mismatch), and a
+    list field holding a string is refused (it had become a list of its letters)."""
+    import json
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert run_cli(["analyze", model, "--calib", calib, "-o", report, "-q"], capsys)[0] == 0
+    assert run_cli(["propose", report, "-o", tmp_path / "p.json", "-q"], capsys)[0] in (
+        0,
+        ExitCode.TARGET_NOT_MET,
+    )
+    code, err = run_cli(["propose", tmp_path / "p.json"], capsys)
+    assert code == ExitCode.INPUT
+    assert_one_line(err, "is a qdebug proposal file, not a report")
+    proposal = json.loads((tmp_path / "p.json").read_text())
+    proposal["nodes_to_exclude"] = "conv1"
+    (tmp_path / "s.json").write_text(json.dumps(proposal))
+    args = ["verify", model, "--calib", calib, "--proposal", tmp_path / "s.json", "--runs", "0"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.INPUT
+    assert_one_line(err, "expected a list")
+    code, err = run_cli(["tui", report, "--screenshot", report], capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line(err, "would overwrite the report")

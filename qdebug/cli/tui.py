@@ -44,7 +44,13 @@ def run(args: argparse.Namespace) -> int:
 
         load_bench_results(args.bench)
     if args.screenshot:
+        from qdebug.report_io import check_outputs_spare_inputs
         from qdebug.tui.app import save_screenshot
+
+        check_outputs_spare_inputs(
+            {"--screenshot": args.screenshot},
+            {"the report": args.report, "the proposal": args.proposal, "the bench result": args.bench},
+        )
 
         save_screenshot(args.report, args.screenshot, proposal_path=args.proposal, bench_path=args.bench)
         return 0

@@ -602,7 +602,7 @@ def _run_bench(
     out = Path(output)
     check_writable(out)
     if chart is not None:
-        check_writable(chart)
+        check_writable(chart, "--chart")
     check_outputs_spare_inputs(
         {"the bench result": out, "the chart": chart},
         {

@@ -979,6 +979,12 @@ def make_target(metric: str, fp32: float, samples: int, options: ProposeOptions)
     """The target from the flags (default: a 1-point drop, or 30 dB output SQNR for an SQNR metric)."""
     accuracy = metric in ("top1", "top1_agreement")
     if options.target_sqnr is not None:
+        if not math.isfinite(options.target_sqnr):
+            raise QDebugError(
+                f"--target-sqnr must be a finite number (got {options.target_sqnr})",
+                "pass the required output SQNR in dB",
+                ExitCode.USAGE,
+            )
         return Target(metric, "sqnr", float(options.target_sqnr), fp32, 0.1)
     if not math.isfinite(fp32):
         if options.target_drop is not None:
@@ -989,7 +995,7 @@ def make_target(metric: str, fp32: float, samples: int, options: ProposeOptions)
             )
         return Target(metric, "sqnr", 30.0, fp32, 0.1)
     drop = 1.0 if options.target_drop is None else float(options.target_drop)
-    if drop < 0:
+    if not drop >= 0 or not math.isfinite(drop):
         raise QDebugError(
             f"--target-drop must be >= 0 (got {drop})", "pass the allowed drop in points", ExitCode.USAGE
         )

@@ -231,22 +231,27 @@ def _silent_unlink(path: str) -> None:
         pass
 
 
-def check_writable(path: str | Path) -> None:
-    """Fail before long work starts if ``path`` cannot be created (directory missing/unwritable)."""
+def check_writable(path: str | Path, flag: str = "-o") -> None:
+    """Fail before long work starts if ``path`` cannot be created (directory missing/unwritable);
+    ``flag`` is the option the fix names."""
     path = Path(path)
     ancestor = path.parent if str(path.parent) else Path(".")
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise QDebugError(
-            f"cannot create {path}: {ancestor} is not a directory", "choose another -o path", ExitCode.OUTPUT
+            f"cannot create {path}: {ancestor} is not a directory",
+            f"choose another {flag} path",
+            ExitCode.OUTPUT,
         )
     if not os.access(ancestor, os.W_OK):
         raise QDebugError(
-            f"output directory {ancestor} is not writable", "choose another -o path", ExitCode.OUTPUT
+            f"output directory {ancestor} is not writable", f"choose another {flag} path", ExitCode.OUTPUT
         )
     if path.is_dir():
-        raise QDebugError(f"output path {path} is a directory", "give a file name with -o", ExitCode.OUTPUT)
+        raise QDebugError(
+            f"output path {path} is a directory", f"give a file name with {flag}", ExitCode.OUTPUT
+        )
 
 
 def check_outputs_spare_inputs(

@@ -439,6 +439,18 @@ def verify(
         )
     if not isinstance(proposal, Proposal):
         proposal = load_proposal(proposal)
+    if options.eval_max_samples is not None and options.eval_max_samples < 1:
+        raise QDebugError(
+            f"--eval-max-samples must be >= 1 (got {options.eval_max_samples})",
+            "pass a positive number",
+            ExitCode.USAGE,
+        )
+    if options.target_sqnr is not None and not math.isfinite(options.target_sqnr):
+        raise QDebugError(
+            f"--target-sqnr must be a finite number (got {options.target_sqnr})",
+            "pass the required output SQNR in dB",
+            ExitCode.USAGE,
+        )
     if not 0.0 <= options.min_recovery <= 1.5:
         raise QDebugError(
             f"--min-recovery must be within [0, 1.5] (got {options.min_recovery})",

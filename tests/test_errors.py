@@ -367,3 +367,59 @@ def test_record_files_of_another_kind_or_malformed(tmp_path, capsys):
     code, err = run_cli(["tui", report, "--screenshot", report], capsys)
     assert code == ExitCode.USAGE
     assert_one_line(err, "would overwrite the report")
+
+
+def test_non_finite_targets_and_negative_counts_are_usage_errors(tmp_path, capsys):
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert run_cli(["analyze", model, "--calib", calib, "-o", report, "-q", "--top", "0"], capsys)[0] == 0
+    for args in (
+        ["propose", report, "--target-drop", "nan"],
+        ["propose", report, "--target-sqnr", "inf"],
+        ["analyze", model, "--calib", calib, "--top", "-1"],
+    ):
+        code, err = run_cli(args, capsys)
+        assert code == ExitCode.USAGE
+        assert "must be" in err and "Traceback" not in err
+    assert run_cli(["propose", report, "-o", tmp_path / "p.json", "-q"], capsys)[0] in (
+        0,
+        ExitCode.TARGET_NOT_MET,
+    )
+    args = ["verify", model, "--calib", calib, "--proposal", tmp_path / "p.json", "--eval-max-samples", "0"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line(err, "--eval-max-samples must be >= 1")
+
+
+def test_an_already_quantized_model_is_not_the_base(tmp_path, capsys):
+    """A QDQ model given as the model to analyze: one line saying so (it had failed inside ORT's quantizer
+    with 'report this model to qdebug')."""
+    from qdebug.report_io import load_report
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    assert run_cli(["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q"], capsys)[0] == 0
+    qdq = load_report(tmp_path / "r.json").quantized_model.path
+    code, err = run_cli(["analyze", qdq, "--calib", calib, "-o", tmp_path / "q.json", "-q"], capsys)
+    assert code == ExitCode.MODEL
+    assert_one_line(err, "is already quantized (DequantizeLinear x", "--quantized")
+
+
+def test_a_hook_file_is_recorded_with_an_absolute_path(tmp_path, capsys, monkeypatch):
+    """propose reads the data back from the report: a ``hooks.py:feeds`` given relative to one directory
+    must still be found from another."""
+    from qdebug.report_io import load_report
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    (tmp_path / "hooks.py").write_text(
+        "import numpy as np\n"
+        "def feeds():\n"
+        f"    d = np.load({str(calib)!r})\n"
+        "    return [{'input': d['input'][i:i + 8], 'labels': d['labels'][i:i + 8]} for i in range(0, 40, 8)]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    assert run_cli(["analyze", model, "--calib", "hooks.py:feeds", "-o", "out/r.json", "-q"], capsys)[0] == 0
+    assert load_report(tmp_path / "out" / "r.json").config.calib == f"{tmp_path / 'hooks.py'}:feeds"
+    monkeypatch.chdir(tmp_path / "out")
+    code, err = run_cli(["propose", "r.json", "-o", "p.json", "-q"], capsys)
+    assert code in (0, ExitCode.TARGET_NOT_MET), err

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import sys
 
-from qdebug.cli.common import add_quant_arguments, analyze_options, fmt_db, fmt_metric
+from qdebug.cli.common import add_quant_arguments, analyze_options, fmt_db, fmt_metric, non_negative_int
 from qdebug.cli.progress import stderr_progress
 
 
@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)"
     )
     p.add_argument("--csv", default=None, help="also write one CSV row per node to this path")
-    p.add_argument("--top", type=int, default=10, help="rows in the worst-layers summary (default: 10)")
+    p.add_argument(
+        "--top", type=non_negative_int, default=10, help="rows in the worst-layers summary (default: 10)"
+    )
     p.add_argument(
         "--engine",
         default="auto",
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, report_to_csv
 
     if args.csv:
-        check_writable(args.csv)
+        check_writable(args.csv, "--csv")
         inputs = {
             "the model": args.model,
             "the calibration data": args.calib,

@@ -7,7 +7,39 @@ from typing import Any
 
 from qdebug.formatting import fmt_db, fmt_metric
 
-__all__ = ["add_quant_arguments", "analyze_options", "fmt_db", "fmt_metric", "provider_list"]
+__all__ = [
+    "add_quant_arguments",
+    "analyze_options",
+    "finite_float",
+    "fmt_db",
+    "fmt_metric",
+    "non_negative_int",
+    "provider_list",
+]
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (``nan``/``inf`` as a target had run a whole search against it)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = False) -> None:

@@ -28,7 +28,7 @@ import argparse
 import math
 import sys
 
-from qdebug.cli.common import fmt_metric, provider_list
+from qdebug.cli.common import finite_float, fmt_metric, provider_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,14 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_mutually_exclusive_group()
     target.add_argument(
         "--target-drop",
-        type=float,
+        type=finite_float,
         default=None,
         metavar="POINTS",
         help="allowed metric drop vs FP32, in points for top1 (default: 1)",
     )
     target.add_argument(
         "--target-sqnr",
-        type=float,
+        type=finite_float,
         default=None,
         metavar="DB",
         help="required worst output SQNR in dB (instead of a metric drop)",

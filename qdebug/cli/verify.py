@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qdebug.cli.common import add_quant_arguments, provider_list
+from qdebug.cli.common import add_quant_arguments, finite_float, provider_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,14 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--min-recovery",
-        type=float,
+        type=finite_float,
         default=0.9,
         metavar="FRACTION",
         help="share of the lost metric the selective model must recover (default: 0.9)",
     )
     p.add_argument(
         "--target-sqnr",
-        type=float,
+        type=finite_float,
         default=None,
         metavar="DB",
         help="also require the selective model's worst output SQNR >= DB (needed for output_sqnr_db)",

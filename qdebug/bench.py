@@ -579,6 +579,14 @@ def _run_bench(
     """The body of :func:`run_bench`."""
     import onnx
 
+    unknown_ops = [op for op in (options.dynamic_ops if options else ()) if not onnx.defs.has(op)]
+    if unknown_ops:
+        raise QDebugError(
+            f"--dynamic-ops names op type(s) that ONNX does not define: {unknown_ops}",
+            "use ONNX op type names such as MatMul,Gemm,Conv",
+            ExitCode.USAGE,
+        )
+
     from qdebug.calibrate import calibrate
     from qdebug.capture import SessionConfig, check_providers
     from qdebug.data import open_data

@@ -149,13 +149,18 @@ class Evaluator:
         name = self.metric_name
         if self._user is not None:
             try:
-                return float(self._user(self.reference, candidate, self.labels))
+                value = float(self._user(self.reference, candidate, self.labels))
             except Exception as e:
                 raise QDebugError(
                     f"metric {name} raised {e.__class__.__name__}: {e}",
                     "fix the metric function",
                     ExitCode.INPUT,
                 ) from None
+            if math.isnan(value):  # every comparison with it is False: propose/verify would judge nothing
+                raise QDebugError(
+                    f"metric {name} returned nan", "return a number (higher is better)", ExitCode.INPUT
+                )
+            return value
         out0 = self.output_names[0]
         if name == "top1":
             assert self.labels is not None

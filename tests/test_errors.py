@@ -423,3 +423,49 @@ def test_a_hook_file_is_recorded_with_an_absolute_path(tmp_path, capsys, monkeyp
     monkeypatch.chdir(tmp_path / "out")
     code, err = run_cli(["propose", "r.json", "-o", "p.json", "-q"], capsys)
     assert code in (0, ExitCode.TARGET_NOT_MET), err
+
+
+def test_tui_and_bench_inputs_are_checked(tmp_path, capsys, monkeypatch):
+    """A proposal made for another model is refused by the TUI (it had shown it as this model's), an empty
+    --variants or an unknown --dynamic-ops op by bench, and a metric returning nan by analyze."""
+    calib = small_data(tmp_path / "c.npz")
+    reports = []
+    for seed in (0, 1):
+        model = small_cnn(tmp_path / f"m{seed}.onnx", seed=seed)
+        reports.append(tmp_path / f"r{seed}.json")
+        assert run_cli(["analyze", model, "--calib", calib, "-o", reports[-1], "-q"], capsys)[0] == 0
+    assert run_cli(["propose", reports[0], "-o", tmp_path / "p.json", "-q"], capsys)[0] in (
+        0,
+        ExitCode.TARGET_NOT_MET,
+    )
+    code, err = run_cli(
+        ["tui", reports[1], "--proposal", tmp_path / "p.json", "--screenshot", tmp_path / "s.svg"], capsys
+    )
+    assert code == ExitCode.INPUT
+    assert_one_line(err, "was made for another model")
+    assert not (tmp_path / "s.svg").exists()
+    for extra, needle in (
+        (["--variants", ""], "unknown variant"),
+        (["--dynamic-ops", "MatMul,Bogus"], "Bogus"),
+    ):
+        args = ["bench", tmp_path / "m0.onnx", "--calib", calib, "-o", tmp_path / "b.json", *extra]
+        code, err = run_cli(args, capsys)
+        assert code == ExitCode.USAGE
+        assert_one_line(err, needle)
+    (tmp_path / "nanmetric.py").write_text(
+        "def score(reference, candidate, labels):\n    return float('nan')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "analyze",
+        tmp_path / "m0.onnx",
+        "--calib",
+        calib,
+        "--metric",
+        "nanmetric.py:score",
+        "-o",
+        tmp_path / "x.json",
+    ]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.INPUT
+    assert_one_line(err, "returned nan")

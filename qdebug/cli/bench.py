@@ -75,7 +75,7 @@ def bench_options(args: argparse.Namespace):  # -> BenchOptions
     """BenchOptions from parsed flags."""
     from qdebug.bench import BenchOptions, parse_methods, parse_variants
 
-    if args.variants:
+    if args.variants is not None:  # --variants "" is refused, not read as the default set
         variants = parse_variants(args.variants)
     else:
         variants = ("fp32", "dynamic", "static") + (("selective",) if args.proposal else ())

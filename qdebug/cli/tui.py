@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 
+from qdebug.errors import ExitCode, QDebugError
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug tui``."""
@@ -42,7 +44,20 @@ def run(args: argparse.Namespace) -> int:
     if args.bench:  # likewise for a missing or corrupt bench file
         from qdebug.tui.app import load_bench_results
 
-        load_bench_results(args.bench)
+        _same_model(report, load_bench_results(args.bench).model_sha256, args.bench, "bench result")
+    if args.proposal:
+        from qdebug.tui.app import load_proposal
+
+        proposal = load_proposal(args.proposal)
+        _same_model(report, proposal.model_sha256, args.proposal, "proposal")
+        known = {n.name for n in report.nodes}
+        unknown = [n for n in proposal.nodes_to_exclude if n not in known]
+        if unknown:
+            raise QDebugError(
+                f"proposal {args.proposal} names {len(unknown)} node(s) not in the report: {unknown[:5]}",
+                "pass a proposal made from this report (qdebug propose)",
+                ExitCode.INPUT,
+            )
     if args.screenshot:
         from qdebug.report_io import check_outputs_spare_inputs
         from qdebug.tui.app import save_screenshot
@@ -64,3 +79,14 @@ def run(args: argparse.Namespace) -> int:
     from qdebug.tui.app import run_tui
 
     return run_tui(args.report, args.proposal, verify_fn=verify_fn, bench_path=args.bench)
+
+
+def _same_model(report, sha256: str, path: str, what: str) -> None:
+    """A proposal or bench result made for another model would show another model's numbers as this one's."""
+    if sha256 and sha256 != report.model.sha256:
+        raise QDebugError(
+            f"{what} {path} was made for another model (sha256 {sha256[:12]}...), not the report's "
+            f"{report.model.path}",
+            f"pass a {what} made for this model",
+            ExitCode.INPUT,
+        )

@@ -162,11 +162,23 @@ def removed_on_failure(workdir: Path | None) -> Iterator[None]:
     """Remove ``workdir`` (a ``<stem>_files/`` directory) if the block fails or is interrupted and the
     directory did not exist before it: a failed run leaves no half-filled artifacts behind."""
     created = workdir is not None and not workdir.exists()
+    # the directories above it that the run creates too (-o new/dir/report.json), removed if left empty
+    new_parents = []
+    if workdir is not None:
+        parent = workdir.absolute().parent
+        while not parent.exists() and parent != parent.parent:
+            new_parents.append(parent)
+            parent = parent.parent
     try:
         yield
     except BaseException:
         if created:
             shutil.rmtree(workdir, ignore_errors=True)
+            for parent in new_parents:  # innermost first; a directory holding anything stays
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
         raise
 
 

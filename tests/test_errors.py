@@ -217,6 +217,9 @@ def test_a_failed_analysis_leaves_no_artifacts_directory(tmp_path, cnn):
     out = tmp_path / "r.json"
     assert main(["analyze", str(model), "--calib", str(tmp_path / "wrong.npz"), "-o", str(out), "-q"]) == 5
     assert not out.exists() and not (tmp_path / "r_files").exists()
+    nested = tmp_path / "new" / "dirs" / "r.json"  # directories made for -o go too
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "wrong.npz"), "-o", str(nested), "-q"]) == 5
+    assert not (tmp_path / "new").exists()
 
 
 def test_outputs_never_overwrite_inputs(tmp_path, capsys):

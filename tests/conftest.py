@@ -44,3 +44,28 @@ def analyze_args(name: str, out: Path, *extra: str) -> list[str]:
         "-q",
         *extra,
     ]
+
+
+def analyze_with_both_engines(model: Path, calib: Path, tmp_path: Path, *extra: str) -> dict:
+    """``{"graph": Report, "numpy": Report}``: the same analysis with the in-ORT and the exact numpy engine."""
+    from qdebug.cli.main import main
+    from qdebug.report_io import load_report
+
+    reports = {}
+    for engine in ("graph", "numpy"):
+        out = tmp_path / f"{engine}.json"
+        args = [
+            "analyze",
+            str(model),
+            "--calib",
+            str(calib),
+            "-o",
+            str(out),
+            "-q",
+            "--engine",
+            engine,
+            *extra,
+        ]
+        assert main(args) == 0
+        reports[engine] = load_report(out)
+    return reports

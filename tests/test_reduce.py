@@ -19,7 +19,7 @@ from qdebug.graph.match import pair_models
 from qdebug.graph.reduce import SUBSAMPLE_INPUT, PairSpec, build_reduction_model, elem_types
 from qdebug.records import Report
 from qdebug.report_io import load_report
-from tests.conftest import analyze_args, fixture_path
+from tests.conftest import analyze_args, analyze_with_both_engines, fixture_path
 
 
 @pytest.fixture(scope="module")
@@ -430,12 +430,7 @@ def test_outputs_without_a_leading_batch_axis(tmp_path, kind):
         shape = ["N", "T", 6]
     model = _tiny(tmp_path / "m.onnx", outputs, nodes, shape)
     np.savez(tmp_path / "c.npz", x=x)
-    reports = {}
-    for engine in ("graph", "numpy"):
-        out = tmp_path / f"{engine}.json"
-        args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]
-        assert main([*args, "--engine", engine, "--metric", "output_sqnr_db"]) == 0
-        reports[engine] = load_report(out)
+    reports = analyze_with_both_engines(model, tmp_path / "c.npz", tmp_path, "--metric", "output_sqnr_db")
     g, n = reports["graph"], reports["numpy"]
     assert g.samples == n.samples == 37
     for t in g.tensors:

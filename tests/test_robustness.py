@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
 from qdebug.report_io import load_report
-from tests.conftest import ROOT, analyze_args, fixture_path
+from tests.conftest import ROOT, analyze_args, analyze_with_both_engines, fixture_path
 from tests.models import branch_reads_outer_weight, masked_attention, sequence_split, small_cnn, small_data
 
 SMALL = ["-q", "--max-samples", "16"]
@@ -781,12 +781,7 @@ def test_a_branch_reading_an_outer_weight(tmp_path):
     rng = np.random.default_rng(3)
     x = rng.normal(0, 1, (32, 16)).astype(np.float32)
     np.savez(tmp_path / "c.npz", x=x)
-    reports = {}
-    for engine in ("graph", "numpy"):
-        out = tmp_path / f"{engine}.json"
-        args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]
-        assert main([*args, "--engine", engine, "--batch-size", "8"]) == 0
-        reports[engine] = load_report(out)
+    reports = analyze_with_both_engines(model, tmp_path / "c.npz", tmp_path, "--batch-size", "8")
     graph, exact = reports["graph"], reports["numpy"]
     assert {t.name for t in graph.tensors} == {t.name for t in exact.tensors}
     for t in exact.tensors:

@@ -75,7 +75,7 @@ def save_with_external_data(model: ModelProto, path: Path, location: str | None 
     copy = ModelProto()
     copy.CopyFrom(model)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{location}.", suffix=".tmp")
-    try:
+    with _unlinked_on_failure(tmp):
         with os.fdopen(fd, "wb") as f:
             for tensor in _initializers(copy.graph):
                 if len(tensor.raw_data) < EXTERNAL_MIN_BYTES:
@@ -96,10 +96,6 @@ def save_with_external_data(model: ModelProto, path: Path, location: str | None 
             os.fsync(f.fileno())
         os.chmod(tmp, output_mode(target))
         os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     onnx.save_model(copy, str(path))
 
 
@@ -630,7 +626,7 @@ def save_model(model: ModelProto, path: Path) -> None:
     large = is_large(model)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    try:
+    with _unlinked_on_failure(tmp):
         if large:
             # the weights go to <name>.data first; the model file that points to them is renamed last
             save_with_external_data(model, Path(tmp), location=path.name + ".data")
@@ -638,6 +634,15 @@ def save_model(model: ModelProto, path: Path) -> None:
             onnx.save_model(model, tmp)
         os.chmod(tmp, output_mode(path))
         os.replace(tmp, path)
+
+
+@contextmanager
+def _unlinked_on_failure(tmp: str) -> Iterator[None]:
+    """Remove the temp file ``tmp`` if the block fails or is interrupted before renaming it."""
+    import os
+
+    try:
+        yield
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

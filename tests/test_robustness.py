@@ -835,30 +835,15 @@ def test_an_infinite_mask_keeps_its_nodes_in_fp32(tmp_path, capsys):
     assert code == ExitCode.MODEL and "computes NaN for output(s) y" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("engine", ["graph", "numpy"])
-def test_sequence_values_are_listed_not_scored(tmp_path, engine):
+def test_sequence_values_are_listed_not_scored(tmp_path):
     """A sequence-typed value (SplitToSequence) comes out of ORT as a list: it is listed in not_captured and
     the tensors around it are scored (the numpy engine had crashed on it: 'list' has no dtype)."""
     model = sequence_split(tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=np.random.default_rng(2).normal(0, 1, (32, 8)).astype(np.float32))
-    out = tmp_path / "r.json"
-    args = [
-        "analyze",
-        str(model),
-        "--calib",
-        str(tmp_path / "c.npz"),
-        "-o",
-        str(out),
-        "-q",
-        "--engine",
-        engine,
-    ]
-    assert main(args) == 0
-    report = load_report(out)
-    assert [n.reason for n in report.not_captured if n.name == "parts"] == [
-        "sequence value, not a tensor: not scored"
-    ]
-    assert report.tensor("cat").accumulated.sqnr_db > 15 and report.tensor("y").accumulated.sqnr_db > 15
+    for report in analyze_with_both_engines(model, tmp_path / "c.npz", tmp_path).values():
+        reasons = [n.reason for n in report.not_captured if n.name == "parts"]
+        assert reasons == ["sequence value, not a tensor: not scored"]
+        assert report.tensor("cat").accumulated.sqnr_db > 15 and report.tensor("y").accumulated.sqnr_db > 15
 
 
 def test_a_model_input_named_labels_is_fed_to_the_model(tmp_path):
@@ -895,8 +880,7 @@ def test_a_model_input_named_labels_is_fed_to_the_model(tmp_path):
     assert report.tensor("y").accumulated.sqnr_db > 15
 
 
-@pytest.mark.parametrize("engine", ["graph", "numpy"])
-def test_data_dependent_shapes_are_listed_not_compared(tmp_path, engine):
+def test_data_dependent_shapes_are_listed_not_compared(tmp_path):
     """NonZero -> GatherND (how detection post-processing selects boxes): the quantized model may keep
     other elements than FP32, so those tensors are listed, not compared (the graph engine had failed inside
     its own Sub node, the numpy engine with a traceback on the output's shape)."""
@@ -926,13 +910,10 @@ def test_data_dependent_shapes_are_listed_not_compared(tmp_path, engine):
     model.ir_version = 8
     onnx.save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (32, 8)).astype(np.float32))
-    out = tmp_path / "r.json"
-    args = ["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]
-    assert main([*args, "--engine", engine]) == 0
-    report = load_report(out)
-    reasons = {n.name: n.reason for n in report.not_captured}
-    assert all("depends on the data (after NonZero 'nz')" in reasons[t] for t in ("sel", "y"))
-    assert report.tensor("h").accumulated.sqnr_db > 15
+    for report in analyze_with_both_engines(tmp_path / "m.onnx", tmp_path / "c.npz", tmp_path).values():
+        reasons = {n.name: n.reason for n in report.not_captured}
+        assert all("depends on the data (after NonZero 'nz')" in reasons[t] for t in ("sel", "y"))
+        assert report.tensor("h").accumulated.sqnr_db > 15
 
 
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):

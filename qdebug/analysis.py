@@ -212,9 +212,8 @@ def _container_values(model: onnx.ModelProto) -> dict[str, str]:
 
 
 def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | None:
-    if (
-        quant is not None and math.isfinite(quant.scale) and quant.scale > 0
-    ):  # a user's QDQ model may hold inf
+    # a user's QDQ model may hold an infinite scale (ORT's quantize_static on an -inf attention mask)
+    if quant is not None and math.isfinite(quant.scale) and quant.scale > 0:
         return grid_edges_for(quant)
     if rng is not None and math.isfinite(rng[0]) and math.isfinite(rng[1]):
         return range_edges(rng[0], rng[1])

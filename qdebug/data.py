@@ -217,9 +217,7 @@ def _file_dataset(
         raise QDebugError(f"{what} {source} holds no samples", "give at least one sample", ExitCode.DATA)
     n_samples = min(total, max_samples) if max_samples else total
     bsize = _batch_size(specs, batch_size, source)
-    _check_fixed_batches(
-        specs, [n for n in (_npz_count(h) for h in headers.values())], n_samples, source, what
-    )
+    _check_fixed_batches(specs, [_npz_count(h) for h in headers.values()], n_samples, source, what)
 
     def make_iter() -> Iterator[Batch]:
         left = n_samples
@@ -324,7 +322,7 @@ def _npz_count(header: Mapping[str, tuple]) -> int:
 
 def _check_fixed_batches(
     specs: tuple[InputSpec, ...], counts: list[int], n_samples: int, source: str, what: str
-):
+) -> None:
     """A model whose batch dimension is fixed at B > 1 takes only full batches: every file's share of the
     samples must be a multiple of B. Refused up front (exit 5), never padded or dropped silently; ORT had
     failed mid-calibration instead, and the message blamed the model."""

@@ -916,6 +916,42 @@ def test_data_dependent_shapes_are_listed_not_compared(tmp_path):
         assert report.tensor("h").accumulated.sqnr_db > 15
 
 
+def test_summary_line_for_integer_and_sqnr_outputs(tmp_path, capsys):
+    """The summary's task line: an ArgMax-only model says there is no float output to score (it printed
+    "FP32 - quantized - (drop nan)"), and output SQNR is shown against FP32 (it printed "drop inf")."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (32, 8)).astype(np.float32))
+    lines = {}
+    for kind, tail, out in (
+        (
+            "argmax",
+            [helper.make_node("ArgMax", ["h"], ["cls"], name="pick", axis=1)],
+            ("cls", TensorProto.INT64),
+        ),
+        ("sigmoid", [helper.make_node("Sigmoid", ["h"], ["y"], name="sig")], ("y", TensorProto.FLOAT)),
+    ):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), *tail]
+        graph = helper.make_graph(
+            nodes, kind, [x], [helper.make_tensor_value_info(out[0], out[1], ["N"])], [w]
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(model, tmp_path / f"{kind}.onnx")
+        capsys.readouterr()
+        args = ["analyze", str(tmp_path / f"{kind}.onnx"), "--calib", str(tmp_path / "c.npz")]
+        if kind == "sigmoid":
+            args += ["--metric", "output_sqnr_db"]
+        assert main([*args, "-o", str(tmp_path / f"{kind}.json"), "-q"]) == 0
+        lines[kind] = capsys.readouterr().out.splitlines()[0]
+    assert "no float output to score" in lines["argmax"] and "nan" not in lines["argmax"]
+    assert lines["sigmoid"].startswith("output_sqnr_db") and "dB (against FP32)" in lines["sigmoid"]
+    assert "inf" not in lines["sigmoid"]
+
+
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
     """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
     import types

@@ -129,12 +129,21 @@ def print_summary(report, top: int = 10) -> None:
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
     task = report.task
     if task is not None:
-        drop = (task.fp32 - task.quantized) * (100 if task.name in ("top1", "top1_agreement") else 1)
-        unit = " points" if task.name in ("top1", "top1_agreement") else ""
-        console.print(
-            f"{task.name} on {task.samples} {task.data} samples: FP32 {fmt_metric(task.name, task.fp32)}  "
-            f"quantized {fmt_metric(task.name, task.quantized)}  (drop {drop:.2f}{unit})"
-        )
+        head = f"{task.name} on {task.samples} {task.data} samples:"
+        if math.isnan(task.fp32) and math.isnan(task.quantized):  # e.g. only integer (ArgMax) outputs
+            console.print(
+                f"{head} no float output to score; pass --metric module:function to measure the task"
+            )
+        elif math.isinf(task.fp32):  # output_sqnr_db: FP32 is the reference itself ("drop inf" said nothing)
+            unit = " dB" if task.name == "output_sqnr_db" else ""
+            console.print(f"{head} quantized {fmt_metric(task.name, task.quantized)}{unit} (against FP32)")
+        else:
+            drop = (task.fp32 - task.quantized) * (100 if task.name in ("top1", "top1_agreement") else 1)
+            unit = " points" if task.name in ("top1", "top1_agreement") else ""
+            console.print(
+                f"{head} FP32 {fmt_metric(task.name, task.fp32)}  "
+                f"quantized {fmt_metric(task.name, task.quantized)}  (drop {drop:.2f}{unit})"
+            )
         if not math.isnan(task.quantized_fakequant):
             fq = fmt_metric(task.name, task.quantized_fakequant)
             if task.fakequant_samples and task.fakequant_samples < task.samples:
@@ -146,6 +155,8 @@ def print_summary(report, top: int = 10) -> None:
             else:
                 console.print(f"  same QDQ model without ORT's integer kernels (fake-quant): {fq}")
     for o in report.outputs:
+        if not o.error.count:  # an integer output (ArgMax): nothing was compared
+            continue
         console.print(f"output {o.name}: SQNR {fmt_db(o.error.sqnr_db)} dB, max-abs {o.error.max_abs:.4g}")
     if report.deployed_gap > 0:
         console.print(f"instrumented vs deployed quantized outputs differ by up to {report.deployed_gap:.3g}")

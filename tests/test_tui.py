@@ -735,7 +735,14 @@ def test_proposal_is_initial_set_export_error_and_verify_unavailable(tmp_path):
             notes.append((message.notification.severity, message.notification.message))
 
     async def main():
-        app = QDebugApp(REPORT, make_proposal(REPORT), export_path=blocker / "sub" / "p.json")
+        report_path = tmp_path / "report.json"
+        save_report(REPORT, report_path)
+        app = QDebugApp(
+            REPORT,
+            make_proposal(REPORT),
+            export_path=blocker / "sub" / "p.json",
+            report_path=str(report_path),
+        )
         async with app.run_test(size=SIZE, message_hook=hook) as pilot:
             await pilot.pause()
             screen = app.main_screen
@@ -745,6 +752,9 @@ def test_proposal_is_initial_set_export_error_and_verify_unavailable(tmp_path):
             await pilot.press("e", "enter")
             await pilot.pause()
             assert screen.last_export is None
+            before = report_path.read_bytes()
+            assert screen.export(report_path) is None  # never over the report itself
+            assert report_path.read_bytes() == before
             good = tmp_path / "ok.json"
             assert screen.export(good) is not None
             assert load_record(Proposal, good, "proposal").nodes_to_exclude == app.model.excluded
@@ -754,6 +764,7 @@ def test_proposal_is_initial_set_export_error_and_verify_unavailable(tmp_path):
 
     run(main())
     assert any(sev == "error" and "cannot write" in msg for sev, msg in notes)
+    assert any(sev == "error" and "would overwrite the report" in msg for sev, msg in notes)
     assert any(sev == "warning" and "verify is unavailable" in msg for sev, msg in notes)
 
 

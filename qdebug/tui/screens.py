@@ -23,7 +23,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from qdebug.errors import QDebugError
 from qdebug.records import Proposal
-from qdebug.report_io import atomic_write_text, dumps
+from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, dumps
 from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
 from qdebug.tui.messages import VerifyProgress
 from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, column
@@ -339,7 +339,11 @@ class MainScreen(Screen):
     def export(self, path: str | Path) -> Proposal | None:
         """Write the current exclusion set as a proposal to ``path``; errors become notifications."""
         proposal = self.model.to_proposal()
-        try:
+        report = self.model.report
+        try:  # never over the report or the model it describes
+            check_outputs_spare_inputs(
+                {"the export": path}, {"the report": self.qapp.report_path, "the model": report.model.path}
+            )
             atomic_write_text(path, dumps(proposal))
         except QDebugError as e:
             self._notify(e.one_line(), title="export failed", severity="error", timeout=10)

@@ -952,6 +952,40 @@ def test_summary_line_for_integer_and_sqnr_outputs(tmp_path, capsys):
     assert "inf" not in lines["sigmoid"]
 
 
+def test_upgraded_opset_keeps_the_users_names(tmp_path):
+    """version_converter replaces an opset-9 Upsample by an unnamed Resize with a fresh output name: the
+    report must still call them ``up`` (it showed ``Resize_2`` and ``_v_8``)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(9)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Upsample", ["c", "scales"], ["up"], name="up", mode="nearest"),
+        helper.make_node("Relu", ["up"], ["y"], name="relu"),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (4, 1, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "upsample9",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 16, 16])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 4
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (16, 1, 8, 8)).astype(np.float32))
+    out = tmp_path / "r.json"
+    args = ["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]
+    assert main([*args, "--upgrade-opset"]) == 0
+    report = load_report(out)
+    assert (report.node("up").op_type, report.node("up").original_name) == ("Resize", "up")
+    assert report.tensor("up").summary.count == 16 * 4 * 16 * 16  # the user's tensor name, measured
+
+
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
     """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
     import types

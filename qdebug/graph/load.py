@@ -270,7 +270,45 @@ def _ensure_opset(
             ExitCode.MODEL,
         ) from None
     notes.append(f"converted the model from opset {opset} to {target} with onnx.version_converter")
+    _restore_replaced_names(model, converted)
     return converted
+
+
+def _restore_replaced_names(original: ModelProto, converted: ModelProto) -> None:
+    """Give nodes and tensors that ``version_converter`` replaced their original names back (in place).
+
+    An adapter such as Upsample -> Resize writes an unnamed node with a fresh output (``_v_8``), so the
+    report showed ``Resize_2`` for the user's ``up``. A tensor is renamed back when a node that kept its
+    name reads the fresh name where it read the original one, and that name is free; its unnamed
+    producer then gets the original producer's name.
+    """
+    g = converted.graph
+    defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+    defined |= {o for n in g.node for o in n.output}
+    before = {n.name: n for n in original.graph.node if n.name}
+    rename: dict[str, str] = {}
+    for node in g.node:
+        old = before.get(node.name)
+        if old is None or len(old.input) != len(node.input):
+            continue
+        for was, now in zip(old.input, node.input, strict=True):
+            if was != now and was and was not in defined and now not in rename:
+                rename[now] = was
+    if not rename:
+        return
+    producer = {o: n.name for n in original.graph.node for o in n.output}
+    taken = {n.name for n in g.node if n.name}
+    for node in g.node:
+        for names in (node.input, node.output):
+            for i, name in enumerate(names):
+                names[i] = rename.get(name, name)
+        if not node.name:
+            origin = next((producer[o] for o in node.output if o in rename.values() and o in producer), "")
+            if origin and origin not in taken:
+                node.name = origin
+                taken.add(origin)
+    for info in g.value_info:
+        info.name = rename.get(info.name, info.name)
 
 
 def _name_nodes(graph: onnx.GraphProto, notes: list[str]) -> list[tuple[str, str]]:

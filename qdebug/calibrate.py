@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -155,9 +155,11 @@ def _run_calibrator(
                 extra_options={},
             )
             # ORT's histogram calibrators (entropy/percentile/distribution) stack every batch's
-            # outputs and fail on a smaller last batch, and print progress on stdout (ours is data).
+            # outputs and fail on a smaller last batch, and print progress on stdout (ours is data):
+            # their lines ("Collecting tensor data...") are dropped, qdebug draws its own progress on
+            # stderr, and -q must mean quiet
             reader = ReaderAdapter(data, on_batch, single_samples=ort_method.name != "MinMax")
-            with contextlib.redirect_stdout(sys.stderr):
+            with contextlib.redirect_stdout(io.StringIO()):
                 calibrator.collect_data(reader)
                 tensors = calibrator.compute_data()
         except QDebugError:

@@ -472,3 +472,16 @@ def test_tui_and_bench_inputs_are_checked(tmp_path, capsys, monkeypatch):
     code, err = run_cli(args, capsys)
     assert code == ExitCode.INPUT
     assert_one_line(err, "returned nan")
+
+
+def test_quiet_means_quiet_with_a_histogram_calibrator(tmp_path, capsys):
+    """ORT's entropy/percentile calibrators print their progress on stdout: dropped, so stdout holds the
+    summary only and -q leaves stderr with the final line alone."""
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    args = ["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q", "--method", "percentile"]
+    assert main([str(a) for a in args]) == 0
+    captured = capsys.readouterr()
+    assert "Collecting" not in captured.out + captured.err and "Number of" not in captured.out + captured.err
+    assert [line for line in captured.err.splitlines() if line.strip()] == [
+        f"report written to {tmp_path / 'r.json'}"
+    ]

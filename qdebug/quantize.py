@@ -104,6 +104,7 @@ def quantize_static_model(
             "use node names from the qdebug report (normalized names)",
             ExitCode.INPUT,
         )
+    _refuse_reserved_names(model)
     forced = float16_exclusions(model) + nonfinite_range_exclusions(model, ranges)[0]
     if forced:
         extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
@@ -156,6 +157,28 @@ def quantize_static_model(
     if out_path is not None:
         save_model(result, out_path)
     return result
+
+
+_ORT_SUFFIXES = ("_QuantizeLinear_Output", "_DequantizeLinear_Output", "_QuantizeLinear_Input", "_quantized")
+"""Names ORT's quantizer gives the tensors it adds for tensor ``T`` (``T`` + suffix)."""
+
+
+def _refuse_reserved_names(model: onnx.ModelProto) -> None:
+    """A tensor already named like one ORT's quantizer will add (``x_DequantizeLinear_Output`` next to a
+    tensor ``x``) makes it write a model with two definitions of that name, which ORT then refuses with
+    "check the model with onnx.checker". Said plainly, before quantizing."""
+    names = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
+    names |= {o for n in model.graph.node for o in n.output if o}
+    clash = sorted(
+        n for n in names for suffix in _ORT_SUFFIXES if n.endswith(suffix) and n[: -len(suffix)] in names
+    )
+    if clash:
+        raise QDebugError(
+            f"tensor name(s) {clash[:3]} are the names ORT's quantizer gives its own Q/DQ tensors, so the "
+            "quantized model would define them twice",
+            "rename those tensors in the model to names without these suffixes, then re-run",
+            ExitCode.MODEL,
+        )
 
 
 def nonfinite_range_exclusions(model: onnx.ModelProto, ranges: Ranges) -> tuple[list[str], list[str]]:

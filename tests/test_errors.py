@@ -485,3 +485,32 @@ def test_quiet_means_quiet_with_a_histogram_calibrator(tmp_path, capsys):
     assert [line for line in captured.err.splitlines() if line.strip()] == [
         f"report written to {tmp_path / 'r.json'}"
     ]
+
+
+def test_tensor_names_that_ort_gives_its_own_qdq_tensors(tmp_path, capsys):
+    """``x_DequantizeLinear_Output`` next to ``x``: ORT's quantizer would define the name twice and the
+    run failed with "check the model with onnx.checker"; now one line naming the tensors."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (8, 8)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["x_QuantizeLinear_Output"], name="mm"),
+        helper.make_node("Relu", ["x_QuantizeLinear_Output"], ["x_DequantizeLinear_Output"], name="relu"),
+        helper.make_node("Sigmoid", ["x_DequantizeLinear_Output"], ["y"], name="sig"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "clash",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(1).normal(0, 1, (16, 8)).astype(np.float32))
+    args = ["analyze", tmp_path / "m.onnx", "--calib", tmp_path / "c.npz", "-o", tmp_path / "r.json", "-q"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.MODEL
+    assert_one_line(err, "x_DequantizeLinear_Output", "names ORT's quantizer gives")

@@ -1094,6 +1094,44 @@ def concat_range_notes(fp32: onnx.ModelProto, tensors: tuple[TensorRecord, ...])
     return notes
 
 
+COLLAPSED_SHARE = 0.5
+"""A quantized tensor with at least this share of its values in one quantization step has lost them."""
+
+COLLAPSE_INTRODUCED_DB = 20.0
+"""...when a consumer then introduces at least this much error (the damage shows downstream)."""
+
+
+def collapsed_range_notes(tensors: tuple[TensorRecord, ...], nodes: tuple[NodeRecord, ...]) -> list[str]:
+    """Notes naming tensors whose range is set by a few huge values (an additive mask of -1e9): most values
+    share one quantization step, which SQNR hides (the huge values carry nearly all the energy), and the
+    error first shows in a consumer (the Softmax), which the ranking would blame instead."""
+    by_node = {n.name: n for n in nodes}
+    notes = []
+    for t in tensors:
+        h, q = t.histogram, t.quant
+        if h is None or q is None or not (math.isfinite(q.scale) and q.scale > 0) or t.summary is None:
+            continue
+        total = sum(h.ref_counts)
+        if not total or max(h.ref_counts) < COLLAPSED_SHARE * total:
+            continue
+        hurt = [by_node[c] for c in t.consumers if c in by_node]
+        hurt = [
+            n for n in hurt if math.isfinite(n.introduced_db) and n.introduced_db >= COLLAPSE_INTRODUCED_DB
+        ]
+        if not hurt:
+            continue
+        worst = max(hurt, key=lambda n: n.introduced_db)
+        sqnr = f"{t.accumulated.sqnr_db:.1f} dB" if t.accumulated is not None else "fine"
+        notes.append(
+            f"{t.name}: {max(h.ref_counts) / total:.0%} of its values fall in one quantization step (scale "
+            f"{q.scale:.3g} for the range [{t.summary.min:.3g}, {t.summary.max:.3g}]), although its SQNR looks "
+            f"{sqnr} (the largest values carry the energy); {worst.name} ({worst.op_type}) then introduces "
+            f"{worst.introduced_db:.1f} dB. A range set by outliers such as mask values of -1e9 erases the other "
+            f"values: keep {t.producer or t.name} and {worst.name} out of quantization"
+        )
+    return notes
+
+
 def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes: set[str]) -> list[str]:
     """What ORT's static quantizer leaves in float by construction: subgraphs and recurrent ops."""
     notes = []

@@ -21,6 +21,7 @@ import onnx
 from qdebug import __version__
 from qdebug.analysis import (
     DEFAULT_FAKEQUANT_SAMPLES,
+    collapsed_range_notes,
     concat_range_notes,
     kernel_gap_notes,
     measure_layers,
@@ -369,6 +370,7 @@ def _analyze(
     weights = weight_records(prep.normalized, qproto, pairing)
     notes.extend(kernel_gap_notes(layers.tensors, layers.deployed_head, skip=layers.aliases))
     notes.extend(concat_range_notes(prep.normalized, layers.tensors))
+    notes.extend(collapsed_range_notes(layers.tensors, nodes))
     notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 
     if eval_data is not None:

@@ -111,10 +111,12 @@ def branch_reads_outer_weight(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def masked_attention(path: Path, *, nan_mask: bool = False, seed: int = 0) -> Path:
+def masked_attention(
+    path: Path, *, nan_mask: bool = False, additive: float | None = None, seed: int = 0
+) -> Path:
     """Causal self-attention whose mask puts -inf in the scores: ``Where(mask, scores, -inf)`` as PyTorch's
     ``masked_fill`` exports it, or (``nan_mask``) the broken ``scores + (1 - mask) * -inf``, NaN where
-    the mask is 1 (0 * inf)."""
+    the mask is 1 (0 * inf), or (``additive``) ``scores + (1 - mask) * additive`` (e.g. -1e9)."""
     rng = np.random.default_rng(seed)
     causal = np.tril(np.ones((6, 6), dtype=bool))
     inits = [_init("wq", rng.normal(0, 0.4, (8, 8))), _init("wo", rng.normal(0, 0.4, (8, 8)))]
@@ -123,11 +125,11 @@ def masked_attention(path: Path, *, nan_mask: bool = False, seed: int = 0) -> Pa
         helper.make_node("Transpose", ["x"], ["xt"], name="k_t", perm=[0, 2, 1]),
         helper.make_node("MatMul", ["q", "xt"], ["scores"], name="qk"),
     ]
-    if nan_mask:
+    if nan_mask or additive is not None:
         inits += [
             _init("keep", causal.astype(np.float32)),
             _init("one", np.array(1.0)),
-            _init("ninf", np.array(-np.inf)),
+            _init("ninf", np.array(-np.inf if additive is None else additive)),
         ]
         nodes += [
             helper.make_node("Sub", ["one", "keep"], ["drop"], name="mask_inv"),

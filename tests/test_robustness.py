@@ -986,6 +986,19 @@ def test_upgraded_opset_keeps_the_users_names(tmp_path):
     assert report.tensor("up").summary.count == 16 * 4 * 16 * 16  # the user's tensor name, measured
 
 
+def test_a_range_set_by_mask_values_is_named(tmp_path):
+    """``scores + (1 - mask) * -1e9``: the scale (~4e6) puts every unmasked score in one step. SQNR hides it
+    (the mask values carry the energy) and the Softmax after it is ranked first; a note names the cause."""
+    model = masked_attention(tmp_path / "m.onnx", additive=-1e9)
+    np.savez(tmp_path / "c.npz", x=np.random.default_rng(1).normal(0, 1, (16, 6, 8)).astype(np.float32))
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    assert report.tensor("masked").accumulated.sqnr_db > 60  # looks perfect...
+    note = next(n for n in report.notes if n.startswith("masked: "))
+    assert "one quantization step" in note and "softmax" in note and "mask_add" in note
+
+
 def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_path, monkeypatch):
     """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
     import types

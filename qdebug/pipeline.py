@@ -226,23 +226,6 @@ def analyze(
         return _analyze(model, calib, eval_data, quantized, out, workdir, options, progress)
 
 
-def _refuse_nan_outputs(model: onnx.ModelProto, ranges: Ranges) -> None:
-    """Stop before quantizing a model whose FP32 outputs were entirely NaN during calibration.
-
-    ORT's quantizer would fail later on with "scale issue"; the cause is the FP32 model (e.g. an attention
-    mask computed as ``(1 - mask) * -inf``: 0 * inf is NaN), which no quantization setting fixes.
-    """
-    seen = ranges.minmax()
-    nan = [o.name for o in model.graph.output if o.name in seen and any(math.isnan(v) for v in seen[o.name])]
-    if nan:
-        raise QDebugError(
-            f"the FP32 model computes NaN for output(s) {', '.join(nan[:3])} on the calibration data",
-            "fix the model: e.g. an attention mask of (1 - mask) * -inf is NaN where mask is 1 (0 * inf); "
-            "use a large negative number such as -1e4, or Where(mask, scores, -inf)",
-            ExitCode.MODEL,
-        )
-
-
 def _analyze(
     model: str | Path,
     calib: str | Path,
@@ -260,7 +243,6 @@ def _analyze(
 
     if quantized is None:
         assert prep.ranges is not None
-        _refuse_nan_outputs(prep.normalized, prep.ranges)
         spec = QuantSpec(
             per_channel=options.per_channel,
             activation_type=options.activation_type,

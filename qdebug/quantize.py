@@ -105,6 +105,7 @@ def quantize_static_model(
             ExitCode.INPUT,
         )
     _refuse_reserved_names(model)
+    _refuse_nan_outputs(model, ranges)
     forced = float16_exclusions(model) + nonfinite_range_exclusions(model, ranges)[0]
     if forced:
         extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
@@ -161,6 +162,23 @@ def quantize_static_model(
 
 _ORT_SUFFIXES = ("_QuantizeLinear_Output", "_DequantizeLinear_Output", "_QuantizeLinear_Input", "_quantized")
 """Names ORT's quantizer gives the tensors it adds for tensor ``T`` (``T`` + suffix)."""
+
+
+def _refuse_nan_outputs(model: onnx.ModelProto, ranges: Ranges) -> None:
+    """Stop before quantizing a model whose FP32 outputs were entirely NaN during calibration.
+
+    ORT's quantizer would fail later on with "scale issue"; the cause is the FP32 model (e.g. an attention
+    mask computed as ``(1 - mask) * -inf``: 0 * inf is NaN), which no quantization setting fixes.
+    """
+    seen = ranges.minmax()
+    nan = [o.name for o in model.graph.output if o.name in seen and any(math.isnan(v) for v in seen[o.name])]
+    if nan:
+        raise QDebugError(
+            f"the FP32 model computes NaN for output(s) {', '.join(nan[:3])} on the calibration data",
+            "fix the model: e.g. an attention mask of (1 - mask) * -inf is NaN where mask is 1 (0 * inf); "
+            "use a large negative number such as -1e4, or Where(mask, scores, -inf)",
+            ExitCode.MODEL,
+        )
 
 
 def _refuse_reserved_names(model: onnx.ModelProto) -> None:

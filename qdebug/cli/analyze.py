@@ -89,10 +89,9 @@ def run(args: argparse.Namespace) -> int:
             "the model": args.model,
             "the calibration data": args.calib,
             "the evaluation data": args.eval,
+            "the quantized model": args.quantized,
         }
-        check_outputs_spare_inputs(
-            {"the report": args.output, "--csv": args.csv}, {**inputs, "the quantized model": args.quantized}
-        )
+        check_outputs_spare_inputs({"the report": args.output, "--csv": args.csv}, inputs)
     options = dataclasses.replace(
         analyze_options(args),
         engine=args.engine,

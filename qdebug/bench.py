@@ -43,6 +43,7 @@ import numpy as np
 
 from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.formatting import ACCURACY_METRICS
 
 BENCH_SCHEMA_VERSION = 1
 """Version of the ``bench.json`` layout; :func:`load_bench` refuses others."""
@@ -186,7 +187,7 @@ class BenchReport:
     calib: str
     eval: str
     metric: str
-    """Task metric name (higher is better): ``top1``, ``top1_agreement``, ``output_sqnr_db`` or a hook."""
+    """Task metric name (higher is better): ``top1``, ``top1_agreement``, ``exact_match``, ``output_sqnr_db`` or a hook."""
     samples: int
     """Evaluation samples (every timed pass runs all of them)."""
     batch_size: int
@@ -1108,7 +1109,7 @@ def _fmt_tick(x: float) -> str:
 
 
 def _metric_scale(name: str) -> tuple[float, str]:
-    if name in ("top1", "top1_agreement"):
+    if name in ACCURACY_METRICS:
         return 100.0, f"{name} (%)"
     if name == "output_sqnr_db":
         return 1.0, "output SQNR vs FP32 (dB)"

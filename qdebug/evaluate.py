@@ -6,8 +6,12 @@ cost of one candidate pass each.
 
 Metrics (higher is better):
 
-* ``top1`` -- accuracy of argmax(first output) vs the data's ``labels``;
+* ``top1`` -- accuracy of argmax(first output) vs the data's ``labels``; a first
+  output that already holds class indices (an integer ``[batch]`` tensor, from an
+  ArgMax inside the model) is compared with the labels as it is;
 * ``top1_agreement`` -- share of samples whose argmax matches FP32's (no labels);
+* ``exact_match`` -- share of samples whose integer/bool outputs all equal FP32's
+  (the default for a model with no float output, e.g. one ending in ArgMax);
 * ``output_sqnr_db`` -- SQNR of all outputs vs FP32 (non-classifier outputs);
 * ``module:function`` -- ``function(reference, candidate, labels) -> float``
   where reference/candidate are lists (one per batch) of dicts output -> array.
@@ -29,7 +33,7 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.metrics import ErrorAccumulator
 from qdebug.records import OutputMetric
 
-BUILTIN = ("top1", "top1_agreement", "output_sqnr_db")
+BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,39 @@ def _classifier_shaped(arr: np.ndarray) -> bool:
     return arr.ndim == 2 and arr.shape[1] > 1 and arr.dtype.kind == "f"
 
 
+def _class_indices(arr: np.ndarray) -> bool:
+    """An output that already holds one predicted class per sample (``[batch]`` or ``[batch, 1]`` integers)."""
+    return arr.dtype.kind in "iu" and (arr.ndim == 1 or (arr.ndim == 2 and arr.shape[1] == 1))
+
+
+def _predicted(arr: np.ndarray) -> np.ndarray:
+    """One class per sample: the argmax of scores, or the indices the model already computed."""
+    return arr.reshape(-1) if _class_indices(arr) else np.argmax(arr, axis=1)
+
+
+def _rows(outputs: dict[str, np.ndarray]) -> int:
+    """A batch's sample count read off its outputs (axis 0 of the first non-scalar one)."""
+    return next((a.shape[0] for a in outputs.values() if a.ndim >= 1), 1)
+
+
+def _exact_rows(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], names: list[str], rows: int) -> int:
+    """How many of a batch's ``rows`` samples have every integer/bool output equal to FP32's.
+
+    Outputs are compared row by row when they are batch-major (axis 0 is the
+    batch in both models); an output whose shape differs between the models,
+    or is not batch-major (NonZero's indices), makes the whole batch count
+    as matching only when it is equal as a whole.
+    """
+    match = np.ones(rows, dtype=bool)
+    for k in names:
+        r, c = ref[k], cand[k]
+        if r.shape == c.shape and r.ndim >= 1 and r.shape[0] == rows:
+            match &= (r == c).reshape(rows, -1).all(axis=1)
+        elif not (r.shape == c.shape and np.array_equal(r, c)):
+            match[:] = False
+    return int(match.sum())
+
+
 class Evaluator:
     """Scores candidate models on a fixed evaluation set against cached FP32 outputs."""
 
@@ -75,7 +112,8 @@ class Evaluator:
             [b.labels for b in self.batches] if all(b.labels is not None for b in self.batches) else None
         )
         self.reference = [self._run(session, b.feeds) for b in self.batches]
-        self.samples = sum(b.size for b in self.batches)
+        self.sizes = [b.size for b in self.batches]
+        self.samples = sum(self.sizes)
         self.metric_name, self._user = self._resolve_metric(metric)
         self.fp32_value = self._score(self.reference)
 
@@ -95,7 +133,8 @@ class Evaluator:
         self.input_names = [sp.name for sp in data.specs]
         self.labels = labels if labels and len(labels) == len(reference) else None
         self.reference = reference
-        self.samples = sum(len(next(iter(r.values()))) for r in reference)
+        self.sizes = [len(lab) for lab in self.labels] if self.labels else [_rows(r) for r in reference]
+        self.samples = sum(self.sizes)
         self.metric_name, self._user = self._resolve_metric(metric)
         self.fp32_value = self._score(self.reference)
         return self
@@ -119,8 +158,13 @@ class Evaluator:
             if self.labels is not None and _classifier_shaped(first):
                 self._check_label_range(first.shape[1])
                 return "top1", None
+            if self.labels is not None and _class_indices(first):
+                return "top1", None
             if _classifier_shaped(first):
                 return "top1_agreement", None
+            if not any(a.dtype.kind in "fc" for a in self.reference[0].values()):
+                # e.g. a classifier exported with its ArgMax: SQNR has nothing to measure
+                return "exact_match", None
             return "output_sqnr_db", None
         if metric == "top1":
             if self.labels is None:
@@ -129,15 +173,23 @@ class Evaluator:
                     "add a 'labels' array to the data or use --metric top1_agreement",
                     ExitCode.DATA,
                 )
+            if _class_indices(first):
+                return "top1", None
             if not _classifier_shaped(first):
                 raise QDebugError(
-                    f"metric top1 needs a [batch, classes] first output; {self.output_names[0]} has shape "
-                    f"{list(first.shape)}",
+                    f"metric top1 needs a [batch, classes] scores or [batch] class-index first output; "
+                    f"{self.output_names[0]} has shape {list(first.shape)}",
                     "use --metric output_sqnr_db or a module:function metric",
                     ExitCode.DATA,
                 )
             self._check_label_range(first.shape[1])
             return "top1", None
+        if metric == "exact_match" and not any(a.dtype.kind in "iub" for a in self.reference[0].values()):
+            raise QDebugError(
+                "metric exact_match compares integer or bool outputs, but every output of the model is float",
+                "use --metric output_sqnr_db, top1 or top1_agreement",
+                ExitCode.USAGE,
+            )
         if metric in BUILTIN:
             return metric, None
         return metric, load_hook(metric, "metric")
@@ -164,14 +216,18 @@ class Evaluator:
         out0 = self.output_names[0]
         if name == "top1":
             assert self.labels is not None
-            hits = sum(
-                int(np.sum(np.argmax(c[out0], axis=1) == lab)) for c, lab in zip(candidate, self.labels)
-            )
+            hits = sum(int(np.sum(_predicted(c[out0]) == lab)) for c, lab in zip(candidate, self.labels))
             return hits / self.samples
         if name == "top1_agreement":
             hits = sum(
-                int(np.sum(np.argmax(c[out0], axis=1) == np.argmax(r[out0], axis=1)))
+                int(np.sum(_predicted(c[out0]) == _predicted(r[out0])))
                 for c, r in zip(candidate, self.reference)
+            )
+            return hits / self.samples
+        if name == "exact_match":
+            exact = [k for k in self.output_names if self.reference[0][k].dtype.kind in "iub"]
+            hits = sum(
+                _exact_rows(r, c, exact, n) for c, r, n in zip(candidate, self.reference, self.sizes)
             )
             return hits / self.samples
         acc = ErrorAccumulator()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-ACCURACY_METRICS = ("top1", "top1_agreement")
+ACCURACY_METRICS = ("top1", "top1_agreement", "exact_match")
+"""Metrics that are shares of samples: shown in percent, their drops in points."""
 
 
 def fmt_db(x: float) -> str:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.formatting import ACCURACY_METRICS
 from qdebug.records import (
     SCHEMA_VERSION,
     NodeReason,
@@ -103,7 +104,7 @@ class ProposeOptions:
     """Options of :func:`propose` (the flags of ``qdebug propose``)."""
 
     target_drop: float | None = None
-    """Allowed drop of the task metric vs FP32: percentage points for top1/top1_agreement, else raw units."""
+    """Allowed drop of the task metric vs FP32: percentage points for the accuracy metrics (top1, top1_agreement, exact_match), else raw units."""
     target_sqnr: float | None = None
     """Instead: worst output SQNR (dB) the selective model must reach."""
     max_nodes: int | None = None
@@ -146,7 +147,7 @@ class Target:
         """One line for the CLI and the reasons."""
         if self.kind == "sqnr":
             return f"worst output SQNR >= {self.threshold:.1f} dB"
-        if self.metric in ("top1", "top1_agreement"):
+        if self.metric in ACCURACY_METRICS:
             return f"{self.metric} >= {100 * self.threshold:.2f}% (FP32 {100 * self.fp32:.2f}%)"
         return f"{self.metric} >= {self.threshold:.4g} (FP32 {self.fp32:.4g})"
 
@@ -977,7 +978,7 @@ def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
 
 def make_target(metric: str, fp32: float, samples: int, options: ProposeOptions) -> Target:
     """The target from the flags (default: a 1-point drop, or 30 dB output SQNR for an SQNR metric)."""
-    accuracy = metric in ("top1", "top1_agreement")
+    accuracy = metric in ACCURACY_METRICS
     if options.target_sqnr is not None:
         if not math.isfinite(options.target_sqnr):
             raise QDebugError(
@@ -1360,7 +1361,7 @@ def _fmt(target: Target, trial: Trial) -> str:
     v = _tval(target, trial)
     if target.kind == "sqnr":
         return f"{v:.1f} dB"
-    if target.metric in ("top1", "top1_agreement"):
+    if target.metric in ACCURACY_METRICS:
         return f"{100 * v:.2f}%"
     return f"{v:.4g}"
 

@@ -917,7 +917,7 @@ def test_data_dependent_shapes_are_listed_not_compared(tmp_path):
 
 
 def test_summary_line_for_integer_and_sqnr_outputs(tmp_path, capsys):
-    """The summary's task line: an ArgMax-only model says there is no float output to score (it printed
+    """The summary's task line: an ArgMax-only model is scored by exact match with FP32 (it printed
     "FP32 - quantized - (drop nan)"), and output SQNR is shown against FP32 (it printed "drop inf")."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -947,7 +947,8 @@ def test_summary_line_for_integer_and_sqnr_outputs(tmp_path, capsys):
             args += ["--metric", "output_sqnr_db"]
         assert main([*args, "-o", str(tmp_path / f"{kind}.json"), "-q"]) == 0
         lines[kind] = capsys.readouterr().out.splitlines()[0]
-    assert "no float output to score" in lines["argmax"] and "nan" not in lines["argmax"]
+    assert lines["argmax"].startswith("exact_match on 32 calib samples: FP32 100.00%"), lines["argmax"]
+    assert "nan" not in lines["argmax"]
     assert lines["sigmoid"].startswith("output_sqnr_db") and "dB (against FP32)" in lines["sigmoid"]
     assert "inf" not in lines["sigmoid"]
 

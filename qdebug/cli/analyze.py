@@ -19,6 +19,7 @@ import sys
 
 from qdebug.cli.common import add_quant_arguments, analyze_options, fmt_db, fmt_metric, non_negative_int
 from qdebug.cli.progress import stderr_progress
+from qdebug.formatting import ACCURACY_METRICS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,8 +138,9 @@ def print_summary(report, top: int = 10) -> None:
             unit = " dB" if task.name == "output_sqnr_db" else ""
             console.print(f"{head} quantized {fmt_metric(task.name, task.quantized)}{unit} (against FP32)")
         else:
-            drop = (task.fp32 - task.quantized) * (100 if task.name in ("top1", "top1_agreement") else 1)
-            unit = " points" if task.name in ("top1", "top1_agreement") else ""
+            share = task.name in ACCURACY_METRICS
+            drop = (task.fp32 - task.quantized) * (100 if share else 1)
+            unit = " points" if share else ""
             console.print(
                 f"{head} FP32 {fmt_metric(task.name, task.fp32)}  "
                 f"quantized {fmt_metric(task.name, task.quantized)}  (drop {drop:.2f}{unit})"

@@ -85,7 +85,7 @@ def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = F
     p.add_argument(
         "--metric",
         default=None,
-        help="task metric: top1, top1_agreement, output_sqnr_db or module:function (default: top1 when labels exist)",
+        help="task metric: top1, top1_agreement, exact_match, output_sqnr_db or module:function (default: top1 when labels exist)",
     )
     p.add_argument(
         "--upgrade-opset",

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from qdebug.formatting import ACCURACY_METRICS
 from qdebug.records import (
     SCHEMA_VERSION,
     NodeReason,
@@ -112,9 +113,6 @@ def fmt_small(x: float) -> str:
         return f"{x:.3g}"
     mantissa, exponent = f"{x:.1e}".split("e")
     return f"{mantissa}e{int(exponent)}"
-
-
-ACCURACY_METRICS = ("top1", "top1_agreement")
 
 
 def fmt_metric(name: str, x: float) -> str:

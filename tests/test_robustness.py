@@ -210,6 +210,45 @@ def test_input_listed_as_output_is_normalized(tmp_path, capsys):
     assert {o.name for o in report.outputs} == {"y", "x__out"}
 
 
+def test_initializer_outputs_stay_exact(tmp_path, capsys):
+    """An initializer listed as a graph output is model data: it left the quantized model exact when nothing
+    else read it, but quantized (45 dB) when a MatMul read it too -- ORT rewires every consumer of a quantized
+    weight to its DequantizeLinear output. Both now stay exact, in the report and in the saved QDQ model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.3, (8, 4)).astype(np.float32)
+    anchors = rng.normal(0, 30, (100, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 4]),
+            helper.make_tensor_value_info("anchors", TensorProto.FLOAT, [100, 4]),
+        ],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(anchors, "anchors")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    x = rng.normal(0, 1, (32, 8)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=x)
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    errors = {o.name: o.error for o in report.outputs}
+    assert errors["w__out"].max_abs == 0 and errors["anchors__out"].max_abs == 0
+    assert errors["y"].sqnr_db < 60  # the MatMul itself is still quantized
+    assert "w" in {r.name for r in report.weights}
+    sess = ort.InferenceSession(str(tmp_path / "r_files" / "quantized.onnx"), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    np.testing.assert_array_equal(got["w__out"], w)
+    np.testing.assert_array_equal(got["anchors__out"], anchors)
+    assert any("w are graph outputs and also read by nodes" in n for n in report.notes)
+
+
 def test_initializers_listed_as_inputs(tmp_path, capsys):
     model = onnx.load(str(fixture_path("cnn", "model.onnx")))
     for init in model.graph.initializer:  # what IR < 4 exporters write

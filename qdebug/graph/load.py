@@ -8,8 +8,9 @@ mutating its input, never touching the user's file):
   node names, and all unnamed nodes share the name ``""``;
 * weights held in ``Constant`` nodes become initializers (ORT's quantizer only
   quantizes initializer weights, so they would otherwise silently stay FP32);
-* a graph input that is also listed as a graph output gets an ``Identity``
-  (ORT's quantizer asserts "Graph is not a DAG" on it);
+* a graph input or initializer that is also listed as a graph output gets an
+  ``Identity`` (ORT's quantizer asserts "Graph is not a DAG" on it); an
+  initializer output reads its own copy, so it is never quantized;
 * ``If`` nodes whose condition is a constant are inlined (the taken branch
   replaces the node) when asked -- ORT quantizes no subgraph;
 * shape inference that survives dynamic dimensions (symbolic, then with
@@ -400,29 +401,51 @@ def _drop_initializer_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
 
 
 def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
-    """A graph output that is a graph input gets an ``Identity`` and the name ``<name>__out``.
+    """A graph output that is a graph input or an initializer gets an ``Identity`` and the name ``<name>__out``.
 
     ORT's quantizer asserts ("Graph is not a DAG") on a graph input listed as an output.
+    An initializer listed as an output (anchors, priors, a lookup table) is
+    model data, not an activation: the Identity reads its own copy when other
+    nodes read the initializer too, because ORT replaces a quantized weight by
+    its DequantizeLinear output for *every* consumer, and the output would
+    then leave the model quantized (it stayed exact when nothing else read it).
     """
-    inputs = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    taken = {o for n in graph.node for o in n.output} | inputs | {n.name for n in graph.node}
-    changed = []
+    real_inputs = {i.name for i in graph.input}
+    weights = {i.name: i for i in graph.initializer}
+    read = {name for n in graph.node for name in n.input}
+    taken = {o for n in graph.node for o in n.output} | real_inputs | set(weights) | {n.name for n in graph.node}
+
+    def fresh(base: str) -> str:
+        while base in taken:
+            base += "_"
+        taken.add(base)
+        return base
+
+    passed, copied = [], []
     for out in graph.output:
-        if out.name not in inputs:
+        if out.name not in real_inputs and out.name not in weights:
             continue
-        new = f"{out.name}__out"
-        while new in taken:
-            new += "_"
-        taken.add(new)
-        graph.node.append(
-            onnx.helper.make_node("Identity", [out.name], [new], name=f"{out.name}__out/identity")
-        )
-        changed.append(f"{out.name} -> {new}")
+        source = out.name
+        if out.name not in real_inputs and out.name in read:
+            source = fresh(f"{out.name}__out_value")
+            copy = onnx.TensorProto()
+            copy.CopyFrom(weights[out.name])
+            copy.name = source
+            graph.initializer.append(copy)
+            copied.append(out.name)
+        new = fresh(f"{out.name}__out")
+        graph.node.append(onnx.helper.make_node("Identity", [source], [new], name=f"{out.name}__out/identity"))
+        passed.append(f"{out.name} -> {new}")
         out.name = new
-    if changed:
+    if passed:
         notes.append(
-            "graph input(s) also listed as graph output(s) now pass through an Identity node "
-            f"(ORT's quantizer rejects them: 'Graph is not a DAG'); output renamed: {', '.join(changed)}"
+            "graph input(s) or initializer(s) also listed as graph output(s) now pass through an Identity node "
+            f"(ORT's quantizer rejects them: 'Graph is not a DAG'); output renamed: {', '.join(passed)}"
+        )
+    if copied:
+        notes.append(
+            f"initializer(s) {', '.join(copied)} are graph outputs and also read by nodes: the outputs read a "
+            "copy, so they stay exact when the weights are quantized (model data, not activations)"
         )
 
 

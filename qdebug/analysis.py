@@ -232,6 +232,9 @@ class ModelOutputs:
     """FP32 outputs of the fake-quant view's own pass: its metric is scored against these, so a data
     hook that yields other samples on each call still compares like with like."""
     fakequant_labels: list[np.ndarray] | None = None
+    sizes: list[int] = dataclasses.field(default_factory=list)
+    """Samples per batch of ``reference``/``deployed`` (outputs need not be batch-major: NonZero, scalars)."""
+    fakequant_sizes: list[int] = dataclasses.field(default_factory=list)
 
 
 def measure_layers(
@@ -338,6 +341,7 @@ def _stream(
         for batch, ref_out, fq_out in path.fakequant_batches(head_batches, accs, numpy_path, skipped):
             outputs.fakequant.append(fq_out)
             outputs.fakequant_reference.append(ref_out)
+            outputs.fakequant_sizes.append(batch.size)
             if outputs.fakequant_labels is not None and batch.labels is not None:
                 outputs.fakequant_labels.append(batch.labels)
             fq_done += batch.size
@@ -363,6 +367,7 @@ def _stream(
             release_freed_memory()
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
+        outputs.sizes.append(batch.size)
         if outputs.labels is not None and batch.labels is not None:
             outputs.labels.append(batch.labels)
         samples += batch.size

@@ -9,9 +9,11 @@ Metrics (higher is better):
 * ``top1`` -- accuracy of argmax(first output) vs the data's ``labels``; a first
   output that already holds class indices (an integer ``[batch]`` tensor, from an
   ArgMax inside the model) is compared with the labels as it is;
-* ``top1_agreement`` -- share of samples whose argmax matches FP32's (no labels);
-* ``exact_match`` -- share of samples whose integer/bool outputs all equal FP32's
-  (the default for a model with no float output, e.g. one ending in ArgMax);
+* ``top1_agreement`` -- share of samples whose predicted class (argmax, or the
+  model's own class index) matches FP32's (no labels);
+* ``exact_match`` -- share of samples whose non-float outputs (integers, bool,
+  strings) all equal FP32's (the default when no output is float and the first
+  is not one class index per sample: token ids, strings);
 * ``output_sqnr_db`` -- SQNR of all outputs vs FP32 (non-classifier outputs);
 * ``module:function`` -- ``function(reference, candidate, labels) -> float``
   where reference/candidate are lists (one per batch) of dicts output -> array.
@@ -58,14 +60,19 @@ def _classifier_shaped(arr: np.ndarray) -> bool:
     return arr.ndim == 2 and arr.shape[1] > 1 and arr.dtype.kind == "f"
 
 
-def _class_indices(arr: np.ndarray) -> bool:
+def _class_indices(arr: np.ndarray, rows: int) -> bool:
     """An output that already holds one predicted class per sample (``[batch]`` or ``[batch, 1]`` integers)."""
-    return arr.dtype.kind in "iu" and (arr.ndim == 1 or (arr.ndim == 2 and arr.shape[1] == 1))
+    return arr.dtype.kind in "iu" and arr.shape in ((rows,), (rows, 1))
 
 
-def _predicted(arr: np.ndarray) -> np.ndarray:
-    """One class per sample: the argmax of scores, or the indices the model already computed."""
-    return arr.reshape(-1) if _class_indices(arr) else np.argmax(arr, axis=1)
+def _predicted(arr: np.ndarray, indices: bool) -> np.ndarray:
+    """One class per sample: the indices the model already computed, or the argmax of its scores."""
+    return arr.reshape(-1) if indices else np.argmax(arr, axis=1)
+
+
+def _exact_kind(arr: np.ndarray) -> bool:
+    """Outputs compared for equality by ``exact_match``: anything but float (integers, bool, strings)."""
+    return arr.dtype.kind not in "fc"
 
 
 def _rows(outputs: dict[str, np.ndarray]) -> int:
@@ -74,7 +81,7 @@ def _rows(outputs: dict[str, np.ndarray]) -> int:
 
 
 def _exact_rows(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], names: list[str], rows: int) -> int:
-    """How many of a batch's ``rows`` samples have every integer/bool output equal to FP32's.
+    """How many of a batch's ``rows`` samples have every non-float output equal to FP32's.
 
     Outputs are compared row by row when they are batch-major (axis 0 is the
     batch in both models); an output whose shape differs between the models,
@@ -114,8 +121,7 @@ class Evaluator:
         self.reference = [self._run(session, b.feeds) for b in self.batches]
         self.sizes = [b.size for b in self.batches]
         self.samples = sum(self.sizes)
-        self.metric_name, self._user = self._resolve_metric(metric)
-        self.fp32_value = self._score(self.reference)
+        self._start(metric)
 
     @classmethod
     def from_outputs(
@@ -124,8 +130,12 @@ class Evaluator:
         labels: list[np.ndarray] | None,
         data: DataSet,
         metric: str | None = None,
+        sizes: list[int] | None = None,
     ) -> Evaluator:
-        """An evaluator over outputs already computed (e.g. during the layer capture): no session is run."""
+        """An evaluator over outputs already computed (e.g. during the layer capture): no session is run.
+
+        ``sizes`` are the samples per batch (without them: the labels' lengths, else axis 0 of the outputs).
+        """
         self = cls.__new__(cls)
         self.data = data
         self.batches = []
@@ -133,11 +143,27 @@ class Evaluator:
         self.input_names = [sp.name for sp in data.specs]
         self.labels = labels if labels and len(labels) == len(reference) else None
         self.reference = reference
-        self.sizes = [len(lab) for lab in self.labels] if self.labels else [_rows(r) for r in reference]
+        if sizes is None:
+            sizes = [len(lab) for lab in self.labels] if self.labels else [_rows(r) for r in reference]
+        self.sizes = list(sizes)
         self.samples = sum(self.sizes)
+        self._start(metric)
+        return self
+
+    def _start(self, metric: str | None) -> None:
+        """Resolve the metric and score FP32 against itself (or its labels)."""
+        out0 = self.output_names[0]
+        self._indices = all(_class_indices(r[out0], n) for r, n in zip(self.reference, self.sizes))
+        """The first output holds class indices (an ArgMax inside the model), not scores."""
         self.metric_name, self._user = self._resolve_metric(metric)
         self.fp32_value = self._score(self.reference)
-        return self
+        if self.metric_name == "top1" and self._indices and self.fp32_value == 0.0 and self.samples >= 10:
+            raise QDebugError(
+                f"the FP32 model's predicted classes ({out0}) match none of the {self.samples} labels of "
+                f"evaluation data {self.data.source}",
+                "give 0-based class indices numbered as the model numbers its classes",
+                ExitCode.DATA,
+            )
 
     def _check_label_range(self, classes: int) -> None:
         """Labels outside [0, classes) would score 0 % without a word (e.g. 1-based or offset labels)."""
@@ -152,18 +178,31 @@ class Evaluator:
                 ExitCode.DATA,
             )
 
+    def _check_index_labels(self) -> None:
+        """Class-index outputs carry no class count: at least negative labels are refused."""
+        assert self.labels is not None
+        lo = min((int(lab.min()) for lab in self.labels if lab.size), default=0)
+        if lo < 0:
+            raise QDebugError(
+                f"labels of evaluation data {self.data.source} go down to {lo}; the model's first output "
+                f"{self.output_names[0]} gives class indices from 0",
+                "give 0-based class indices",
+                ExitCode.DATA,
+            )
+
     def _resolve_metric(self, metric: str | None) -> tuple[str, Callable | None]:
         first = self.reference[0][self.output_names[0]]
         if metric in (None, "auto"):
             if self.labels is not None and _classifier_shaped(first):
                 self._check_label_range(first.shape[1])
                 return "top1", None
-            if self.labels is not None and _class_indices(first):
+            if self.labels is not None and self._indices:
+                self._check_index_labels()
                 return "top1", None
-            if _classifier_shaped(first):
+            if _classifier_shaped(first) or self._indices:
                 return "top1_agreement", None
             if not any(a.dtype.kind in "fc" for a in self.reference[0].values()):
-                # e.g. a classifier exported with its ArgMax: SQNR has nothing to measure
+                # e.g. token ids or strings: SQNR has nothing to measure
                 return "exact_match", None
             return "output_sqnr_db", None
         if metric == "top1":
@@ -173,7 +212,8 @@ class Evaluator:
                     "add a 'labels' array to the data or use --metric top1_agreement",
                     ExitCode.DATA,
                 )
-            if _class_indices(first):
+            if self._indices:
+                self._check_index_labels()
                 return "top1", None
             if not _classifier_shaped(first):
                 raise QDebugError(
@@ -184,9 +224,17 @@ class Evaluator:
                 )
             self._check_label_range(first.shape[1])
             return "top1", None
-        if metric == "exact_match" and not any(a.dtype.kind in "iub" for a in self.reference[0].values()):
+        if metric == "top1_agreement" and not (self._indices or _classifier_shaped(first)):
             raise QDebugError(
-                "metric exact_match compares integer or bool outputs, but every output of the model is float",
+                f"metric top1_agreement needs a [batch, classes] scores or [batch] class-index first output; "
+                f"{self.output_names[0]} has shape {list(first.shape)}",
+                "use --metric output_sqnr_db, exact_match or a module:function metric",
+                ExitCode.USAGE,
+            )
+        if metric == "exact_match" and not any(_exact_kind(a) for a in self.reference[0].values()):
+            raise QDebugError(
+                "metric exact_match compares integer, bool or string outputs, but every output of the model "
+                "is float",
                 "use --metric output_sqnr_db, top1 or top1_agreement",
                 ExitCode.USAGE,
             )
@@ -216,16 +264,18 @@ class Evaluator:
         out0 = self.output_names[0]
         if name == "top1":
             assert self.labels is not None
-            hits = sum(int(np.sum(_predicted(c[out0]) == lab)) for c, lab in zip(candidate, self.labels))
+            hits = sum(
+                int(np.sum(_predicted(c[out0], self._indices) == lab)) for c, lab in zip(candidate, self.labels)
+            )
             return hits / self.samples
         if name == "top1_agreement":
             hits = sum(
-                int(np.sum(_predicted(c[out0]) == _predicted(r[out0])))
+                int(np.sum(_predicted(c[out0], self._indices) == _predicted(r[out0], self._indices)))
                 for c, r in zip(candidate, self.reference)
             )
             return hits / self.samples
         if name == "exact_match":
-            exact = [k for k in self.output_names if self.reference[0][k].dtype.kind in "iub"]
+            exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
             hits = sum(
                 _exact_rows(r, c, exact, n) for c, r, n in zip(candidate, self.reference, self.sizes)
             )

@@ -127,6 +127,8 @@ class VerifyResult:
             ("Q/DQ pairs", [str(v.qdq_pairs) for v in cols]),
             ("size", [_fmt_size(v.size_bytes) for v in cols]),
         ]
+        if all(math.isnan(v.output_sqnr_db) for v in cols if v.name != "fp32"):
+            del rows[1]  # no float output (ArgMax, token ids): there is no SQNR to show
         if all(v.timing is not None for v in cols):
             rows += [
                 ("latency p50 ms", [f"{v.timing.p50_ms:.3f}" for v in cols if v.timing]),

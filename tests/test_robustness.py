@@ -249,6 +249,31 @@ def test_initializer_outputs_stay_exact(tmp_path, capsys):
     assert any("w are graph outputs and also read by nodes" in n for n in report.notes)
 
 
+def test_initializer_listed_twice_as_output(tmp_path):
+    """ORT runs a model listing the same initializer twice as an output; normalization gave both pass-through
+    Identity nodes one name, and calibration failed (exit 4, 'two nodes with same node name')."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 0.3, (8, 4)).astype(np.float32)
+    out_w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 4])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]), out_w, out_w],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (16, 8)).astype(np.float32))
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    errors = {o.name: o.error for o in load_report(out).outputs}
+    assert len(errors) == 3 and all(errors[n].max_abs == 0 for n in errors if n != "y")
+
+
 def test_initializers_listed_as_inputs(tmp_path, capsys):
     model = onnx.load(str(fixture_path("cnn", "model.onnx")))
     for init in model.graph.initializer:  # what IR < 4 exporters write
@@ -956,7 +981,7 @@ def test_data_dependent_shapes_are_listed_not_compared(tmp_path):
 
 
 def test_summary_line_for_integer_and_sqnr_outputs(tmp_path, capsys):
-    """The summary's task line: an ArgMax-only model is scored by exact match with FP32 (it printed
+    """The summary's task line: an ArgMax-only model is scored by agreement with FP32 (it printed
     "FP32 - quantized - (drop nan)"), and output SQNR is shown against FP32 (it printed "drop inf")."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -986,7 +1011,7 @@ def test_summary_line_for_integer_and_sqnr_outputs(tmp_path, capsys):
             args += ["--metric", "output_sqnr_db"]
         assert main([*args, "-o", str(tmp_path / f"{kind}.json"), "-q"]) == 0
         lines[kind] = capsys.readouterr().out.splitlines()[0]
-    assert lines["argmax"].startswith("exact_match on 32 calib samples: FP32 100.00%"), lines["argmax"]
+    assert lines["argmax"].startswith("top1_agreement on 32 calib samples: FP32 100.00%"), lines["argmax"]
     assert "nan" not in lines["argmax"]
     assert lines["sigmoid"].startswith("output_sqnr_db") and "dB (against FP32)" in lines["sigmoid"]
     assert "inf" not in lines["sigmoid"]

@@ -434,7 +434,8 @@ def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
             graph.initializer.append(copy)
             copied.append(out.name)
         new = fresh(f"{out.name}__out")
-        graph.node.append(onnx.helper.make_node("Identity", [source], [new], name=f"{out.name}__out/identity"))
+        node_name = fresh(f"{out.name}__out/identity")  # the same tensor may be listed twice
+        graph.node.append(onnx.helper.make_node("Identity", [source], [new], name=node_name))
         passed.append(f"{out.name} -> {new}")
         out.name = new
     if passed:

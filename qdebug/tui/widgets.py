@@ -151,6 +151,8 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
     else:
         results.append(Text("no task metric", style="dim"))
     for out in report.outputs:
+        if not out.error.count:  # an integer output (ArgMax): nothing was compared, "nan dB" said nothing
+            continue
         o = Text(f"{out.name} SQNR ")
         o.append(f"{fmt_db(out.error.sqnr_db)} dB", style=sqnr_style(out.error.sqnr_db))
         results.append(o)

@@ -103,6 +103,7 @@ class Harness:
         by_shape: dict[tuple, tuple[tuple[np.ndarray, ...], Callable[[], Any], str]] = {}
         steps = []
         first: list[Step] = []
+        keys = []
         for b in batches:
             key = tuple((b[n].shape, b[n].dtype.str) for n in self.input_names)
             if key not in by_shape:
@@ -114,8 +115,12 @@ class Harness:
             srcs = (np.ascontiguousarray(b[n]) for n in self.input_names)
             copies = tuple(zip(bufs, srcs, strict=True))
             steps.append(Step(copies, run, len(b[self.input_names[0]])))
+            keys.append(key)
             if len(first) < len(by_shape):
                 first.append(steps[-1])
+        if self._data_dependent_outputs():
+            steps = self._check_preallocated(steps, keys, by_shape)
+            first = [next(s for s, k in zip(steps, keys) if k == key) for key in by_shape]
         self.steps = steps
         self.shapes = len(by_shape)
         self.mode = max((m for _, _, m in by_shape.values()), key=_MODES.index)
@@ -125,6 +130,65 @@ class Harness:
         """Wall time of the last timed loop (all batches, bookkeeping included, setup excluded)."""
 
     # ------------------------------------------------------------------ binding
+
+    def _data_dependent_outputs(self) -> bool:
+        """Whether an output dimension may depend on the values, not only on the input shapes.
+
+        A dimension that is neither a number nor named like an input dimension
+        (NonZero's count, ``[2, K]``) may differ between two batches of one
+        shape; their preallocated output buffers would then be refused.
+        """
+        named = {d for i in self.session.get_inputs() for d in i.shape if isinstance(d, str)}
+        return any(
+            not isinstance(d, int) and d not in named for o in self.session.get_outputs() for d in o.shape
+        )
+
+    def _check_preallocated(self, steps: list[Step], keys: list, by_shape: dict) -> list[Step]:
+        """Run every batch once (plain ``run``); a batch shape whose output shapes vary gets ORT's outputs.
+
+        Binding checks only the first batch of each shape, so a later batch with
+        another NonZero count failed inside the timed loop (INVALID_ARG).
+        """
+        seen: dict[tuple, list[tuple[int, ...]]] = {}
+        moved: dict[tuple, Callable[[], Any]] = {}
+        for step, key in zip(steps, keys, strict=True):
+            bufs, _, mode = by_shape[key]
+            if mode != IOBINDING_PREALLOCATED or key in moved:
+                continue
+            feeds = {n: src for n, (_, src) in zip(self.input_names, step.copies, strict=True)}
+            shapes = [o.shape for o in self.session.run(self.output_names, feeds)]
+            if seen.setdefault(key, shapes) != shapes:
+                moved[key] = self._ort_outputs(bufs)
+                by_shape[key] = (bufs, moved[key], IOBINDING_ORT_OUTPUTS)
+        if moved:
+            self.notes.append(
+                "an output's shape depends on the data (e.g. NonZero): ORT allocates the outputs of "
+                f"{len(moved)} batch shape(s)"
+            )
+        return [Step(s.copies, moved.get(k, s.run), s.size) for s, k in zip(steps, keys, strict=True)]
+
+    def _ort_outputs(self, bufs: tuple[np.ndarray, ...]) -> Callable[[], Any]:
+        """A binding of ``bufs`` as inputs whose outputs ORT allocates on each run.
+
+        The outputs are bound afresh before every run: a binding keeps the
+        values ORT allocated and hands them back as preallocated outputs on
+        the next run, which a NonZero of another count then refuses.
+        """
+        sess = self.session
+        io = sess.io_binding()
+        for name, buf in zip(self.input_names, bufs, strict=True):
+            io.bind_input(name, "cpu", 0, buf.dtype.type, buf.shape, buf.ctypes.data)
+        names = self.output_names
+        self._keep(io, [])
+
+        def run() -> None:
+            io.clear_binding_outputs()
+            for name in names:
+                io.bind_output(name, "cpu")
+            sess.run_with_iobinding(io)
+
+        run()
+        return run
 
     def _bind(self, bufs: tuple[np.ndarray, ...], use_iobinding: bool) -> tuple[Callable[[], Any], str]:
         sess = self.session
@@ -153,15 +217,10 @@ class Harness:
                 "ORT allocates them"
             )
             try:
-                io.clear_binding_outputs()
-                for name in self.output_names:
-                    io.bind_output(name, "cpu")
-                sess.run_with_iobinding(io)
+                return self._ort_outputs(bufs), IOBINDING_ORT_OUTPUTS
             except Exception as e2:
                 self.notes.append(f"IO binding failed ({e2.__class__.__name__}); timed with session.run")
                 return (lambda: sess.run(self.output_names, feeds)), SESSION_RUN
-            self._keep(io, outs)
-            return (lambda: sess.run_with_iobinding(io)), IOBINDING_ORT_OUTPUTS
         self._keep(io, outs)
         return (lambda: sess.run_with_iobinding(io)), IOBINDING_PREALLOCATED
 

@@ -265,7 +265,8 @@ class Evaluator:
         if name == "top1":
             assert self.labels is not None
             hits = sum(
-                int(np.sum(_predicted(c[out0], self._indices) == lab)) for c, lab in zip(candidate, self.labels)
+                int(np.sum(_predicted(c[out0], self._indices) == lab))
+                for c, lab in zip(candidate, self.labels)
             )
             return hits / self.samples
         if name == "top1_agreement":
@@ -276,9 +277,7 @@ class Evaluator:
             return hits / self.samples
         if name == "exact_match":
             exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
-            hits = sum(
-                _exact_rows(r, c, exact, n) for c, r, n in zip(candidate, self.reference, self.sizes)
-            )
+            hits = sum(_exact_rows(r, c, exact, n) for c, r, n in zip(candidate, self.reference, self.sizes))
             return hits / self.samples
         acc = ErrorAccumulator()
         for c, r in zip(candidate, self.reference):

@@ -372,19 +372,27 @@ def _analyze(
         eval_label = "eval"
     else:  # the capture already ran both models over the calibration data: reuse its outputs
         outs = layers.outputs
-        evaluator = Evaluator.from_outputs(outs.reference, outs.labels, prep.calib, options.metric, outs.sizes)
+        evaluator = Evaluator.from_outputs(
+            outs.reference, outs.labels, prep.calib, options.metric, outs.sizes
+        )
         result = evaluator.score_outputs(outs.deployed)
         fakequant_value, same_value, fq_samples = math.nan, math.nan, 0
         k = len(outs.fakequant)
         if k:
             # each side against its own pass's FP32 outputs; the deployed model over the same first batches
             fq_eval = Evaluator.from_outputs(
-                outs.fakequant_reference, outs.fakequant_labels, prep.calib, options.metric, outs.fakequant_sizes
+                outs.fakequant_reference,
+                outs.fakequant_labels,
+                prep.calib,
+                options.metric,
+                outs.fakequant_sizes,
             )
             fq_res = fq_eval.score_outputs(outs.fakequant)
             fakequant_value, fq_samples = fq_res.value, layers.fakequant_samples
             labels = outs.labels[:k] if outs.labels else None
-            head = Evaluator.from_outputs(outs.reference[:k], labels, prep.calib, options.metric, outs.sizes[:k])
+            head = Evaluator.from_outputs(
+                outs.reference[:k], labels, prep.calib, options.metric, outs.sizes[:k]
+            )
             same_value = head.score_outputs(outs.deployed[:k]).value
         eval_label = "calib"
     task = TaskMetric(

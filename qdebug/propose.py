@@ -104,7 +104,8 @@ class ProposeOptions:
     """Options of :func:`propose` (the flags of ``qdebug propose``)."""
 
     target_drop: float | None = None
-    """Allowed drop of the task metric vs FP32: percentage points for the accuracy metrics (top1, top1_agreement, exact_match), else raw units."""
+    """Allowed drop of the task metric vs FP32: percentage points for the accuracy metrics
+    (top1, top1_agreement, exact_match), else raw units."""
     target_sqnr: float | None = None
     """Instead: worst output SQNR (dB) the selective model must reach."""
     max_nodes: int | None = None

@@ -165,7 +165,8 @@ class TaskMetric:
     """The task metric (higher is better) of the FP32 and the quantized model."""
 
     name: str
-    """``top1`` (vs labels), ``top1_agreement`` / ``exact_match`` (vs FP32), ``output_sqnr_db`` or ``module:function``."""
+    """``top1`` (vs labels), ``top1_agreement`` / ``exact_match`` (vs FP32), ``output_sqnr_db``
+    or ``module:function``."""
     fp32: float
     quantized: float
     samples: int

@@ -226,6 +226,36 @@ def test_timed_loop_allocates_no_input_buffers(tmp_path):
     assert harness.allocations(20)["peak_max"] >= nbytes
 
 
+def test_loop_times_outputs_whose_shape_depends_on_the_data(tmp_path):
+    """Batches of one shape whose NonZero counts differ: the binding was checked on the first batch only,
+    and the timed loop then failed with INVALID_ARG (bench said 'fp32 failed' for every variant)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("NonZero", ["r"], ["nz"], name="nz"),
+        ],
+        "nz",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("nz", TensorProto.INT64, [2, "K"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "nz.onnx")
+    x = np.random.default_rng(0).normal(0, 1, (48, 8)).astype(np.float32)
+    batches = [{"x": x[i : i + 16]} for i in range(0, 48, 16)]
+    counts = {int(np.count_nonzero(b["x"] > 0)) for b in batches}
+    assert len(counts) > 1  # the batches really differ
+    harness = Harness(make_session(str(tmp_path / "nz.onnx"), ["CPUExecutionProvider"], 1), batches)
+    assert harness.mode != IOBINDING_PREALLOCATED
+    assert any("depends on the data" in n for n in harness.notes)
+    harness.warmup(2)
+    full, tail = harness.time(3)
+    assert len(full) == 9 and len(tail) == 0
+
+
 def test_loop_refills_buffers_in_place_and_outputs_match_session_run(tmp_path):
     harness, batches = _harness(tmp_path)
     harness.warmup(1)

@@ -57,7 +57,9 @@ def _predictions(model_path, x: np.ndarray, name: str = "cls", batch: int | None
 
 def _analyze(tmp_path, model, *extra) -> object:
     out = tmp_path / "r.json"
-    assert main(["analyze", str(model), "--calib", str(tmp_path / "c.npz"), *extra, "-o", str(out), "-q"]) == 0
+    assert (
+        main(["analyze", str(model), "--calib", str(tmp_path / "c.npz"), *extra, "-o", str(out), "-q"]) == 0
+    )
     return load_report(out)
 
 
@@ -75,7 +77,8 @@ def test_argmax_model_scored_by_agreement_without_labels(tmp_path):
 
 
 def test_integer_rows_scored_by_exact_match(tmp_path):
-    """TopK indices ([batch, 3] integers) are not one class per sample: a sample counts when all three match."""
+    """TopK indices ([batch, 3] integers) are not one class per sample: a sample counts when all three
+    match."""
     model = _argmax_model(tmp_path / "m.onnx", tail="topk")
     x = np.random.default_rng(4).normal(0, 1, (64, 16)).astype(np.float32)
     np.savez(tmp_path / "c.npz", x=x)
@@ -99,7 +102,7 @@ def test_exact_match_counts_samples_not_output_rows(tmp_path):
     hits = 0
     ref = _predictions(model, x, batch=8)
     quant = _predictions(tmp_path / "r_files" / "quantized.onnx", x, batch=8)
-    for (r_where, r_cls), (q_where, q_cls) in zip(ref, quant):
+    for (r_where, r_cls), (q_where, q_cls) in zip(ref, quant, strict=True):
         same_where = r_where.shape == q_where.shape and np.array_equal(r_where, q_where)
         hits += int(np.sum(r_cls == q_cls)) if same_where else 0
     assert report.task.quantized == pytest.approx(hits / 24)
@@ -137,7 +140,14 @@ def test_exact_match_refused_for_float_outputs(tmp_path, capsys):
     model.ir_version = 8
     onnx.save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (16, 8)).astype(np.float32))
-    args = ["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "--metric", "exact_match"]
+    args = [
+        "analyze",
+        str(tmp_path / "m.onnx"),
+        "--calib",
+        str(tmp_path / "c.npz"),
+        "--metric",
+        "exact_match",
+    ]
     assert main([*args, "-o", str(tmp_path / "r.json"), "-q"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "every output of the model is float" in err[0]
@@ -179,8 +189,14 @@ def test_string_outputs_are_compared(tmp_path):
             helper.make_node("MatMul", ["x", "w"], ["logits"], name="mm"),
             helper.make_node("ArgMax", ["logits"], ["idx"], name="pick", axis=1, keepdims=0),
             helper.make_node(
-                "LabelEncoder", ["idx"], ["label"], name="names", domain="ai.onnx.ml",
-                keys_int64s=list(range(6)), values_strings=names, default_string="?",
+                "LabelEncoder",
+                ["idx"],
+                ["label"],
+                name="names",
+                domain="ai.onnx.ml",
+                keys_int64s=list(range(6)),
+                values_strings=names,
+                default_string="?",
             ),
         ],
         "strings",

@@ -236,14 +236,19 @@ def test_initializer_outputs_stay_exact(tmp_path, capsys):
     x = rng.normal(0, 1, (32, 8)).astype(np.float32)
     np.savez(tmp_path / "c.npz", x=x)
     out = tmp_path / "r.json"
-    assert main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    assert (
+        main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"])
+        == 0
+    )
     report = load_report(out)
     errors = {o.name: o.error for o in report.outputs}
     assert errors["w__out"].max_abs == 0 and errors["anchors__out"].max_abs == 0
     assert errors["y"].sqnr_db < 60  # the MatMul itself is still quantized
     assert "w" in {r.name for r in report.weights}
-    sess = ort.InferenceSession(str(tmp_path / "r_files" / "quantized.onnx"), providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+    sess = ort.InferenceSession(
+        str(tmp_path / "r_files" / "quantized.onnx"), providers=["CPUExecutionProvider"]
+    )
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x}), strict=True))
     np.testing.assert_array_equal(got["w__out"], w)
     np.testing.assert_array_equal(got["anchors__out"], anchors)
     assert any("w are graph outputs and also read by nodes" in n for n in report.notes)
@@ -269,7 +274,10 @@ def test_initializer_listed_twice_as_output(tmp_path):
     onnx.save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (16, 8)).astype(np.float32))
     out = tmp_path / "r.json"
-    assert main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    assert (
+        main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"])
+        == 0
+    )
     errors = {o.name: o.error for o in load_report(out).outputs}
     assert len(errors) == 3 and all(errors[n].max_abs == 0 for n in errors if n != "y")
 

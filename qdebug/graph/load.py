@@ -413,7 +413,9 @@ def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
     real_inputs = {i.name for i in graph.input}
     weights = {i.name: i for i in graph.initializer}
     read = {name for n in graph.node for name in n.input}
-    taken = {o for n in graph.node for o in n.output} | real_inputs | set(weights) | {n.name for n in graph.node}
+    taken = (
+        {o for n in graph.node for o in n.output} | real_inputs | set(weights) | {n.name for n in graph.node}
+    )
 
     def fresh(base: str) -> str:
         while base in taken:

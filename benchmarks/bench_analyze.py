@@ -30,8 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
-import json, resource, sys, time, numpy as np
+import json, os, resource, sys, time, numpy as np
 mode, model, qmodel, data_dir, out = sys.argv[1:6]
+c0 = os.times()
 files = sorted(__import__('pathlib').Path(data_dir).glob('*.npz'))
 def batches():
     for f in files:
@@ -76,7 +77,9 @@ elif mode == 'ortdbg':
 dt = time.perf_counter() - t0
 # VmHWM is this process's own peak (ru_maxrss can be inherited from the parent across exec)
 rss = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024
-json.dump({'seconds': dt, 'rss_mb': rss}, open(out, 'w'))
+c1 = os.times()
+cpu = (c1.user - c0.user) + (c1.system - c0.system)  # this process's CPU time over the same span, all threads
+json.dump({'seconds': dt, 'rss_mb': rss, 'cpu_s': cpu}, open(out, 'w'))
 """
 
 
@@ -188,6 +191,16 @@ def main() -> None:
             f"| {name} | {n} | {g(fl, 'seconds')} | {g(qd, 'seconds')} | {ratio} | {g(flw, 'seconds')} | {ratio_w} "
             f"| {g(qd, 'rss_mb')} | {g(od, 'seconds')} | {g(od, 'rss_mb')} | {sp} | {rr} |"
         )
+    # CPU time bounds the wall time from below: on C cores a run cannot take less than CPU / C
+    cores = len(os.sched_getaffinity(0))
+    print(f"\nCPU seconds (user + sys, all threads) and the wall-time bound they set on {cores} core(s):\n")
+    print("| model | N | floor CPU s | floor/w CPU s | qdebug CPU s | qdebug CPU / cores, against the floor's wall |")
+    print("|---|---|---|---|---|---|")
+    for name, n, fl, flw, qd, _ in rows:
+        if "cpu_s" in qd and "seconds" in fl:
+            bound = f"{qd['cpu_s'] / cores:.2f} s = {qd['cpu_s'] / cores / fl['seconds']:.2f}x"
+            cpus = (fl.get("cpu_s", float("nan")), flw.get("cpu_s", float("nan")), qd["cpu_s"])
+            print(f"| {name} | {n} | {cpus[0]:.2f} | {cpus[1]:.2f} | {cpus[2]:.2f} | {bound} |")
 
 
 if __name__ == "__main__":

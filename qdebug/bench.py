@@ -213,10 +213,13 @@ class BenchOptions:
     """Options of :func:`run_bench` (the flags of ``qdebug bench``)."""
 
     variants: tuple[str, ...] = ("fp32", "dynamic", "static")
-    methods: tuple[str, ...] = ("minmax",)
+    methods: tuple[str, ...] = ()
+    """Calibration methods, one static variant each (empty: the proposal's method, else minmax)."""
     per_channel: bool = False
-    activation_type: str = "QUInt8"
-    weight_type: str = "QInt8"
+    activation_type: str | None = None
+    """Activation type of the static variants (None: the proposal's, else QUInt8)."""
+    weight_type: str | None = None
+    """Weight type of the static variants (None: the proposal's, else QInt8)."""
     dynamic_ops: tuple[str, ...] = ()
     """Op types ``quantize_dynamic`` quantizes (empty: ORT's default set)."""
     batch_size: int | None = None
@@ -391,18 +394,34 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
 
 def load_proposal(path: str | Path) -> Any:
-    """Load a proposal file (``qdebug propose`` or the TUI's export)."""
-    from qdebug.records import Proposal
-    from qdebug.report_io import load_record
+    """Load a proposal file (``qdebug propose`` or the TUI's export), checked as verify checks it."""
+    from qdebug.verify import load_proposal as load
 
-    proposal = load_record(Proposal, path, "proposal")
-    if proposal.kind != "proposal":
-        raise QDebugError(
-            f"{path} is a qdebug {proposal.kind or 'file'}, not a proposal",
-            "pass the proposal.json written by qdebug propose (or the TUI's export)",
-            ExitCode.INPUT,
-        )
-    return proposal
+    return load(path)
+
+
+def _settings_of(options: BenchOptions, proposal: Any, notes: list[str]) -> BenchOptions:
+    """``options`` with the calibration method and types filled in: the proposal's, else the defaults.
+
+    Every static variant and the selective one share them, so the table
+    compares exclusions, not settings; flags given explicitly win, and a
+    selective model then built with other settings than the proposal's is noted.
+    """
+    recorded = proposal is not None
+    methods = options.methods or ((proposal.method,) if recorded and proposal.method else ("minmax",))
+    activation = options.activation_type or (proposal.activation_type if recorded else "") or "QUInt8"
+    weight = options.weight_type or (proposal.weight_type if recorded else "") or "QInt8"
+    if recorded and "selective" in options.variants:
+        used = {"method": methods[0], "activation type": activation, "weight type": weight}
+        made = {"method": proposal.method, "activation type": proposal.activation_type}
+        made["weight type"] = proposal.weight_type
+        differ = [f"{k} {used[k]} (proposal: {made[k]})" for k in used if made[k] and made[k] != used[k]]
+        if differ:
+            notes.append(
+                f"the selective model is built with {', '.join(differ)}: its scales differ from the "
+                "proposal's model"
+            )
+    return replace(options, methods=methods, activation_type=activation, weight_type=weight)
 
 
 def _build_variants(
@@ -630,13 +649,15 @@ def _run_bench(
                 ExitCode.USAGE,
             )
         prop = load_proposal(proposal)
-        if Path(model).is_file() and prop.model_sha256 and prop.model_sha256 != sha256_file(Path(model)):
+        model_sha = sha256_file(Path(model)) if Path(model).is_file() else ""
+        if prop.model_sha256 and model_sha and prop.model_sha256 != model_sha:
             raise QDebugError(
                 f"proposal {proposal} was made for another model (SHA-256 {prop.model_sha256[:12]}...)",
                 f"pass the model the proposal was made for ({prop.model_path})",
                 ExitCode.INPUT,
             )
     notes: list[str] = []
+    options = _settings_of(options, prop, notes)
     workdir = artifacts_dir(out)
     needs_ranges = any(k in ("static", "selective", "qoperator") for k in options.variants)
     aopts = AnalyzeOptions(
@@ -653,7 +674,14 @@ def _run_bench(
         providers=options.providers,
         threads=options.threads,
     )
-    prep = prepare(model, calib, workdir, aopts, need_ranges=needs_ranges, progress=progress)
+    check = None
+    if prop is not None:
+        from qdebug.verify import check_proposal
+
+        def check(normalized: Any) -> None:  # before calibration: a wrong proposal costs no data pass
+            check_proposal(prop, model_sha or prop.model_sha256, model, normalized)
+
+    prep = prepare(model, calib, workdir, aopts, need_ranges=needs_ranges, progress=progress, check=check)
     notes.extend(prep.notes)
     ranges: dict[str, Any] = {}
     if needs_ranges:

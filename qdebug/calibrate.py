@@ -25,9 +25,8 @@ import numpy as np
 
 from qdebug.data import DataSet, ReaderAdapter
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.records import METHODS
 from qdebug.report_io import atomic_write_text
-
-METHODS = ("minmax", "entropy", "percentile", "distribution")
 
 
 @dataclass(frozen=True, eq=False)

@@ -122,14 +122,21 @@ def prepare(
     *,
     need_ranges: bool = True,
     progress: Progress = _noop,
+    check: Callable[[onnx.ModelProto], None] | None = None,
 ) -> Prepared:
-    """Load, normalize and save the model; open the calibration data; calibrate (cached)."""
+    """Load, normalize and save the model; open the calibration data; calibrate (cached).
+
+    ``check`` sees the normalized model before any data is read: a proposal
+    naming nodes the model lacks is refused before calibration, not after.
+    """
     check_providers(options.providers)
     loaded = load_model(model_path)
     _refuse_quantized_base(loaded.proto, model_path)
     norm = normalize(
         loaded, upgrade_opset=options.upgrade_opset, inline_constant_if=options.inline_constant_if
     )
+    if check is not None:
+        check(norm.proto)
     normalized_path = workdir / "normalized.onnx"
     save_model(norm.proto, normalized_path)
     info = model_info(loaded.path, loaded.proto, loaded.sha256)

@@ -24,9 +24,7 @@ import onnx
 from qdebug.calibrate import Ranges, op_types_to_quantize
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset, save_model
-from qdebug.records import TensorOverride
-
-QUANT_TYPES = ("QUInt8", "QInt8", "QUInt16", "QInt16")
+from qdebug.records import QUANT_TYPES, TensorOverride
 
 
 @dataclass(frozen=True)

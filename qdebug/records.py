@@ -18,6 +18,13 @@ SCHEMA_VERSION = 2
 """Bumped on any incompatible change of the report layout; readers refuse other versions."""
 
 
+METHODS = ("minmax", "entropy", "percentile", "distribution")
+"""Calibration methods (``--method``; a proposal's ``method``)."""
+
+QUANT_TYPES = ("QUInt8", "QInt8", "QUInt16", "QInt16")
+"""Quantization types qdebug builds models with (names of ``onnxruntime.quantization.QuantType``)."""
+
+
 @dataclass(frozen=True)
 class ErrorStats:
     """Error of a candidate tensor against a reference, accumulated over all samples.

@@ -102,7 +102,9 @@ def from_jsonable(tp: Any, value: Any) -> Any:
             raise ValueError("expected a string")
         return value
     if tp is bool:
-        return bool(value)
+        if not isinstance(value, bool):  # bool("false") is True
+            raise ValueError(f"expected true or false, got {str(value)[:40]!r}")
+        return value
     return value
 
 

@@ -18,6 +18,7 @@ not trusted), and the three variants are compared on:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import statistics
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.formatting import fmt_db, fmt_metric
-from qdebug.records import SCHEMA_VERSION, Proposal, Report
+from qdebug.records import SCHEMA_VERSION, Proposal, Report, TensorOverride
 
 if TYPE_CHECKING:
     import numpy as np
@@ -283,7 +284,46 @@ def load_proposal(path: str | Path) -> Proposal:
                     "pass the proposal.json written by qdebug propose or exported by the TUI",
                     ExitCode.INPUT,
                 )
-    return load_record(Proposal, p, "proposal")
+    return _checked_fields(load_record(Proposal, p, "proposal"), p)
+
+
+def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
+    """Refuse settings no quantization accepts (a hand-edited file); drop repeated names.
+
+    A name listed twice was counted twice ("nodes FP32 8" for 4 nodes); a
+    tensor given two different types has no meaning and is refused.
+    """
+    from qdebug.records import METHODS, QUANT_TYPES
+
+    def bad(field: str, value: str, allowed: Sequence[str]) -> QDebugError:
+        return QDebugError(
+            f"proposal {path} has {field} {value!r}",
+            f"use one of {', '.join(allowed)} (or re-run qdebug propose)",
+            ExitCode.INPUT,
+        )
+
+    if proposal.method and proposal.method not in METHODS:
+        raise bad("method", proposal.method, METHODS)
+    for field in ("activation_type", "weight_type"):
+        value = getattr(proposal, field)
+        if value and value not in QUANT_TYPES:
+            raise bad(field, value, QUANT_TYPES)
+    overrides: dict[str, TensorOverride] = {}
+    for o in proposal.tensor_overrides:
+        if o.quant_type not in QUANT_TYPES:
+            raise bad(f"quant_type for tensor {o.tensor!r}:", o.quant_type, QUANT_TYPES)
+        if overrides.setdefault(o.tensor, o).quant_type != o.quant_type:
+            raise QDebugError(
+                f"proposal {path} gives tensor {o.tensor!r} two types: "
+                f"{overrides[o.tensor].quant_type} and {o.quant_type}",
+                "keep one override per tensor",
+                ExitCode.INPUT,
+            )
+    return dataclasses.replace(
+        proposal,
+        nodes_to_exclude=tuple(dict.fromkeys(proposal.nodes_to_exclude)),
+        tensor_overrides=tuple(overrides.values()),
+    )
 
 
 def check_proposal(
@@ -329,6 +369,7 @@ class _Context:
         options: VerifyOptions,
         method: str,
         progress: Callable[[str, int, int | None], None],
+        check: Callable[[Any], None] | None = None,
     ) -> None:
         from qdebug.analysis import quantized_node_names
         from qdebug.calibrate import op_types_to_quantize
@@ -349,7 +390,7 @@ class _Context:
             providers=options.providers,
             threads=options.threads,
         )
-        self.prep = prepare(model, calib, workdir, aopts, progress=progress)
+        self.prep = prepare(model, calib, workdir, aopts, progress=progress, check=check)
         self.config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
         eval_set = self.prep.calib
         if eval_data is not None:
@@ -482,7 +523,16 @@ def verify(
             else:
                 tmp = tempfile.TemporaryDirectory(prefix="qdebug-verify-")
                 workdir = Path(tmp.name)
-            ctx = _Context(model, calib, eval_data, workdir, options, method, progress)
+            ctx = _Context(
+                model,
+                calib,
+                eval_data,
+                workdir,
+                options,
+                method,
+                progress,
+                check=lambda normalized: check_proposal(proposal, loaded.sha256, model, normalized),
+            )
         check_proposal(proposal, loaded.sha256, model, ctx.prep.normalized)
         evaluator = ctx.evaluator
         metric = evaluator.metric_name

@@ -23,7 +23,7 @@ from qdebug.bench import (
 )
 from qdebug.bench_child import IOBINDING_PREALLOCATED, SESSION_RUN, Harness, make_session
 from qdebug.cli.main import main
-from qdebug.errors import ExitCode
+from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import sha256_file
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.report_io import dumps
@@ -390,7 +390,14 @@ def test_proposal_for_another_model_is_refused(tmp_path, capsys):
     assert "made for another model" in capsys.readouterr().err
 
 
-def test_proposal_naming_unknown_nodes_is_refused(tmp_path, capsys):
+def test_proposal_naming_unknown_nodes_is_refused(tmp_path, capsys, monkeypatch):
+    """Refused before calibration (it was refused after calibrating and building the other variants)."""
+    import qdebug.pipeline
+
+    def no_calibration(*a, **k):
+        raise AssertionError("calibrated before checking the proposal")
+
+    monkeypatch.setattr(qdebug.pipeline, "calibrate", no_calibration)
     model, data = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "d.npz")
     proposal = Proposal(SCHEMA_VERSION, "proposal", str(model), sha256_file(model), "", ("no_such_node",))
     (tmp_path / "p.json").write_text(dumps(proposal))
@@ -410,7 +417,8 @@ def test_proposal_naming_unknown_nodes_is_refused(tmp_path, capsys):
         ]
     )
     assert code == ExitCode.INPUT
-    assert "not in the model" in capsys.readouterr().err
+    assert "node(s) that are not in" in capsys.readouterr().err
+    assert not (tmp_path / "b_files").exists()
 
 
 # ----------------------------------------------------------------------------- machine, chart helpers
@@ -514,3 +522,116 @@ def test_dynamic_pairing_follows_the_graph_not_the_names(tmp_path):
     weights = {i.name for i in fp32.graph.initializer}
     matmuls = {n.name for n in fp32.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights}
     assert quantized == matmuls
+
+
+# ----------------------------------------------------------------------------- proposals: settings and fields
+
+
+def _scales(path: Path) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name.endswith("_scale")}
+
+
+def test_selective_variant_follows_the_proposals_settings(tmp_path):
+    """A proposal made with percentile calibration and int8 activations was rebuilt by bench with minmax and
+    uint8 (69 scales differed on the transformer): bench now builds with the proposal's settings."""
+    model, data = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "d.npz", n=32)
+    quant = ["--method", "percentile", "--activation-type", "QInt8"]
+    report, prop = tmp_path / "r.json", tmp_path / "p.json"
+    assert main(["analyze", str(model), "--calib", str(data), *quant, "-o", str(report), "-q"]) == 0
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "-q"]) in (0, 6)
+    proposal = json.loads(prop.read_text())
+    assert proposal["method"] == "percentile" and proposal["activation_type"] == "QInt8"
+    args = [
+        "bench",
+        str(model),
+        "--calib",
+        str(data),
+        "--proposal",
+        str(prop),
+        "--variants",
+        "static,selective",
+    ]
+    assert (
+        main(
+            [
+                *args,
+                "--runs",
+                "1",
+                "--warmup",
+                "0",
+                "--no-dynamic-layers",
+                "-o",
+                str(tmp_path / "b.json"),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    mine, theirs = (
+        _scales(tmp_path / "b_files" / "selective.onnx"),
+        _scales(Path(proposal["quantized_model"])),
+    )
+    assert mine.keys() == theirs.keys() and mine
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(mine[name], value, err_msg=name)
+    # the static variant shares the settings, so the two columns differ by the exclusions only
+    types = _zero_point_types(tmp_path / "b_files" / "static.onnx")
+    assert "int8" in types and "uint8" not in types  # QInt8 activations too (int32: biases)
+
+
+def _zero_point_types(path: Path) -> set[str]:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    return {
+        str(numpy_helper.to_array(i).dtype) for i in model.graph.initializer if i.name.endswith("_zero_point")
+    }
+
+
+@pytest.mark.parametrize(
+    "field, value, expect",
+    [
+        (
+            "tensor_overrides",
+            [{"tensor": "x", "quant_type": "Float8"}],
+            "quant_type for tensor 'x': 'Float8'",
+        ),
+        ("method", "minmax2", "has method 'minmax2'"),
+        ("activation_type", "QUInt7", "has activation_type 'QUInt7'"),
+        ("per_channel", "false", "expected true or false"),
+    ],
+)
+def test_hand_edited_proposal_fields_are_refused(tmp_path, capsys, field, value, expect):
+    """A bad quant_type gave an AttributeError traceback (exit 1); "per_channel": "false" loaded as True."""
+    model, data = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "d.npz", n=16)
+    proposal = json.loads(dumps(Proposal(SCHEMA_VERSION, "proposal", str(model), sha256_file(model), "", ())))
+    proposal[field] = value
+    (tmp_path / "p.json").write_text(json.dumps(proposal))
+    for command in ("bench", "verify"):
+        args = [command, str(model), "--calib", str(data), "--proposal", str(tmp_path / "p.json"), "-q"]
+        if command == "bench":
+            args += ["--variants", "selective", "-o", str(tmp_path / "b.json")]
+        assert main(args) == ExitCode.INPUT, command
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0], (command, err)
+
+
+def test_names_listed_twice_count_once(tmp_path):
+    from qdebug.verify import load_proposal
+
+    model = small_cnn(tmp_path / "m.onnx")
+    proposal = json.loads(dumps(Proposal(SCHEMA_VERSION, "proposal", str(model), sha256_file(model), "", ())))
+    proposal["nodes_to_exclude"] = ["a", "b", "a", "b"]
+    proposal["tensor_overrides"] = [{"tensor": "t", "quant_type": "QUInt16"}] * 2
+    (tmp_path / "p.json").write_text(json.dumps(proposal))
+    loaded = load_proposal(tmp_path / "p.json")
+    assert loaded.nodes_to_exclude == ("a", "b") and len(loaded.tensor_overrides) == 1
+    proposal["tensor_overrides"].append({"tensor": "t", "quant_type": "QInt16"})
+    (tmp_path / "p.json").write_text(json.dumps(proposal))
+    with pytest.raises(QDebugError, match="two types"):
+        load_proposal(tmp_path / "p.json")

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the dynamic variant's per-layer error report (one extra pass over the calibration data)",
     )
-    add_quant_arguments(p, several_methods=True)
+    add_quant_arguments(p, several_methods=True, from_proposal=True)
 
 
 def bench_options(args: argparse.Namespace):  # -> BenchOptions
@@ -83,7 +83,7 @@ def bench_options(args: argparse.Namespace):  # -> BenchOptions
     providers = provider_list(args.provider)
     return BenchOptions(
         variants=variants,
-        methods=parse_methods(args.method),
+        methods=parse_methods(args.method) if args.method is not None else (),
         per_channel=args.per_channel,
         activation_type=args.activation_type,
         weight_type=args.weight_type,

@@ -42,39 +42,45 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def add_quant_arguments(p: argparse.ArgumentParser, *, several_methods: bool = False) -> None:
+def add_quant_arguments(
+    p: argparse.ArgumentParser, *, several_methods: bool = False, from_proposal: bool = False
+) -> None:
     """Calibration/quantization flags shared by analyze, propose, verify and bench.
 
     ``several_methods``: ``--method`` takes a comma-separated list (bench builds one static
-    variant per method) instead of one of the four names.
+    variant per method) instead of one of the four names. ``from_proposal``: the method and
+    types default to None, meaning the settings recorded in the proposal (verify, bench).
     """
+    default = (lambda d: f"the proposal's, else {d}") if from_proposal else (lambda d: d)
     if several_methods:
         p.add_argument(
             "--method",
             default="minmax",
             help="calibration method(s), comma-separated: minmax, entropy, percentile, distribution "
-            "(one static variant each; default: minmax)",
+            f"(one static variant each; default: {default('minmax')})",
         )
     else:
         p.add_argument(
             "--method",
             default="minmax",
             choices=("minmax", "entropy", "percentile", "distribution"),
-            help="calibration method (default: minmax)",
+            help=f"calibration method (default: {default('minmax')})",
         )
     p.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
     p.add_argument(
         "--activation-type",
         default="QUInt8",
         choices=("QUInt8", "QInt8", "QUInt16", "QInt16"),
-        help="activation quantization type (default: QUInt8)",
+        help=f"activation quantization type (default: {default('QUInt8')})",
     )
     p.add_argument(
         "--weight-type",
         default="QInt8",
         choices=("QUInt8", "QInt8"),
-        help="weight quantization type (default: QInt8)",
+        help=f"weight quantization type (default: {default('QInt8')})",
     )
+    if from_proposal:
+        p.set_defaults(method=None, activation_type=None, weight_type=None)
     p.add_argument(
         "--batch-size",
         type=int,

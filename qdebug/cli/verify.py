@@ -61,9 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--output", default=None, help="write verify.json here (and the models to <stem>_files/)"
     )
-    add_quant_arguments(p)
-    # None = take the setting recorded in the proposal
-    p.set_defaults(method=None, activation_type=None, weight_type=None)
+    add_quant_arguments(p, from_proposal=True)  # None = the setting recorded in the proposal
 
 
 def run(args: argparse.Namespace) -> int:

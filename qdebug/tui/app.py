@@ -20,9 +20,9 @@ from rich.cells import cell_len
 from textual.app import App
 from textual.screen import Screen
 
-from qdebug.errors import ExitCode, QDebugError
+from qdebug.errors import ExitCode
 from qdebug.records import Proposal, Report
-from qdebug.report_io import atomic_write_text, load_record, load_report
+from qdebug.report_io import atomic_write_text, load_report
 from qdebug.tui.model import LayerModel
 from qdebug.tui.screens import MainScreen
 
@@ -90,13 +90,13 @@ class QDebugApp(App[Any]):
 
 
 def load_proposal(path: str | Path) -> Proposal:
-    """Load a proposal file (QDebugError for a missing/invalid file or another kind of record)."""
-    proposal = load_record(Proposal, path, "proposal")
-    if proposal.kind != "proposal":
-        raise QDebugError(
-            f"{path} is not a proposal (kind {proposal.kind!r})", "pass a file written by propose/tui"
-        )
-    return proposal
+    """Load a proposal file (QDebugError for a missing/invalid file or another kind of record).
+
+    :mod:`qdebug.verify` imports onnx/onnxruntime only inside its functions, so this stays light.
+    """
+    from qdebug.verify import load_proposal as load
+
+    return load(path)
 
 
 def load_bench_results(path: str | Path) -> BenchReport:

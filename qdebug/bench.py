@@ -498,6 +498,8 @@ def _build_variants(
         except QDebugError as e:
             if kind == "selective" and "not in the model" in e.message:
                 raise  # a proposal for another model is the user's error, not a variant failure
+            if e.code == ExitCode.OUTPUT:
+                raise  # a full disk fails every later write too: not one variant's failure
             built.append(_Built(name, kind, method, "", options.per_channel, None, error=e.one_line()))
     progress("build", len(plan), len(plan))
     return built

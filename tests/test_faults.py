@@ -202,6 +202,31 @@ def test_disk_full_while_writing_the_report(tmp_path, monkeypatch, capsys):
     assert not out.parent.exists()  # no temp file, and the directory made for -o goes too (empty)
 
 
+def test_disk_full_while_writing_a_model(tmp_path, monkeypatch, capsys):
+    """ENOSPC while bench saves a quantized model: it was an OSError traceback with exit 1."""
+    import errno
+
+    import onnx
+
+    import qdebug.graph.load as load
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=16)
+    real = onnx.save_model
+
+    def full(proto, path, *a, **k):
+        if "static" in str(path) or "static" in Path(str(path)).name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(proto, path, *a, **k)
+
+    monkeypatch.setattr(load.onnx, "save_model", full)
+    out = tmp_path / "b.json"
+    code = main(["bench", str(model), "--calib", str(calib), "--variants", "fp32,static", "-o", str(out), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == ExitCode.OUTPUT
+    assert len(err) == 1 and "No space left on device" in err[0]
+    assert not out.exists() and not (tmp_path / "b_files").exists()
+
+
 def test_outputs_get_the_permissions_a_plain_write_would_give(good, tmp_path):
     """Atomic writes go through mkstemp, which creates 0600 files: reports and models must instead get
     what ``open()`` gives (0666 less the umask), or keep the mode of the file they replace."""

@@ -680,24 +680,36 @@ def _symbolic_inference(model: ModelProto, notes: list[str]) -> ModelProto | Non
 
 
 def save_model(model: ModelProto, path: Path) -> None:
-    """Save a model atomically (temp file + rename); external data for > 2 GB models."""
+    """Save a model atomically (temp file + rename); external data for > 2 GB models.
+
+    A write that fails (disk full, a directory that cannot be created) is one
+    :class:`QDebugError` line with exit 7, like the report's own writes.
+    """
     import os
     import tempfile
 
+    from qdebug.errors import ExitCode, QDebugError
     from qdebug.report_io import output_mode
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    large = is_large(model)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    with _unlinked_on_failure(tmp):
-        if large:
-            # the weights go to <name>.data first; the model file that points to them is renamed last
-            save_with_external_data(model, Path(tmp), location=path.name + ".data")
-        else:
-            onnx.save_model(model, tmp)
-        os.chmod(tmp, output_mode(path))
-        os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        large = is_large(model)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        with _unlinked_on_failure(tmp):
+            if large:
+                # the weights go to <name>.data first; the model file that points to them is renamed last
+                save_with_external_data(model, Path(tmp), location=path.name + ".data")
+            else:
+                onnx.save_model(model, tmp)
+            os.chmod(tmp, output_mode(path))
+            os.replace(tmp, path)
+    except OSError as e:
+        raise QDebugError(
+            f"cannot write {path}: {e.strerror or e}",
+            "free disk space or choose another -o path",
+            ExitCode.OUTPUT,
+        ) from None
 
 
 @contextmanager

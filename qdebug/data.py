@@ -142,8 +142,15 @@ def open_data(
     batch_size: int | None = None,
     max_samples: int | None = None,
     what: str = "calibration data",
+    limit_flag: str | None = "",
 ) -> DataSet:
-    """Open and validate a data source against the model inputs (see module docstring)."""
+    """Open and validate a data source against the model inputs (see module docstring).
+
+    ``limit_flag`` is the flag that limits this data's samples, for hints (``""``: ``--max-samples``
+    for calibration data, none otherwise; ``None``: the command has none).
+    """
+    if limit_flag == "":
+        limit_flag = "--max-samples" if what == "calibration data" else None
     if batch_size is not None and batch_size < 1:
         raise QDebugError(
             f"--batch-size must be >= 1 (got {batch_size})", "pass a positive batch size", ExitCode.USAGE
@@ -163,7 +170,7 @@ def open_data(
                 )
         else:
             files = [path]
-        return _file_dataset(text, files, specs, batch_size, max_samples, what)
+        return _file_dataset(text, files, specs, batch_size, max_samples, what, limit_flag)
     if ":" in text and not text.endswith(".npz"):
         return _hook_dataset(text, specs, batch_size, max_samples, what)
     raise QDebugError(
@@ -205,6 +212,7 @@ def _file_dataset(
     batch_size: int | None,
     max_samples: int | None,
     what: str,
+    limit_flag: str | None = "--max-samples",
 ) -> DataSet:
     headers = {f: _npz_header(f) for f in files}
     total = 0
@@ -217,7 +225,8 @@ def _file_dataset(
         raise QDebugError(f"{what} {source} holds no samples", "give at least one sample", ExitCode.DATA)
     n_samples = min(total, max_samples) if max_samples else total
     bsize = _batch_size(specs, batch_size, source)
-    _check_fixed_batches(specs, [_npz_count(h) for h in headers.values()], n_samples, source, what)
+    counts = [_npz_count(h) for h in headers.values()]
+    _check_fixed_batches(specs, counts, n_samples, source, what, limit_flag)
 
     def make_iter() -> Iterator[Batch]:
         left = n_samples
@@ -321,7 +330,12 @@ def _npz_count(header: Mapping[str, tuple]) -> int:
 
 
 def _check_fixed_batches(
-    specs: tuple[InputSpec, ...], counts: list[int], n_samples: int, source: str, what: str
+    specs: tuple[InputSpec, ...],
+    counts: list[int],
+    n_samples: int,
+    source: str,
+    what: str,
+    limit_flag: str | None = "--max-samples",
 ) -> None:
     """A model whose batch dimension is fixed at B > 1 takes only full batches: every file's share of the
     samples must be a multiple of B. Refused up front (exit 5), never padded or dropped silently; ORT had
@@ -335,9 +349,12 @@ def _check_fixed_batches(
         left -= take
         if take % batch:
             usable = n_samples - n_samples % batch if len(counts) == 1 else None
-            hint = (
-                f"pass --max-samples {usable}" if usable else f"give each file a multiple of {batch} samples"
-            )
+            if usable and limit_flag:
+                hint = f"pass {limit_flag} {usable}"
+            elif usable:
+                hint = f"keep the first {usable} samples"
+            else:
+                hint = f"give each file a multiple of {batch} samples"
             raise QDebugError(
                 f"{what} {source}: {take} sample(s) in a file do not fill batches of {batch} "
                 f"(the model's batch dimension is fixed at {batch})",

@@ -1173,6 +1173,7 @@ def _propose(
         batch_size=cfg.batch_size,
         max_samples=options.eval_max_samples,
         what="evaluation data",
+        limit_flag="--eval-max-samples",
     )
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric or cfg.metric)
     target = make_target(evaluator.metric_name, evaluator.fp32_value, evaluator.samples, options)

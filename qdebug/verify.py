@@ -400,6 +400,7 @@ class _Context:
                 batch_size=options.batch_size,
                 max_samples=options.eval_max_samples,
                 what="evaluation data",
+                limit_flag="--eval-max-samples",
             )
         elif options.eval_max_samples is not None:
             eval_set = open_data(
@@ -408,6 +409,7 @@ class _Context:
                 batch_size=options.batch_size,
                 max_samples=options.eval_max_samples,
                 what="evaluation data",
+                limit_flag="--eval-max-samples",
             )
         self.evaluator = Evaluator(self.prep.normalized, eval_set, self.config, options.metric)
         self.feeds = dict(self.evaluator.batches[0].feeds)

@@ -264,6 +264,19 @@ def test_a_fixed_batch_takes_only_full_batches(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
     args = ["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q", "--max-samples", "28"]
     assert run_cli(args, capsys)[0] == 0
+    # evaluation data: the hint names the flag that limits it (bench's --max-samples limits calibration only)
+    calib28 = small_data(tmp_path / "c28.npz", n=28)
+    bench = ["bench", model, "--calib", calib28, "--eval", calib, "--variants", "fp32", "-o", tmp_path / "b.json"]
+    code, err = run_cli([*bench, "-q"], capsys)
+    assert code == ExitCode.DATA and "--max-samples" not in err
+    assert_one_line(err, "evaluation data", "keep the first 28 samples")
+    (tmp_path / "r.json").unlink()
+    verify_args = ["verify", model, "--calib", calib28, "--eval", calib, "--proposal", tmp_path / "p.json"]
+    assert run_cli(["analyze", model, "--calib", calib28, "-o", tmp_path / "r.json", "-q"], capsys)[0] == 0
+    assert run_cli(["propose", tmp_path / "r.json", "-o", tmp_path / "p.json", "-q"], capsys)[0] in (0, 6)
+    code, err = run_cli([*verify_args, "-q"], capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "evaluation data", "--eval-max-samples 28")
 
 
 @pytest.mark.parametrize(

@@ -660,6 +660,8 @@ def _run_bench(
             )
     notes: list[str] = []
     options = _settings_of(options, prop, notes)
+    if prop is not None and options.max_samples is None and prop.calib_max_samples is not None:
+        options = replace(options, max_samples=prop.calib_max_samples)  # the proposal's calibration
     workdir = artifacts_dir(out)
     needs_ranges = any(k in ("static", "selective", "qoperator") for k in options.variants)
     aopts = AnalyzeOptions(
@@ -685,6 +687,10 @@ def _run_bench(
 
     prep = prepare(model, calib, workdir, aopts, need_ranges=needs_ranges, progress=progress, check=check)
     notes.extend(prep.notes)
+    if prop is not None and prep.ranges is not None and options.methods[0] == (prop.method or "minmax"):
+        from qdebug.verify import calibration_notes
+
+        notes.extend(calibration_notes(prop, prep.ranges))
     ranges: dict[str, Any] = {}
     if needs_ranges:
         ranges[options.methods[0]] = prep.ranges

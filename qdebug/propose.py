@@ -1241,6 +1241,8 @@ def _propose(
         method=cfg.method,
         activation_type=cfg.activation_type,
         weight_type=cfg.weight_type,
+        calibration_key=prep.ranges.key if prep.ranges is not None else "",
+        calib_max_samples=cfg.max_samples,
     )
     if output is not None and sel_path is not None:
         save_model(selective, sel_path)

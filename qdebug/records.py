@@ -347,3 +347,9 @@ class Proposal:
     """Activation quantization type of the base quantization (``""``: not recorded)."""
     weight_type: str = ""
     """Weight quantization type of the base quantization (``""``: not recorded)."""
+    calibration_key: str = ""
+    """Key of the calibration ranges the proposal was made with (a hash of the normalized model, the
+    calibration data's content and sample count, the method and ORT's version; ``""``: not recorded).
+    verify and bench say so when theirs differs: the selective model's scales then differ too."""
+    calib_max_samples: int | None = None
+    """``--max-samples`` of that calibration (None: every sample); verify and bench use it by default."""

@@ -103,6 +103,8 @@ class VerifyResult:
     met: bool
     verdict: str
     seconds: float
+    notes: tuple[str, ...] = ()
+    """What the user should know (e.g. a calibration that differs from the proposal's)."""
 
     def variant(self, name: str) -> VariantResult:
         """The ``fp32``/``static``/``selective`` column."""
@@ -326,6 +328,23 @@ def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
     )
 
 
+def calibration_notes(proposal: Proposal, ranges: Any) -> list[str]:
+    """A note when this run's calibration is not the one the proposal was made with.
+
+    The key hashes the model, the calibration data's content and sample
+    count, the method and ORT's version: another ``--calib`` file or
+    ``--max-samples`` gives other scales, so the selective model here is not
+    the one ``propose`` measured (verify still judges the model it built).
+    """
+    if not proposal.calibration_key or ranges is None or ranges.key == proposal.calibration_key:
+        return []
+    return [
+        "the calibration differs from the one the proposal was made with (other calibration data, sample "
+        "count or method): the selective model's scales differ from propose's; pass the proposal's "
+        "--calib and --max-samples to rebuild its model exactly"
+    ]
+
+
 def check_proposal(
     proposal: Proposal, model_sha256: str, model_path: str | Path, normalized: onnx.ModelProto
 ) -> None:
@@ -515,6 +534,8 @@ def verify(
     method = options.method or proposal.method or "minmax"
     activation = options.activation_type or proposal.activation_type or "QUInt8"
     weight = options.weight_type or proposal.weight_type or "QInt8"
+    if options.max_samples is None and proposal.calib_max_samples is not None:
+        options = dataclasses.replace(options, max_samples=proposal.calib_max_samples)
     tmp = None
     files_before = output is not None and artifacts_dir(Path(output)).exists()
     try:
@@ -651,6 +672,7 @@ def verify(
             met=met,
             verdict=verdict,
             seconds=time.perf_counter() - start,
+            notes=tuple(calibration_notes(proposal, ctx.prep.ranges)),
         )
         if output is not None:
             atomic_write_text(output, dumps(result))

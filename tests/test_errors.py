@@ -266,7 +266,18 @@ def test_a_fixed_batch_takes_only_full_batches(tmp_path, capsys):
     assert run_cli(args, capsys)[0] == 0
     # evaluation data: the hint names the flag that limits it (bench's --max-samples limits calibration only)
     calib28 = small_data(tmp_path / "c28.npz", n=28)
-    bench = ["bench", model, "--calib", calib28, "--eval", calib, "--variants", "fp32", "-o", tmp_path / "b.json"]
+    bench = [
+        "bench",
+        model,
+        "--calib",
+        calib28,
+        "--eval",
+        calib,
+        "--variants",
+        "fp32",
+        "-o",
+        tmp_path / "b.json",
+    ]
     code, err = run_cli([*bench, "-q"], capsys)
     assert code == ExitCode.DATA and "--max-samples" not in err
     assert_one_line(err, "evaluation data", "keep the first 28 samples")

@@ -220,7 +220,9 @@ def test_disk_full_while_writing_a_model(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(load.onnx, "save_model", full)
     out = tmp_path / "b.json"
-    code = main(["bench", str(model), "--calib", str(calib), "--variants", "fp32,static", "-o", str(out), "-q"])
+    code = main(
+        ["bench", str(model), "--calib", str(calib), "--variants", "fp32,static", "-o", str(out), "-q"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == ExitCode.OUTPUT
     assert len(err) == 1 and "No space left on device" in err[0]

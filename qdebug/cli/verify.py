@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result.metric} on {result.samples} samples; {result.quantizable_nodes} quantizable nodes")
     for line in result.summary_lines():
         print(line)
+    for note in result.notes:
+        print(f"note: {note}")
     if args.output:
         print(f"\nverify report written to {args.output}", file=sys.stderr)
     return 0 if result.met else int(ExitCode.TARGET_NOT_MET)

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from qdebug.formatting import ACCURACY_METRICS
 from qdebug.records import (
@@ -581,6 +582,9 @@ class LayerModel:
             method=report.config.method,
             activation_type=report.config.activation_type,
             weight_type=report.config.weight_type,
+            # the cache file is named by the ranges' key
+            calibration_key=Path(report.calibration_cache).stem if report.calibration_cache else "",
+            calib_max_samples=report.config.max_samples,
         )
         return dataclasses.replace(proposal, snippet=quantize_snippet(report, proposal))
 

@@ -141,6 +141,9 @@ class VariantResult:
     """Full batches (``batch_size`` samples); ``None`` when the variant failed."""
     tail: LatencyStats | None = None
     """The smaller last batch, timed separately (never padded); ``None`` when the data divides evenly."""
+    tail_sizes: tuple[int, ...] = ()
+    """Sizes of the batches timed as the tail (several when data files differ in size; ``tail`` then
+    reports their mean size)."""
     speedup: float = math.nan
     """FP32 p50 / this p50 on full batches (> 1: faster than FP32)."""
     peak_rss_mb: float = math.nan
@@ -852,6 +855,7 @@ def _variant_result(b: _Built, score: tuple[float, float] | None, m: dict[str, A
         **common,  # type: ignore[arg-type]
         full=latency_stats(m["full_ns"], m["full_size"]),
         tail=_tail_stats(m["tail_ns"], tail_size, tail_sizes),
+        tail_sizes=tuple(tail_sizes),
         peak_rss_mb=m["peak_rss"] / mb,
         rss_before_session_mb=m["rss_before_session"] / mb,
         session_rss_mb=(m["peak_rss"] - m["rss_before_session"]) / mb,

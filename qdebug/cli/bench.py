@@ -195,9 +195,14 @@ def print_table(report) -> None:
     console.print(table)
     tails = [v for v in report.variants if v.tail is not None]
     if tails:
-        t0 = tails[0].tail
+        t0, sizes = tails[0].tail, tails[0].tail_sizes
+        what = (
+            f"smaller batches ({', '.join(map(str, sizes))} samples, mean {t0.batch_size}"
+            if len(sizes) > 1
+            else f"last batch ({t0.batch_size} samples"
+        )
         console.print(
-            f"last batch ({t0.batch_size} samples, timed separately, not padded): "
+            f"{what}, timed separately, not padded): "
             + "  ".join(f"{v.name} p50 {_ms(v.tail.p50_ms)} ms" for v in tails)
         )
     for v in report.variants:

@@ -587,7 +587,8 @@ def run_bench(
     """
     from qdebug.pipeline import artifacts_dir, removed_on_failure
 
-    with removed_on_failure(artifacts_dir(Path(output))):
+    inputs = [model, calib, eval_data, proposal]
+    with removed_on_failure(artifacts_dir(Path(output)), [output, chart], inputs):
         return _run_bench(model, calib, eval_data, proposal, output, chart, options, progress)
 
 

@@ -12,7 +12,7 @@ import contextlib
 import datetime as _dt
 import math
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,28 +166,71 @@ def prepare(
 
 
 @contextlib.contextmanager
-def removed_on_failure(workdir: Path | None) -> Iterator[None]:
-    """Remove ``workdir`` (a ``<stem>_files/`` directory) if the block fails or is interrupted and the
-    directory did not exist before it: a failed run leaves no half-filled artifacts behind."""
-    created = workdir is not None and not workdir.exists()
-    # the directories above it that the run creates too (-o new/dir/report.json), removed if left empty
-    new_parents = []
+def removed_on_failure(
+    workdir: Path | None,
+    outputs: Sequence[str | Path | None] = (),
+    inputs: Sequence[str | Path | None] = (),
+) -> Iterator[None]:
+    """A run's outputs appear whole or not at all: ``workdir`` (a ``<stem>_files/`` directory) and
+    ``outputs`` (the JSON, a chart) are removed if the block fails or is interrupted.
+
+    Outputs of an earlier run at those paths are moved aside first and put
+    back on failure, deleted on success: a failed or interrupted re-run had
+    replaced ``_files/*.onnx`` under the old report, and a Ctrl-C just after
+    the JSON was written left a JSON whose models were deleted. A directory
+    holding one of the run's ``inputs`` is not moved (the run reads it).
+    """
+    files = [Path(o) for o in outputs if o is not None]
+    held = [Path(str(i)).resolve() for i in inputs if i is not None and Path(str(i)).exists()]
+    new_parents = []  # the directories above the outputs that the run creates, removed if left empty
     if workdir is not None:
         parent = workdir.absolute().parent
         while not parent.exists() and parent != parent.parent:
             new_parents.append(parent)
             parent = parent.parent
+    targets = ([workdir] if workdir is not None else []) + files
+    kept: list[Path] = []  # earlier outputs the run works over in place (they hold its inputs)
+    backups: list[tuple[Path, Path]] = []
+    for target in targets:
+        if not target.exists():
+            continue
+        if target.is_dir() and any(h.is_relative_to(target.resolve()) for h in held):
+            kept.append(target)
+            continue
+        aside = target.with_name(f".{target.name}.qdebug-previous")
+        try:
+            _remove(aside)  # left by a run that was killed outright
+            target.rename(aside)
+        except OSError:  # not movable: replaced in place, as before
+            kept.append(target)
+            continue
+        backups.append((target, aside))
     try:
         yield
     except BaseException:
-        if created:
-            shutil.rmtree(workdir, ignore_errors=True)
-            for parent in new_parents:  # innermost first; a directory holding anything stays
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
+        for target in targets:
+            if target not in kept:
+                _remove(target)
+        for target, aside in backups:
+            with contextlib.suppress(OSError):
+                aside.rename(target)
+        for parent in new_parents:  # innermost first; a directory holding anything stays
+            try:
+                parent.rmdir()
+            except OSError:
+                break
         raise
+    for _, aside in backups:
+        _remove(aside)
+
+
+def _remove(path: Path) -> None:
+    """Delete a file or directory tree if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def analyze(
@@ -229,7 +272,7 @@ def analyze(
             "the quantized model": quantized,
         },
     )
-    with removed_on_failure(workdir):
+    with removed_on_failure(workdir, [out], [model, calib, eval_data, quantized]):
         return _analyze(model, calib, eval_data, quantized, out, workdir, options, progress)
 
 

@@ -1113,7 +1113,9 @@ def propose(
         from qdebug.pipeline import artifacts_dir, removed_on_failure
 
         workdir = artifacts_dir(Path(output)) if output is not None else Path(tmp)
-        with removed_on_failure(workdir if output is not None else None):
+        outputs = [output, selective_model_path(output)] if output is not None else []
+        inputs = [source if isinstance(source, (str, Path)) else None, model_path, calib_src, eval_src]
+        with removed_on_failure(workdir if output is not None else None, outputs, inputs):
             return _propose(
                 report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start
             )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -482,7 +481,7 @@ def verify(
     import tempfile
 
     from qdebug.graph.load import load_model, save_model
-    from qdebug.pipeline import artifacts_dir
+    from qdebug.pipeline import artifacts_dir, removed_on_failure
     from qdebug.quantize import QuantSpec, quantize_static_model
     from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
 
@@ -537,150 +536,161 @@ def verify(
     if options.max_samples is None and proposal.calib_max_samples is not None:
         options = dataclasses.replace(options, max_samples=proposal.calib_max_samples)
     tmp = None
-    files_before = output is not None and artifacts_dir(Path(output)).exists()
+    # a failed or interrupted run leaves no half-filled <stem>_files/, and an earlier run's outputs as they were
+    guard = removed_on_failure(
+        artifacts_dir(Path(output)) if output is not None else None,
+        [output],
+        [model, calib, eval_data, source if source != "tui" else None],
+    )
     try:
-        ctx = _context
-        if ctx is None:
-            if output is not None:
-                workdir = artifacts_dir(Path(output))
-            else:
-                tmp = tempfile.TemporaryDirectory(prefix="qdebug-verify-")
-                workdir = Path(tmp.name)
-            ctx = _Context(
-                model,
-                calib,
-                eval_data,
-                workdir,
-                options,
-                method,
-                progress,
-                check=lambda normalized: check_proposal(proposal, loaded.sha256, model, normalized),
-            )
-        check_proposal(proposal, loaded.sha256, model, ctx.prep.normalized)
-        evaluator = ctx.evaluator
-        metric = evaluator.metric_name
-        fp32_value = evaluator.fp32_value
-        if not math.isfinite(fp32_value) and options.target_sqnr is None:
-            raise QDebugError(
-                f"metric {metric} has no finite FP32 value, so a recovered fraction is undefined",
-                "pass --target-sqnr DB to judge the selective model's output SQNR",
-                ExitCode.USAGE,
-            )
-        base = QuantSpec(per_channel=options.per_channel, activation_type=activation, weight_type=weight)
-        progress("static", 0, 3)
-        static_model, static_res, quantizable = ctx.static(base)
-        if cancelled():
-            return _cancelled(proposal, source)
-        progress("selective", 1, 3)
-        sel_spec = QuantSpec(
-            per_channel=options.per_channel or proposal.per_channel,
-            activation_type=activation,
-            weight_type=weight,
-            nodes_to_exclude=tuple(proposal.nodes_to_exclude),
-            tensor_overrides=tuple(proposal.tensor_overrides),
-        )
-        sel_model = quantize_static_model(ctx.prep.normalized, ctx.prep.ranges, sel_spec)
-        sel_res = evaluator.score(sel_model, what="selective quantized model")
-        if cancelled():
-            return _cancelled(proposal, source)
-        models = {"fp32": ctx.prep.normalized, "static": static_model, "selective": sel_model}
-        sizes = {name: m.ByteSize() for name, m in models.items()}
-        paths: dict[str, str | None] = {"fp32": str(loaded.path.resolve()), "static": None, "selective": None}
-        sizes["fp32"] = loaded.path.stat().st_size
-        if output is not None:
-            files = artifacts_dir(Path(output))
-            for name in ("static", "selective"):
-                path = files / f"{name}.onnx"
-                save_model(models[name], path)
-                paths[name] = str(path.resolve())
-                sizes[name] = path.stat().st_size
-        timings: dict[str, Timing] = {}
-        if options.runs > 0:
-            progress("timing", 2, 3)
-            timings = time_sessions(
-                models, ctx.feeds, ctx.config, runs=options.runs, warmup=options.warmup, cancelled=cancelled
-            )
+        with guard:
+            ctx = _context
+            if ctx is None:
+                if output is not None:
+                    workdir = artifacts_dir(Path(output))
+                else:
+                    tmp = tempfile.TemporaryDirectory(prefix="qdebug-verify-")
+                    workdir = Path(tmp.name)
+                ctx = _Context(
+                    model,
+                    calib,
+                    eval_data,
+                    workdir,
+                    options,
+                    method,
+                    progress,
+                    check=lambda normalized: check_proposal(proposal, loaded.sha256, model, normalized),
+                )
+            check_proposal(proposal, loaded.sha256, model, ctx.prep.normalized)
+            evaluator = ctx.evaluator
+            metric = evaluator.metric_name
+            fp32_value = evaluator.fp32_value
+            if not math.isfinite(fp32_value) and options.target_sqnr is None:
+                raise QDebugError(
+                    f"metric {metric} has no finite FP32 value, so a recovered fraction is undefined",
+                    "pass --target-sqnr DB to judge the selective model's output SQNR",
+                    ExitCode.USAGE,
+                )
+            base = QuantSpec(per_channel=options.per_channel, activation_type=activation, weight_type=weight)
+            progress("static", 0, 3)
+            static_model, static_res, quantizable = ctx.static(base)
             if cancelled():
                 return _cancelled(proposal, source)
-        progress("timing", 3, 3)
-        n_q = len(quantizable)
-        excluded = [n for n in proposal.nodes_to_exclude if n in quantizable]
+            progress("selective", 1, 3)
+            sel_spec = QuantSpec(
+                per_channel=options.per_channel or proposal.per_channel,
+                activation_type=activation,
+                weight_type=weight,
+                nodes_to_exclude=tuple(proposal.nodes_to_exclude),
+                tensor_overrides=tuple(proposal.tensor_overrides),
+            )
+            sel_model = quantize_static_model(ctx.prep.normalized, ctx.prep.ranges, sel_spec)
+            sel_res = evaluator.score(sel_model, what="selective quantized model")
+            if cancelled():
+                return _cancelled(proposal, source)
+            models = {"fp32": ctx.prep.normalized, "static": static_model, "selective": sel_model}
+            sizes = {name: m.ByteSize() for name, m in models.items()}
+            paths: dict[str, str | None] = {
+                "fp32": str(loaded.path.resolve()),
+                "static": None,
+                "selective": None,
+            }
+            sizes["fp32"] = loaded.path.stat().st_size
+            if output is not None:
+                files = artifacts_dir(Path(output))
+                for name in ("static", "selective"):
+                    path = files / f"{name}.onnx"
+                    save_model(models[name], path)
+                    paths[name] = str(path.resolve())
+                    sizes[name] = path.stat().st_size
+            timings: dict[str, Timing] = {}
+            if options.runs > 0:
+                progress("timing", 2, 3)
+                timings = time_sessions(
+                    models,
+                    ctx.feeds,
+                    ctx.config,
+                    runs=options.runs,
+                    warmup=options.warmup,
+                    cancelled=cancelled,
+                )
+                if cancelled():
+                    return _cancelled(proposal, source)
+            progress("timing", 3, 3)
+            n_q = len(quantizable)
+            excluded = [n for n in proposal.nodes_to_exclude if n in quantizable]
 
-        def qdq(m: onnx.ModelProto) -> int:
-            return sum(1 for n in m.graph.node if n.op_type == "QuantizeLinear")
+            def qdq(m: onnx.ModelProto) -> int:
+                return sum(1 for n in m.graph.node if n.op_type == "QuantizeLinear")
 
-        variants = (
-            VariantResult(
-                "fp32",
+            variants = (
+                VariantResult(
+                    "fp32",
+                    fp32_value,
+                    math.inf,
+                    n_q,
+                    1.0,
+                    0,
+                    0,
+                    sizes["fp32"],
+                    paths["fp32"],
+                    timings.get("fp32"),
+                ),
+                VariantResult(
+                    "static",
+                    static_res.value,
+                    static_res.output_sqnr_db,
+                    0,
+                    0.0,
+                    0,
+                    qdq(static_model),
+                    sizes["static"],
+                    paths["static"],
+                    timings.get("static"),
+                ),
+                VariantResult(
+                    "selective",
+                    sel_res.value,
+                    sel_res.output_sqnr_db,
+                    len(excluded),
+                    len(excluded) / n_q if n_q else math.nan,
+                    len(proposal.tensor_overrides),
+                    qdq(sel_model),
+                    sizes["selective"],
+                    paths["selective"],
+                    timings.get("selective"),
+                ),
+            )
+            recovered, met, verdict = judge(
+                metric,
                 fp32_value,
-                math.inf,
-                n_q,
-                1.0,
-                0,
-                0,
-                sizes["fp32"],
-                paths["fp32"],
-                timings.get("fp32"),
-            ),
-            VariantResult(
-                "static",
                 static_res.value,
-                static_res.output_sqnr_db,
-                0,
-                0.0,
-                0,
-                qdq(static_model),
-                sizes["static"],
-                paths["static"],
-                timings.get("static"),
-            ),
-            VariantResult(
-                "selective",
                 sel_res.value,
                 sel_res.output_sqnr_db,
-                len(excluded),
-                len(excluded) / n_q if n_q else math.nan,
-                len(proposal.tensor_overrides),
-                qdq(sel_model),
-                sizes["selective"],
-                paths["selective"],
-                timings.get("selective"),
-            ),
-        )
-        recovered, met, verdict = judge(
-            metric,
-            fp32_value,
-            static_res.value,
-            sel_res.value,
-            sel_res.output_sqnr_db,
-            options.min_recovery,
-            options.target_sqnr,
-        )
-        result = VerifyResult(
-            schema_version=SCHEMA_VERSION,
-            kind="verify",
-            model_path=str(loaded.path.resolve()),
-            model_sha256=loaded.sha256,
-            proposal=source,
-            metric=metric,
-            samples=evaluator.samples,
-            quantizable_nodes=n_q,
-            variants=variants,
-            recovered_fraction=recovered,
-            min_recovery=options.min_recovery,
-            target_sqnr_db=math.nan if options.target_sqnr is None else float(options.target_sqnr),
-            met=met,
-            verdict=verdict,
-            seconds=time.perf_counter() - start,
-            notes=tuple(calibration_notes(proposal, ctx.prep.ranges)),
-        )
-        if output is not None:
-            atomic_write_text(output, dumps(result))
-        return result
-    except BaseException:
-        if output is not None and not files_before:  # no half-filled <stem>_files/ left behind
-            shutil.rmtree(artifacts_dir(Path(output)), ignore_errors=True)
-        raise
+                options.min_recovery,
+                options.target_sqnr,
+            )
+            result = VerifyResult(
+                schema_version=SCHEMA_VERSION,
+                kind="verify",
+                model_path=str(loaded.path.resolve()),
+                model_sha256=loaded.sha256,
+                proposal=source,
+                metric=metric,
+                samples=evaluator.samples,
+                quantizable_nodes=n_q,
+                variants=variants,
+                recovered_fraction=recovered,
+                min_recovery=options.min_recovery,
+                target_sqnr_db=math.nan if options.target_sqnr is None else float(options.target_sqnr),
+                met=met,
+                verdict=verdict,
+                seconds=time.perf_counter() - start,
+                notes=tuple(calibration_notes(proposal, ctx.prep.ranges)),
+            )
+            if output is not None:
+                atomic_write_text(output, dumps(result))
+            return result
     finally:
         if tmp is not None:
             tmp.cleanup()

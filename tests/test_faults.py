@@ -261,3 +261,52 @@ def test_outputs_get_the_permissions_a_plain_write_would_give(good, tmp_path):
         os.umask(previous)
         rio._umask.cache_clear()
     assert mode(tmp_path / "new.json") == 0o640
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` (or the file itself) with its bytes."""
+    if path.is_file():
+        return {path.name: path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["analyze", "bench"])
+def test_interrupted_rerun_keeps_the_earlier_outputs(tmp_path, monkeypatch, capsys, command):
+    """A re-run over earlier outputs that is interrupted (here: right after its JSON is written, while the
+    chart or the summary is made) leaves the earlier run's JSON and models exactly as they were. Before,
+    the re-run had replaced <stem>_files/*.onnx under the old JSON (or left a JSON whose models were
+    deleted), and said "no partial output was written"."""
+    import qdebug.bench
+    import qdebug.pipeline
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=16)
+    out = tmp_path / "out.json"
+    args = [command, str(model), "--calib", str(calib), "-o", str(out), "-q"]
+    if command == "bench":
+        args += ["--variants", "fp32,static", "--runs", "1", "--warmup", "0", "--no-dynamic-layers"]
+    assert main(args) == 0
+    before = {name: _tree(tmp_path / name) for name in ("out.json", "out_files")}
+    assert before["out_files"]
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    if command == "analyze":
+        real = qdebug.pipeline.save_report
+
+        def save_then_interrupt(*a, **k):
+            real(*a, **k)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(qdebug.pipeline, "save_report", save_then_interrupt)
+    else:
+        monkeypatch.setattr(qdebug.bench, "chart_svg", interrupt)
+    capsys.readouterr()
+    assert main([*args, "--per-channel"]) == ExitCode.INTERRUPTED
+    after = {name: _tree(tmp_path / name) for name in ("out.json", "out_files")}
+    assert after == before
+    assert not [p for p in tmp_path.iterdir() if "qdebug-previous" in p.name]
+    monkeypatch.undo()
+    assert main([*args, "--per-channel"]) == 0  # and a completed re-run replaces them
+    assert _tree(tmp_path / "out.json") != before["out.json"]
+    assert not [p for p in tmp_path.iterdir() if "qdebug-previous" in p.name]

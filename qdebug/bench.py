@@ -832,7 +832,9 @@ def _with_speedup(v: VariantResult, fp32_p50: float) -> VariantResult:
 
 
 def _variant_result(b: _Built, score: tuple[float, float] | None, m: dict[str, Any] | None) -> VariantResult:
-    size = b.path.stat().st_size if b.path is not None and b.path.is_file() else 0
+    from qdebug.graph.load import stored_size
+
+    size = stored_size(b.path) if b.path is not None and b.path.is_file() else 0
     common = dict(
         name=b.name,
         kind=b.kind,

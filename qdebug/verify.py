@@ -480,7 +480,7 @@ def verify(
     """
     import tempfile
 
-    from qdebug.graph.load import load_model, save_model
+    from qdebug.graph.load import load_model, save_model, stored_size
     from qdebug.pipeline import artifacts_dir, removed_on_failure
     from qdebug.quantize import QuantSpec, quantize_static_model
     from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
@@ -595,14 +595,15 @@ def verify(
                 "static": None,
                 "selective": None,
             }
-            sizes["fp32"] = loaded.path.stat().st_size
+            # the model every variant is built from (as bench reports it), weights files included
+            sizes["fp32"] = stored_size(ctx.prep.normalized_path)
             if output is not None:
                 files = artifacts_dir(Path(output))
                 for name in ("static", "selective"):
                     path = files / f"{name}.onnx"
                     save_model(models[name], path)
                     paths[name] = str(path.resolve())
-                    sizes[name] = path.stat().st_size
+                    sizes[name] = stored_size(path)
             timings: dict[str, Timing] = {}
             if options.runs > 0:
                 progress("timing", 2, 3)

@@ -6,6 +6,8 @@ import dataclasses
 import json
 import math
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -90,7 +92,9 @@ def test_verify_met_exits_0_with_side_by_side_report(setup, tmp_path, capsys):
     assert v["selective"]["excluded_share"] == pytest.approx(
         v["selective"]["nodes_excluded"] / raw["quantizable_nodes"]
     )
-    assert v["selective"]["size_bytes"] < v["fp32"]["size_bytes"] == model.stat().st_size
+    normalized = out.parent / f"{out.stem}_files" / "normalized.onnx"  # what every variant is built from
+    assert v["selective"]["size_bytes"] < v["fp32"]["size_bytes"] == normalized.stat().st_size
+    assert v["selective"]["size_bytes"] == Path(v["selective"]["path"]).stat().st_size
     assert v["static"]["size_bytes"] <= v["selective"]["size_bytes"]
     for x in v.values():
         t = x["timing"]
@@ -288,3 +292,26 @@ def test_verify_and_bench_rebuild_the_proposals_calibration(tmp_path, capsys):
     args = ["verify", str(model), "--calib", str(other), "--proposal", str(prop), "--runs", "0", "-q"]
     assert main(args) in (0, 6)
     assert "note: the calibration differs from the one the proposal was made with" in capsys.readouterr().out
+
+
+def test_stored_size_counts_external_weights(tmp_path):
+    """A model saved with external data (every model over 2 GB) is mostly its weights file: sizes compared
+    across variants counted the pointer file only."""
+    from qdebug.graph.load import stored_size
+    from tests.models import small_cnn
+
+    model = onnx.load(str(small_cnn(tmp_path / "m.onnx")))
+    onnx.save_model(
+        model,
+        str(tmp_path / "ext.onnx"),
+        save_as_external_data=True,
+        location="ext.onnx.data",
+        size_threshold=0,
+    )
+    onnx_bytes, data_bytes = (
+        (tmp_path / "ext.onnx").stat().st_size,
+        (tmp_path / "ext.onnx.data").stat().st_size,
+    )
+    assert data_bytes > 0
+    assert stored_size(tmp_path / "ext.onnx") == onnx_bytes + data_bytes
+    assert stored_size(tmp_path / "m.onnx") == (tmp_path / "m.onnx").stat().st_size

@@ -679,6 +679,25 @@ def _symbolic_inference(model: ModelProto, notes: list[str]) -> ModelProto | Non
     return None
 
 
+def stored_size(path: Path) -> int:
+    """Bytes a saved model takes on disk: its file plus the external-data files its weights are in.
+
+    The ``.onnx`` file alone leaves out the weights of a model over 2 GB (and of
+    any model saved with external data), so sizes compared across variants
+    would compare a pointer file with a whole model.
+    """
+    size = path.stat().st_size
+    proto = onnx.load(str(path), load_external_data=False)
+    places = {
+        entry.value
+        for t in proto.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for entry in t.external_data
+        if entry.key == "location"
+    }
+    return size + sum((path.parent / p).stat().st_size for p in places if (path.parent / p).is_file())
+
+
 def save_model(model: ModelProto, path: Path) -> None:
     """Save a model atomically (temp file + rename); external data for > 2 GB models.
 

@@ -26,6 +26,7 @@ functions, so the TUI can read a bench file without loading the runtime.
 # No ``from __future__ import annotations`` here: report_io.from_jsonable resolves
 # string annotations in qdebug.records' namespace only, so these records keep real ones.
 
+import contextlib
 import datetime as _dt
 import html
 import math
@@ -34,6 +35,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -546,11 +548,9 @@ def run_child(spec: dict[str, Any], workdir: Path, name: str) -> dict[str, Any]:
     spec_path = workdir / f"{name}.spec.json"
     result_path = Path(spec["result"])
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cmd, env = _child_command(spec_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "qdebug.bench_child", str(spec_path)],
+        cmd,
         env=env,
         capture_output=True,
         text=True,
@@ -563,6 +563,91 @@ def run_child(spec: dict[str, Any], workdir: Path, name: str) -> dict[str, Any]:
             "error": f"measuring process exited with code {proc.returncode}: {tail[0][:300]}",
         }
     return json.loads(result_path.read_text())
+
+
+def _child_command(spec_path: Path, serve: bool = False) -> tuple[list[str], dict[str, str]]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return [sys.executable, "-m", "qdebug.bench_child", str(spec_path), *(["--serve"] if serve else [])], env
+
+
+HANDOVER_PAUSE_S = 0.005
+"""Pause between two variants' passes: ORT's intra-op threads spin for a moment after a run, and the
+next variant must not share the cores with them."""
+
+
+def run_children_interleaved(
+    specs: dict[str, dict[str, Any]], workdir: Path, runs: int, progress: Progress = _noop
+) -> dict[str, dict[str, Any]]:
+    """Measure every variant in its own process, the timed passes handed out round robin.
+
+    The processes start one after another (each has its session and warm-up
+    done before the next starts, so no start-up overlaps another's), then pass
+    ``r`` runs every variant once, starting with a different variant each
+    pass. A slow-down of the machine during the run then spreads over all
+    variants instead of landing on the ones timed last. A process that fails
+    is reported as that variant's error; the others go on.
+    """
+    import json
+
+    procs: dict[str, subprocess.Popen] = {}
+    errors: dict[str, str] = {}
+    logs: dict[str, Any] = {}
+    try:
+        for name, spec in specs.items():
+            spec_path = workdir / f"{name}.spec.json"
+            spec_path.write_text(json.dumps(spec))
+            cmd, env = _child_command(spec_path, serve=True)
+            logs[name] = open(workdir / f"{name}.stderr", "w+")  # noqa: SIM115  (closed in finally)
+            proc = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[name], text=True
+            )
+            procs[name] = proc
+            if proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                errors[name] = "did not start"
+        live = [n for n in procs if n not in errors]
+        for r in range(runs):
+            progress("time", r, runs)
+            for name in live[r % len(live) :] + live[: r % len(live)] if live else []:
+                if name in errors:
+                    continue
+                proc = procs[name]
+                try:
+                    proc.stdin.write("pass\n")  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                    ok = proc.stdout.readline().strip() == "done"  # type: ignore[union-attr]
+                except OSError:
+                    ok = False
+                if not ok:
+                    errors[name] = "stopped while timing"
+                time.sleep(HANDOVER_PAUSE_S)
+        progress("time", runs, runs)
+        for proc in procs.values():
+            with contextlib.suppress(OSError):
+                proc.stdin.write("finish\n")  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+        for proc in procs.values():
+            proc.wait()
+    finally:  # an error or Ctrl-C: no measuring process outlives the run
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results: dict[str, dict[str, Any]] = {}
+    for name, spec in specs.items():
+        path = Path(spec["result"])
+        result = json.loads(path.read_text()) if path.is_file() else None
+        if result is None or (name in errors and result.get("ok")):
+            logs[name].seek(0)
+            tail = (logs[name].read().strip().splitlines() or [""])[-1]
+            code = procs[name].returncode if name in procs else None
+            what = errors.get(name, "wrote no result")
+            result = {"ok": False, "error": f"measuring process {what} (exit code {code}): {tail[:300]}"}
+        results[name] = result
+    for log in logs.values():
+        log.close()
+    return results
 
 
 # ============================================================================ the benchmark
@@ -764,9 +849,8 @@ def _run_bench(
         inputs_path = tmpdir / "inputs.npz"
         write_batches(evaluator.batches, evaluator.input_names, inputs_path)
         todo = [b for b in built if not b.error and b.path is not None]
-        for i, b in enumerate(todo):
-            progress("time", i, len(todo))
-            spec = child_spec(
+        specs = {
+            b.name: child_spec(
                 b.path.resolve(),
                 inputs_path,
                 evaluator.input_names,
@@ -774,8 +858,9 @@ def _run_bench(
                 options,
                 tmpdir / f"{b.name}.result.json",
             )
-            measured[b.name] = run_child(spec, tmpdir, b.name)
-        progress("time", len(todo), len(todo))
+            for b in todo
+        }
+        measured = run_children_interleaved(specs, tmpdir, options.runs, progress)
 
     variants = [_variant_result(b, scores.get(b.name), measured.get(b.name)) for b in built]
     variants = [_with_layers(v, layer_reports.get(v.name), workdir) for v in variants]

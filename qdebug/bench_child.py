@@ -2,9 +2,10 @@
 
 ``python -m qdebug.bench_child SPEC.json`` times one model and writes its
 result JSON (path named in the spec). The parent (:mod:`qdebug.bench`) starts
-one such process per variant, one after another, so each variant's peak RSS is
-its own and no variant inherits another's arena, thread pool or page cache of
-weights.
+one such process per variant (one after another, each ready before the next
+starts), so each variant's peak RSS is its own and no variant inherits
+another's arena or thread pool; with ``--serve`` the processes stay open and
+the parent hands out the timed passes round robin (:func:`serve`).
 
 This module imports only the standard library, numpy and onnxruntime (not
 onnx, not the rest of qdebug), so the memory it reports is the model's and the
@@ -120,7 +121,7 @@ class Harness:
                 first.append(steps[-1])
         if self._data_dependent_outputs():
             steps = self._check_preallocated(steps, keys, by_shape)
-            first = [next(s for s, k in zip(steps, keys) if k == key) for key in by_shape]
+            first = [next(s for s, k in zip(steps, keys, strict=True) if k == key) for key in by_shape]
         self.steps = steps
         self.shapes = len(by_shape)
         self.mode = max((m for _, _, m in by_shape.values()), key=_MODES.index)
@@ -356,49 +357,95 @@ def load_batches(path: str, input_names: Sequence[str], count: int) -> list[dict
 
 
 def measure(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Time one model as described by ``spec`` (see :func:`qdebug.bench.child_spec`)."""
-    import onnxruntime as ort
+    """Time one model as described by ``spec`` (see :func:`qdebug.bench.child_spec`), all passes at once."""
+    opened = _Opened(spec)
+    full, tail = opened.harness.time(spec["runs"])
+    return opened.result([full], [tail], spec)
 
-    batches = load_batches(spec["inputs"], spec["input_names"], spec["batches"])
-    before_session = memory_bytes()["rss"]
-    session = make_session(spec["model"], spec["providers"], spec["threads"])
-    after_session = memory_bytes()["rss"]
-    harness = Harness(session, batches)
-    harness.warmup(spec["warmup"])
-    full, tail = harness.time(spec["runs"])
-    allocs = harness.allocations(spec["alloc_batches"])
-    mem = memory_bytes()
-    return {
-        "ok": True,
-        "full_ns": full.tolist(),
-        "tail_ns": tail.tolist(),
-        "full_size": harness.full_size,
-        "tail_sizes": sorted({s.size for s in harness.steps if s.size != harness.full_size}),
-        "mode": harness.mode,
-        "shapes": harness.shapes,
-        "notes": harness.notes,
-        "peak_rss": mem["peak"],
-        "rss_before_session": before_session,
-        "rss_after_session": after_session,
-        "alloc_peak_max": allocs["peak_max"],
-        "alloc_peak_mean": allocs["peak_mean"],
-        "alloc_net": allocs["net"],
-        "alloc_batches": allocs["batches"],
-        "providers": list(session.get_providers()),
-        "ort_version": ort.__version__,
-    }
+
+def serve(spec: Mapping[str, Any], commands: Any, replies: Any) -> dict[str, Any]:
+    """Time one model a pass at a time, when the parent says so (``pass``), until ``finish``.
+
+    The parent keeps every variant's process open and hands the passes round
+    robin, so a drift of the machine's speed over the run (other tenants,
+    clocks) falls on every variant alike instead of on whichever ran last;
+    processes that are not timing wait on their input and take no CPU.
+    """
+    opened = _Opened(spec)
+    print("ready", file=replies, flush=True)
+    fulls, tails = [], []
+    for line in iter(commands.readline, ""):  # one line at a time: no read-ahead on a pipe
+        if line.strip() != "pass":
+            break
+        opened.starts.append(time.monotonic_ns())  # system-wide clock: passes of processes can be ordered
+        full, tail = opened.harness.time(1)
+        fulls.append(full)
+        tails.append(tail)
+        print("done", file=replies, flush=True)
+    return opened.result(fulls, tails, spec)
+
+
+class _Opened:
+    """A variant's session, buffers and warmed-up loop, with the memory seen while opening them."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        batches = load_batches(spec["inputs"], spec["input_names"], spec["batches"])
+        self.before_session = memory_bytes()["rss"]
+        self.session = make_session(spec["model"], spec["providers"], spec["threads"])
+        self.after_session = memory_bytes()["rss"]
+        self.harness = Harness(self.session, batches)
+        self.harness.warmup(spec["warmup"])
+        self.starts: list[int] = []
+        """``time.monotonic_ns()`` at the start of each pass served (:func:`serve`)."""
+
+    def result(
+        self, fulls: list[np.ndarray], tails: list[np.ndarray], spec: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The result JSON: timings of every pass, allocations, memory."""
+        import onnxruntime as ort
+
+        harness = self.harness
+        allocs = harness.allocations(spec["alloc_batches"])
+        mem = memory_bytes()
+        empty = np.zeros(0, dtype=np.int64)
+        return {
+            "ok": True,
+            "full_ns": np.concatenate([empty, *fulls]).tolist(),
+            "tail_ns": np.concatenate([empty, *tails]).tolist(),
+            "full_size": harness.full_size,
+            "tail_sizes": sorted({s.size for s in harness.steps if s.size != harness.full_size}),
+            "mode": harness.mode,
+            "shapes": harness.shapes,
+            "notes": harness.notes,
+            "peak_rss": mem["peak"],
+            "rss_before_session": self.before_session,
+            "rss_after_session": self.after_session,
+            "alloc_peak_max": allocs["peak_max"],
+            "alloc_peak_mean": allocs["peak_mean"],
+            "alloc_net": allocs["net"],
+            "alloc_batches": allocs["batches"],
+            "providers": list(self.session.get_providers()),
+            "ort_version": ort.__version__,
+            "pass_starts_ns": self.starts,
+        }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m qdebug.bench_child SPEC.json``: write the result JSON named in the spec."""
+    """``python -m qdebug.bench_child SPEC.json [--serve]``: write the result JSON named in the spec.
+
+    With ``--serve`` the passes are timed one at a time on the parent's ``pass``
+    lines (stdin), each answered ``done`` (stdout); see :func:`serve`.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    serving = "--serve" in args
+    args = [a for a in args if a != "--serve"]
     if len(args) != 1:
-        print("usage: python -m qdebug.bench_child SPEC.json", file=sys.stderr)
+        print("usage: python -m qdebug.bench_child SPEC.json [--serve]", file=sys.stderr)
         return 2
     with open(args[0]) as f:
         spec = json.load(f)
     try:
-        result = measure(spec)
+        result = serve(spec, sys.stdin, sys.stdout) if serving else measure(spec)
     except Exception as e:  # reported to the parent, which names the variant
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         result = {"ok": False, "error": f"{e.__class__.__name__}: {first[:300]}"}

@@ -635,3 +635,31 @@ def test_names_listed_twice_count_once(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(proposal))
     with pytest.raises(QDebugError, match="two types"):
         load_proposal(tmp_path / "p.json")
+
+
+def test_variants_are_timed_in_turns(tmp_path):
+    """Every variant's process stays open and the passes go round robin (they ran one variant after
+    another, so a slow-down late in the run fell on the last variants only)."""
+    from qdebug.bench import child_spec, run_children_interleaved, write_batches
+    from qdebug.data import Batch
+
+    model = small_cnn(tmp_path / "m.onnx")
+    x = np.load(small_data(tmp_path / "d.npz", n=20))["input"]
+    batches = [Batch({"input": x[:16]}, None, 16, "d"), Batch({"input": x[16:]}, None, 4, "d")]
+    write_batches(batches, ["input"], tmp_path / "in.npz")
+    options = BenchOptions(runs=4, warmup=1, alloc_batches=2)
+    specs = {
+        name: child_spec(model, tmp_path / "in.npz", ["input"], 2, options, tmp_path / f"{name}.json")
+        for name in ("a", "b", "c")
+    }
+    specs["broken"] = dict(specs["a"], model=str(tmp_path / "missing.onnx"), result=str(tmp_path / "x.json"))
+    results = run_children_interleaved(specs, tmp_path, runs=4)
+    assert not results["broken"]["ok"] and "NoSuchFile" in results["broken"]["error"]
+    order = sorted((t, name) for name in "abc" for t in results[name]["pass_starts_ns"])
+    names = [name for _, name in order]
+    assert len(names) == 12
+    for r in range(4):  # each pass runs every variant once, the first one rotating
+        assert sorted(names[3 * r : 3 * r + 3]) == ["a", "b", "c"]
+    assert names[:3] != names[3:6]
+    for name in "abc":
+        assert len(results[name]["full_ns"]) == 4 and len(results[name]["tail_ns"]) == 4

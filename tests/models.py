@@ -9,6 +9,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
+def save_graph(graph: onnx.GraphProto, path: Path, *, opsets: dict[str, int] | None = None) -> Path:
+    """Save ``graph`` as a model (opset 17 unless told, IR 8: what this ORT accepts) at ``path``."""
+    imports = [helper.make_opsetid(domain, version) for domain, version in (opsets or {"": 17}).items()]
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Path(path)
+
+
 def _init(name: str, arr: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(arr, dtype=np.float32), name)
 

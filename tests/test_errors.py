@@ -11,7 +11,7 @@ import pytest
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
-from tests.models import small_cnn, small_data
+from tests.models import save_graph, small_cnn, small_data
 
 
 def run_cli(args, capsys):
@@ -514,7 +514,6 @@ def test_quiet_means_quiet_with_a_histogram_calibrator(tmp_path, capsys):
 def test_tensor_names_that_ort_gives_its_own_qdq_tensors(tmp_path, capsys):
     """``x_DequantizeLinear_Output`` next to ``x``: ORT's quantizer would define the name twice and the
     run failed with "check the model with onnx.checker"; now one line naming the tensors."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (8, 8)).astype(np.float32), "w")
@@ -530,9 +529,7 @@ def test_tensor_names_that_ort_gives_its_own_qdq_tensors(tmp_path, capsys):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
         [w],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
+    save_graph(graph, tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=np.random.default_rng(1).normal(0, 1, (16, 8)).astype(np.float32))
     args = ["analyze", tmp_path / "m.onnx", "--calib", tmp_path / "c.npz", "-o", tmp_path / "r.json", "-q"]
     code, err = run_cli(args, capsys)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -11,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.cli.main import main
 from qdebug.evaluate import _exact_rows
 from qdebug.report_io import load_report
+from tests.models import save_graph
 
 
 def _argmax_model(path, classes: int = 12, seed: int = 3, tail: str = "argmax"):
@@ -42,9 +42,7 @@ def _argmax_model(path, classes: int = 12, seed: int = 3, tail: str = "argmax"):
     graph = helper.make_graph(
         nodes, "argmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])], outputs, inits
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
+    save_graph(graph, path)
     return path
 
 
@@ -136,9 +134,7 @@ def test_exact_match_refused_for_float_outputs(tmp_path, capsys):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
         [w],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
+    save_graph(graph, tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (16, 8)).astype(np.float32))
     args = [
         "analyze",
@@ -204,11 +200,7 @@ def test_string_outputs_are_compared(tmp_path):
         [helper.make_tensor_value_info("label", TensorProto.STRING, ["N"])],
         [w],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 2)]
-    )
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
+    save_graph(graph, tmp_path / "m.onnx", opsets={"": 17, "ai.onnx.ml": 2})
     x = rng.normal(0, 1, (48, 16)).astype(np.float32)
     np.savez(tmp_path / "c.npz", x=x)
     report = _analyze(tmp_path, tmp_path / "m.onnx")

@@ -23,7 +23,14 @@ from qdebug.cli.main import main
 from qdebug.errors import ExitCode
 from qdebug.report_io import load_report
 from tests.conftest import ROOT, analyze_args, analyze_with_both_engines, fixture_path
-from tests.models import branch_reads_outer_weight, masked_attention, sequence_split, small_cnn, small_data
+from tests.models import (
+    branch_reads_outer_weight,
+    masked_attention,
+    save_graph,
+    sequence_split,
+    small_cnn,
+    small_data,
+)
 
 SMALL = ["-q", "--max-samples", "16"]
 
@@ -230,9 +237,7 @@ def test_initializer_outputs_stay_exact(tmp_path, capsys):
         ],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(anchors, "anchors")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
+    save_graph(graph, tmp_path / "m.onnx")
     x = rng.normal(0, 1, (32, 8)).astype(np.float32)
     np.savez(tmp_path / "c.npz", x=x)
     out = tmp_path / "r.json"
@@ -269,9 +274,7 @@ def test_initializer_listed_twice_as_output(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]), out_w, out_w],
         [numpy_helper.from_array(w, "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
+    save_graph(graph, tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (16, 8)).astype(np.float32))
     out = tmp_path / "r.json"
     assert (
@@ -937,9 +940,7 @@ def test_a_model_input_named_labels_is_fed_to_the_model(tmp_path):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
         [numpy_helper.from_array(rng.normal(0, 0.3, (8, 4)).astype(np.float32), "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
+    save_graph(graph, tmp_path / "m.onnx")
     data = {"x": rng.normal(0, 1, (32, 8)), "labels": rng.normal(0, 1, (32, 4))}
     np.savez(tmp_path / "c.npz", **{k: v.astype(np.float32) for k, v in data.items()})
     out = tmp_path / "r.json"
@@ -1010,9 +1011,7 @@ def test_summary_line_for_integer_and_sqnr_outputs(tmp_path, capsys):
         graph = helper.make_graph(
             nodes, kind, [x], [helper.make_tensor_value_info(out[0], out[1], ["N"])], [w]
         )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        onnx.save(model, tmp_path / f"{kind}.onnx")
+        save_graph(graph, tmp_path / f"{kind}.onnx")
         capsys.readouterr()
         args = ["analyze", str(tmp_path / f"{kind}.onnx"), "--calib", str(tmp_path / "c.npz")]
         if kind == "sigmoid":

@@ -63,7 +63,10 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
     return None
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    """A record class's resolved field types; cached: resolving them per record took 8 of the 19 s
+    that loading a 5,000-node report took."""
     return typing.get_type_hints(cls, vars(records))
 
 
@@ -89,6 +92,8 @@ def from_jsonable(tp: Any, value: Any) -> Any:
         if not isinstance(value, list):  # a string would otherwise become a tuple of its letters
             raise ValueError(f"expected a list, got {type(value).__name__} {str(value)[:40]!r}")
         if len(args) == 2 and args[1] is Ellipsis:
+            if args[0] in (int, float):  # histogram counts and edges: ~4M values in a 5,000-node report
+                return _numbers(args[0], value)
             return tuple(from_jsonable(args[0], v) for v in value)
         return tuple(from_jsonable(a, v) for a, v in zip(args, value, strict=True))
     if tp is float:
@@ -106,6 +111,18 @@ def from_jsonable(tp: Any, value: Any) -> Any:
             raise ValueError(f"expected true or false, got {str(value)[:40]!r}")
         return value
     return value
+
+
+def _numbers(tp: type, values: list) -> tuple:
+    """A list of JSON numbers as ints or floats (``"inf"``/``"-inf"``/``"nan"`` strings for floats), in bulk."""
+    if tp is int:
+        if not all(type(v) is int for v in values):  # bool is not an int here, nor is 1.5
+            bad = next(v for v in values if type(v) is not int)
+            raise ValueError(f"expected an integer, got {str(bad)[:40]!r}")
+        return tuple(values)
+    if all(type(v) is float or type(v) is int for v in values):
+        return tuple(map(float, values))
+    return tuple(from_jsonable(float, v) for v in values)
 
 
 def dumps(obj: Any) -> str:
@@ -349,8 +366,21 @@ def _kind_of(data: dict) -> str | None:
 
 
 def load_report(path: str | Path) -> Report:
-    """Load and validate an analysis report."""
-    return load_record(Report, path, "report")
+    """Load and validate an analysis report (node and tensor names are unique in one qdebug wrote)."""
+    report = load_record(Report, path, "report")
+    for what, names in (
+        ("node", [n.name for n in report.nodes]),
+        ("tensor", [t.name for t in report.tensors]),
+    ):
+        seen: set[str] = set()
+        twice = next((n for n in names if n in seen or seen.add(n)), None)
+        if twice is not None:
+            raise QDebugError(
+                f"report {path} lists {what} {twice!r} twice (edited by hand?)",
+                "re-run qdebug analyze to write the report again",
+                ExitCode.INPUT,
+            )
+    return report
 
 
 CSV_COLUMNS = (

@@ -1094,3 +1094,33 @@ def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_pa
     notes: list[str] = []
     assert load._symbolic_inference(model, notes) is model
     assert list(cwd.iterdir()) == [] and Path.cwd() == cwd
+
+
+def test_names_with_rich_markup_are_printed_as_they_are(tmp_path, capsys):
+    """Node and tensor names are the user's: '[red]boom' printed as 'boom', and a name holding '[/]' made
+    analyze and propose exit 1 with a MarkupError (after writing their output)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (8, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["[red]boom"], name="[red]boom"),
+            helper.make_node("Relu", ["[red]boom"], ["y"], name="close[/]"),
+        ],
+        "markup",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [w],
+    )
+    save_graph(graph, tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (16, 8)).astype(np.float32))
+    report = tmp_path / "r.json"
+    assert (
+        main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(report)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "close[/]" in out
+    assert main(["propose", str(report), "-o", str(tmp_path / "p.json")]) in (0, 6)
+    assert "Traceback" not in capsys.readouterr().err

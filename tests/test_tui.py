@@ -1090,3 +1090,43 @@ def test_snapshot_filtered_and_excluded_120x40(snap_compare):
         press=["slash", *"attn", "enter", "down", "x", "down", "down"],
         terminal_size=(120, 40),
     )
+
+
+def test_empty_table_keys_markup_op_types_and_export_spares_session_inputs(tmp_path):
+    """Found by an adversarial run: up/pagedown on an empty table (a filter matching nothing) crashed on
+    ``row_key=None``; an op type holding Rich markup crashed the op filter (``MarkupError``); and ``e``
+    overwrote the --proposal and --bench files the session had read."""
+    odd = "[bold red]EVIL[/]"
+    report = replace(
+        REPORT, nodes=tuple(replace(n, op_type=odd) if n.op_type == "Erf" else n for n in REPORT.nodes)
+    )
+    proposal_path = tmp_path / "p.json"
+    proposal_path.write_text(dumps(make_proposal(REPORT)))
+    bench_path = write_bench(tmp_path / "b.json", make_bench())
+    kept = {p: p.read_bytes() for p in (proposal_path, bench_path)}
+    inputs = {"the proposal": proposal_path, "the bench results": bench_path}
+
+    async def main():
+        app = QDebugApp(report, report_path=str(tmp_path / "r.json"), inputs=inputs)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("slash", *"zzzzqqq", "enter")
+            await pilot.pause()
+            assert table_order(app) == []
+            await pilot.press("up", "pagedown", "down", "home")
+            await pilot.pause()
+            await pilot.press("slash", "ctrl+u", "escape")
+            for _ in range(2):  # all -> Add -> the markup op type, sorted after the letters
+                await pilot.press("o")
+            await pilot.pause()
+            while app.model.op_filter not in (odd, None):
+                await pilot.press("o")
+                await pilot.pause()
+            assert app.model.op_filter == odd
+            assert sorted(table_order(app)) == ["layer0/mlp/gelu/erf", "layer1/mlp/gelu/erf"]
+            for target in (proposal_path, bench_path):
+                assert app.main_screen.export(target) is None
+            assert app.main_screen.export(tmp_path / "new.json") is not None
+
+    run(main())
+    assert {p: p.read_bytes() for p in kept} == kept

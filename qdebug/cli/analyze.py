@@ -126,7 +126,8 @@ def print_summary(report, top: int = 10) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    # names and notes come from the model: printed as they are, never read as Rich markup
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
     task = report.task
     if task is not None:
         head = f"{task.name} on {task.samples} {task.data} samples:"

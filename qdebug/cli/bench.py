@@ -146,8 +146,10 @@ def print_table(report) -> None:
     """The machine, one row per variant, the tail batches and notes, on stdout."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    # names and errors come from the model: printed as they are, never read as Rich markup
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
     m = report.machine
     flags = ", ".join(m.int8_flags) or "none"
     console.print(
@@ -215,7 +217,7 @@ def print_table(report) -> None:
             )
     for v in report.variants:
         if v.error:
-            console.print(f"[red]{v.name} failed[/red]: {v.error}")
+            console.print(Text(f"{v.name} failed", style="red") + Text(f": {v.error}"))
         for note in v.notes:
             console.print(f"note: {v.name}: {note}")
         if v.binding and v.binding != "iobinding":

@@ -140,7 +140,8 @@ def print_summary(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+    # names and reasons come from the model: printed as they are, never read as Rich markup
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
     p = result.proposal
     name = p.metric
     console.print(f"target: {result.target.describe()}  ->  {'MET' if result.met else 'NOT MET'}")

@@ -20,7 +20,7 @@ from rich.cells import cell_len
 from textual.app import App
 from textual.screen import Screen
 
-from qdebug.errors import ExitCode
+from qdebug.errors import ExitCode, QDebugError
 from qdebug.records import Proposal, Report
 from qdebug.report_io import atomic_write_text, load_report
 from qdebug.tui.model import LayerModel
@@ -63,9 +63,12 @@ class QDebugApp(App[Any]):
         *,
         export_path: str | Path | None = None,
         bench: BenchReport | None = None,
+        inputs: dict[str, str | Path | None] | None = None,
     ) -> None:
         super().__init__()
         self.report = report
+        self.inputs: dict[str, str | Path | None] = dict(inputs or {})
+        """Files this session read (proposal, bench results): the export must never overwrite them."""
         self.bench = bench
         """``qdebug bench`` results shown by ``b`` (``None``: ``b`` says how to make them)."""
         self.proposal = proposal
@@ -122,7 +125,8 @@ def run_tui(
     report = load_report(report_path)
     proposal = load_proposal(proposal_path) if proposal_path else None
     bench = load_bench_results(bench_path) if bench_path else None
-    app = QDebugApp(report, proposal, verify_fn, report_path=report_path, bench=bench)
+    inputs = {"the proposal": proposal_path, "the bench results": bench_path}
+    app = QDebugApp(report, proposal, verify_fn, report_path=report_path, bench=bench, inputs=inputs)
     app.run()
     code = app.return_code
     return int(ExitCode.OK) if not code else int(ExitCode.INTERNAL)
@@ -148,11 +152,17 @@ def save_screenshot(
         await pilot.pause()
         await pilot.wait_for_scheduled_animations()
         await pilot.pause()
+        if app.return_code:  # the app failed while starting: no screenshot of a crash (it exited 0)
+            return
         app.exit(app.export_screenshot(title=f"qdebug {Path(report_path).name}"))
 
     svg = app.run(headless=True, size=size, auto_pilot=auto_pilot)
-    if not isinstance(svg, str):
-        raise RuntimeError("the TUI exited without a screenshot")
+    if app.return_code or not isinstance(svg, str):
+        raise QDebugError(
+            "the TUI failed before it could draw the screenshot (its error is above)",
+            "report it with the report file attached",
+            ExitCode.INTERNAL,
+        )
     atomic_write_text(svg_path, portable_svg(svg))
     return Path(svg_path)
 

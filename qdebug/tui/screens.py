@@ -340,10 +340,15 @@ class MainScreen(Screen):
         """Write the current exclusion set as a proposal to ``path``; errors become notifications."""
         proposal = self.model.to_proposal()
         report = self.model.report
-        try:  # never over the report or the model it describes
-            check_outputs_spare_inputs(
-                {"the export": path}, {"the report": self.qapp.report_path, "the model": report.model.path}
-            )
+        try:  # never over a file this session read, the model or the models the report points at
+            spared = {
+                "the report": self.qapp.report_path,
+                "the model": report.model.path,
+                "the normalized model": report.normalized_model,
+                "the quantized model": report.quantized_model.path,
+                **self.qapp.inputs,
+            }
+            check_outputs_spare_inputs({"the export": path}, spared)
             atomic_write_text(path, dumps(proposal))
         except QDebugError as e:
             self._notify(e.one_line(), title="export failed", severity="error", timeout=10)

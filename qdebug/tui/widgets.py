@@ -206,7 +206,7 @@ class FilterBar(Horizontal):
         """An input and a select, both one line high."""
         yield Input(placeholder="fuzzy filter by name  (/)", id="name-filter", compact=True)
         yield Select(
-            [(op, op) for op in self._ops],
+            [(Text(op), op) for op in self._ops],  # op types come from the model: never markup
             prompt="all ops  (o)",
             id="op-filter",
             compact=True,
@@ -331,7 +331,8 @@ class NodeTable(DataTable):
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         """Translate the row key into a node name."""
         event.stop()
-        if event.row_key.value is not None:
+        # an empty table (a filter matching nothing) highlights no row: row_key is None then
+        if event.row_key is not None and event.row_key.value is not None:
             self.post_message(self.NodeHighlighted(str(event.row_key.value)))
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:

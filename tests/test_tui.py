@@ -556,6 +556,7 @@ from qdebug.tui.widgets import (  # noqa: E402
     BenchTable,
     DetailPanel,
     NodeTable,
+    VerifyPanel,
     node_detail_text,
     summary_text,
 )
@@ -978,7 +979,9 @@ def test_detail_and_summary_text():
     text = node_detail_text(m, REPORT.node("layer1/attn/softmax"), 40).plain
     assert "EXCLUDED" in text and "proposal (fp32)" in text
     assert "added noise -18.2 dB" in text and "introduced  3.0 dB" in text
-    assert "FP32 " in text and "INT8 " in text  # the two histogram rows
+    # the two histogram rows, the quantized one labelled with the tensor's own type (it said INT8 for
+    # 16-bit activations too)
+    assert "FP32 " in text and f" {REPORT.tensor('layer1/attn/softmax_out').quant.qtype.upper()}" in text
     assert "fake-quant SQNR 15.4 dB" in text and "kernels" not in text
     text = node_detail_text(m, REPORT.node("layer0/attn/q_proj"), 40).plain
     assert "weight" in text and "int8 per-axis 1" in text
@@ -1130,3 +1133,31 @@ def test_empty_table_keys_markup_op_types_and_export_spares_session_inputs(tmp_p
 
     run(main())
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_x_on_the_exclusion_list_and_export_path_details(tmp_path, monkeypatch):
+    """The x key with the exclusion list focused toggled the table's node, not the highlighted entry; "~/p.json"
+    in the export dialog made a directory named "~"; a NaN progress fraction recursed in the bar."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    async def main():
+        app = QDebugApp(REPORT, make_proposal(REPORT))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            screen = app.main_screen
+            listed = screen.query_one("#exclusions")
+            second = listed.get_option_at_index(1).id
+            listed.focus()
+            listed.highlighted = 1
+            await pilot.pause()
+            assert screen.table.current != second
+            await pilot.press("x")
+            await pilot.pause()
+            assert second not in app.model.excluded and len(app.model.excluded) == 1
+            assert screen.export("~/p.json") is not None
+            screen.query_one(VerifyPanel).start()
+            screen.query_one(VerifyPanel).progress(math.nan, "odd")
+            await pilot.pause()
+
+    run(main())
+    assert (tmp_path / "p.json").is_file() and not (Path.cwd() / "~").exists()

@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Input, Label, Static
+from textual.widgets import Footer, Input, Label, OptionList, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from qdebug.errors import QDebugError
@@ -235,8 +235,11 @@ class MainScreen(Screen):
     # ----------------------------------------------------------------- actions
 
     def action_toggle_exclusion(self) -> None:
-        """Exclude or include the node under the cursor."""
+        """Exclude or include the node under the cursor (or the highlighted entry of the exclusion list)."""
         name = self.table.current
+        listed = self.query_one("#exclusions", OptionList)
+        if self.app.focused is listed and listed.highlighted is not None:
+            name = listed.get_option_at_index(listed.highlighted).id
         if name is None:
             self._notify("no node selected", severity="warning")
             return
@@ -338,6 +341,7 @@ class MainScreen(Screen):
 
     def export(self, path: str | Path) -> Proposal | None:
         """Write the current exclusion set as a proposal to ``path``; errors become notifications."""
+        path = Path(path).expanduser()  # typed in the dialog: "~/p.json" had made a directory named "~"
         proposal = self.model.to_proposal()
         report = self.model.report
         try:  # never over a file this session read, the model or the models the report points at
@@ -358,7 +362,7 @@ class MainScreen(Screen):
         self._notify(
             f"wrote {path} ({n} node{'s' if n != 1 else ''} excluded)", title="proposal exported", timeout=8
         )
-        if n == 0:
+        if n == 0 and not proposal.tensor_overrides:
             self._notify("the proposal excludes no node (full static quantization)", severity="warning")
         return proposal
 

@@ -138,7 +138,7 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
         t = Text(f"{task.name} ({task.data}, {task.samples}): ")
         t.append(f"FP32 {fmt_metric(task.name, task.fp32)}", style="bold")
         t.append(" → ")
-        t.append(f"INT8 {fmt_metric(task.name, task.quantized)}", style="bold")
+        t.append(f"{quant_label(report)} {fmt_metric(task.name, task.quantized)}", style="bold")
         t.append(f" ({fmt_metric_delta(task.name, delta)})", style="bold red" if delta < 0 else "green")
         results.append(t)
         if not math.isnan(task.quantized_fakequant):
@@ -146,7 +146,8 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
             fq.append(fmt_metric(task.name, task.quantized_fakequant), style="bold")
             if task.fakequant_samples and task.fakequant_samples < task.samples:
                 same = fmt_metric(task.name, task.quantized_same_samples)
-                fq.append(f" vs INT8 {same} on the first {task.fakequant_samples}", style="dim")
+                label = quant_label(report)
+                fq.append(f" vs {label} {same} on the first {task.fakequant_samples}", style="dim")
             results.append(fq)
     else:
         results.append(Text("no task metric", style="dim"))
@@ -467,6 +468,11 @@ def _stats_line(t: Text, label: str, s: ErrorStats | None) -> None:
     t.append("\n")
 
 
+def quant_label(report: Report) -> str:
+    """What the quantized model is called in the header: INT16 for 16-bit activations, else INT8."""
+    return "INT16" if "16" in report.config.activation_type else "INT8"
+
+
 def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
     t.append("output ", style="bold")
     t.append(tensor.name + "\n", style="bold cyan")
@@ -508,7 +514,8 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
             t.append(" FP32 " if i == len(ref) - 1 else "      ", style="dim")
             t.append(row + "\n", style="green")
         for i, row in enumerate(cand):
-            t.append(" INT8 " if i == len(cand) - 1 else "      ", style="dim")
+            label = (tensor.quant.qtype.upper() if tensor.quant is not None else "QUANT")[:5]
+            t.append(f" {label:<5}" if i == len(cand) - 1 else "      ", style="dim")
             t.append(row + "\n", style="magenta")
         finite = [e for e in h.edges if math.isfinite(e)]  # the outer edges may be ±inf (overflow bins)
         lo, hi = (fmt_num(finite[0]), fmt_num(finite[-1])) if finite else ("", "")
@@ -704,7 +711,9 @@ class VerifyPanel(Vertical):
 
     def progress(self, fraction: float, text: str) -> None:
         """Move the bar to ``fraction`` (0..1) and show ``text``."""
-        self.query_one(ProgressBar).update(progress=min(max(fraction, 0.0), 1.0))
+        # NaN passes min/max unchanged and sent the bar into a RecursionError
+        fraction = min(max(fraction, 0.0), 1.0) if math.isfinite(fraction) else 0.0
+        self.query_one(ProgressBar).update(progress=fraction)
         self.query_one("#verify-status", Static).update(Text(f"verify: {text}  (esc cancels)", style="bold"))
 
     def finish(self, status: str, lines: list[str], style: str = "") -> None:

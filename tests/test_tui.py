@@ -1161,3 +1161,28 @@ def test_x_on_the_exclusion_list_and_export_path_details(tmp_path, monkeypatch):
 
     run(main())
     assert (tmp_path / "p.json").is_file() and not (Path.cwd() / "~").exists()
+
+
+def test_filter_typing_on_a_large_report_refreshes_once(monkeypatch):
+    """A 5,000-node table took 2.6 s to rebuild per keystroke: large reports refresh when typing pauses
+    (enter applies the filter at once)."""
+    import qdebug.tui.screens as screens
+
+    monkeypatch.setattr(screens, "DEBOUNCE_NODES", 1)  # this report counts as large
+    monkeypatch.setattr(screens, "DEBOUNCE_S", 5.0)  # longer than the test: only enter applies it
+
+    async def main():
+        app = QDebugApp(REPORT)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            calls = []
+            real = app.main_screen.refresh_table
+            app.main_screen.refresh_table = lambda: (calls.append(1), real())[1]
+            await pilot.press("slash", *"l1sm")
+            await pilot.pause()
+            assert calls == [] and len(table_order(app)) == 32  # not yet
+            await pilot.press("enter")
+            await pilot.pause()
+            assert calls == [1] and table_order(app) == ["layer1/attn/softmax"]
+
+    run(main())

@@ -472,14 +472,14 @@ def blame_tensors(
         acc = n.accumulated_sqnr_db
         if not math.isnan(acc) and acc + INPUT_DRIVEN_MARGIN_DB < own:
             why = (
-                f"{n.name} ({n.op_type}) adds {intro:.1f} dB of error (output at {acc:.1f} dB) although "
+                f"{n.name} ({n.op_type}) introduces {intro:.1f} dB of error (SQNR {acc:.1f} dB at its output) although "
                 f"its own quantization is at {_db(own)}: upstream error made visible"
             )
             for i in n.inputs:
                 if i in activations:
                     give(i, intro, n.name, why)
         elif math.isnan(acc) or acc < HARMLESS_SQNR_DB:
-            why = f"{n.name} ({n.op_type}) adds {intro:.1f} dB of error (output at {_db(acc)})"
+            why = f"{n.name} ({n.op_type}) introduces {intro:.1f} dB of error (SQNR {_db(acc)} at its output)"
             for o in n.outputs:
                 if o in activations:
                     give(o, intro, n.name, why)

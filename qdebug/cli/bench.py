@@ -210,11 +210,9 @@ def print_table(report) -> None:
     for v in report.variants:
         if v.worst_layers:
             worst = ", ".join(
-                f"{w.node} ({w.op_type}) {fmt_db(w.introduced_db)} dB" for w in v.worst_layers[:3]
+                f"{w.node} ({w.op_type}, introduces {fmt_db(w.introduced_db)} dB)" for w in v.worst_layers[:3]
             )
-            console.print(
-                f"{v.name}: most error added by {worst}; per-layer report {v.layer_report} (qdebug tui)"
-            )
+            console.print(f"{v.name}: worst layers {worst}; per-layer report {v.layer_report} (qdebug tui)")
     for v in report.variants:
         if v.error:
             console.print(Text(f"{v.name} failed", style="red") + Text(f": {v.error}"))

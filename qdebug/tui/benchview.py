@@ -150,8 +150,11 @@ def note_lines(bench: BenchReport) -> list[str]:
             lines.append(f"{v.name} failed: {v.error}")
     for v in bench.variants:
         if v.worst_layers:
-            worst = ", ".join(f"{w.node} ({fmt_db(w.accumulated_sqnr_db)} dB)" for w in v.worst_layers[:3])
-            lines.append(f"{v.name}: worst layers {worst}")
+            worst = ", ".join(
+                f"{w.node} (introduces {fmt_db(w.introduced_db)} dB, SQNR {fmt_db(w.accumulated_sqnr_db)} dB)"
+                for w in v.worst_layers[:3]
+            )
+            lines.append(f"{v.name}: worst layers by introduced error: {worst}")
     lines.extend(bench.notes)
     return lines
 

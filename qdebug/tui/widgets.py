@@ -655,8 +655,11 @@ class ExclusionPanel(Vertical):
         m = self.model
         names = m.excluded
         t = Text()
-        t.append(f"Excluded {len(names)}", style="bold magenta" if names else "bold")
+        counted = sum(1 for n in names if m.node(n).quantized)  # the share's numerator
+        t.append(f"Excluded {counted}", style="bold magenta" if names else "bold")
         t.append(f"/{m.quantizable} quantizable ({100 * m.excluded_share():.1f}%)")
+        if len(names) > counted:  # kept FP32 anyway: excluding them changes nothing
+            t.append(f" + {len(names) - counted} not quantized", style="dim")
         p = m.proposal
         if p is not None:
             t.append("\nproposal" if p.source == "propose" else f"\nproposal ({p.source})", style="dim")

@@ -1049,6 +1049,16 @@ def check_report_model(report: Report, model: str | Path | None) -> Path:
     return path
 
 
+def rerank_limit(specs: Sequence[Any], wanted: int, available: int | None) -> int:
+    """Samples a re-rank capture reads: ``wanted``, at most the report's calibration samples, and whole
+    batches of a fixed batch dimension (a model fixed at 3 had failed: 32 samples fill no batches of 3,
+    and the advice to pass --max-samples named a flag propose does not have)."""
+    n = min(wanted, available) if available else wanted
+    fixed = {sp.shape[0] for sp in specs if sp.shape and isinstance(sp.shape[0], int)}
+    batch = fixed.pop() if len(fixed) == 1 else 1
+    return max(batch, n - n % batch) if batch > 1 else n
+
+
 def selective_model_path(output: str | Path) -> Path:
     """Where the selectively quantized model of a proposal goes: ``<stem>.selective.onnx`` next to it."""
     out = Path(output)
@@ -1200,13 +1210,16 @@ def _propose(
         progress,
         options.max_nodes,
     )
-    rerank_data = open_data(
-        calib_src, prep.calib.specs, batch_size=cfg.batch_size, max_samples=options.rerank_samples
-    )
+    limit = rerank_limit(prep.calib.specs, options.rerank_samples, prep.calib.n_samples)
+    opened: list[Any] = []  # opened on the first re-rank: a search that needs none reads no data for it
 
     def rerank(plan: Plan, widen: bool) -> list[Unit]:
         progress("re-rank", 0, None)
-        nodes, weights = _capture_nodes(search, plan, rerank_data, config, prep.ranges, prep.name_map)
+        if not opened:
+            opened.append(
+                open_data(calib_src, prep.calib.specs, batch_size=cfg.batch_size, max_samples=limit)
+            )
+        nodes, weights = _capture_nodes(search, plan, opened[0], config, prep.ranges, prep.name_map)
         excluded, overridden = frozenset(plan.nodes()), frozenset(plan.overrides())
         return rank_units(structure, nodes, weights, excluded, overridden, widen=widen)
 
@@ -1281,6 +1294,8 @@ def _snippet(report: Report, model_path: Path, prep: Any, spec: Any, calib_src: 
         weight_type=report.config.weight_type,
         tensor_overrides=spec.tensor_overrides,
         calib_hint=str(calib_src),
+        batch=rerank_limit(prep.calib.specs, 1, None),  # the fixed batch dimension, else one sample
+        max_samples=report.config.max_samples,
     )
 
 

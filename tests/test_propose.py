@@ -484,3 +484,43 @@ def test_no_more_nodes_than_the_fixture_generators_known_answer(transformer, tmp
     proposal = load_record(Proposal, out, "proposal")
     assert len(proposal.nodes_to_exclude) <= len(known)
     assert proposal.expected_metric >= proposal.fp32_metric - window / 100 - 1e-9
+
+
+def test_snippet_reads_the_data_as_qdebug_did(tmp_path, monkeypatch):
+    """A model with a fixed batch of 4, calibration data in a folder, analyze --max-samples 24: the snippet
+    fed one sample at a time from one file, every sample, so it failed ("Got: 1 Expected: 4", or
+    IsADirectoryError) or built other scales than the proposal's. Propose also failed outright on such
+    models: its re-rank capture read 32 samples, which fill no batches of 3."""
+    import onnx
+    from onnx import numpy_helper
+
+    from qdebug.cli.main import main
+    from tests.models import small_cnn, small_data
+
+    model = small_cnn(tmp_path / "m.onnx")
+    proto = onnx.load(model)
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_value = 4
+    onnx.save(proto, model)
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i in range(3):
+        small_data(folder / f"part{i}.npz", n=12, seed=i)
+    report, prop = tmp_path / "r.json", tmp_path / "p.json"
+    assert (
+        main(["analyze", str(model), "--calib", str(folder), "--max-samples", "24", "-o", str(report), "-q"])
+        == 0
+    )
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "-q"]) in (0, 6)
+    proposal = json.loads(prop.read_text())
+    monkeypatch.chdir(tmp_path)
+    exec(compile(proposal["snippet"], "snippet", "exec"), {})
+
+    def scales(path):
+        g = onnx.load(str(path)).graph
+        return {i.name: numpy_helper.to_array(i) for i in g.initializer if i.name.endswith("_scale")}
+
+    mine, theirs = scales(tmp_path / "model.selective.onnx"), scales(proposal["quantized_model"])
+    assert mine.keys() == theirs.keys() and mine
+    for name, value in theirs.items():
+        np.testing.assert_allclose(mine[name], value, rtol=1e-6, err_msg=name)

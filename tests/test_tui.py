@@ -517,7 +517,10 @@ def test_bench_view_text():
     assert "500 samples in batches of 32" in benchview.title_line(bench)
     notes = benchview.note_lines(bench)
     assert notes[0] == "last batch (20 samples, timed separately, not padded): fp32 p50 0.600 ms"
-    assert "qoperator failed: ORT refused" in notes[1] and "layer1/attn/softmax (introduces 3.0 dB, SQNR 19.5 dB)" in notes[2]
+    assert (
+        "qoperator failed: ORT refused" in notes[1]
+        and "layer1/attn/softmax (introduces 3.0 dB, SQNR 19.5 dB)" in notes[2]
+    )
     points = benchview.chart_points(bench)
     assert [(p.mark, p.label, p.x, p.y) for p in points[:2]] == [
         ("1", "fp32", 0.841, 98.0),

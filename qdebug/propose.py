@@ -472,8 +472,8 @@ def blame_tensors(
         acc = n.accumulated_sqnr_db
         if not math.isnan(acc) and acc + INPUT_DRIVEN_MARGIN_DB < own:
             why = (
-                f"{n.name} ({n.op_type}) introduces {intro:.1f} dB of error (SQNR {acc:.1f} dB at its output) although "
-                f"its own quantization is at {_db(own)}: upstream error made visible"
+                f"{n.name} ({n.op_type}) introduces {intro:.1f} dB of error (SQNR {acc:.1f} dB at its output) "
+                f"although its own quantization is at {_db(own)}: upstream error made visible"
             )
             for i in n.inputs:
                 if i in activations:

@@ -217,7 +217,9 @@ class BenchReport:
 class BenchOptions:
     """Options of :func:`run_bench` (the flags of ``qdebug bench``)."""
 
-    variants: tuple[str, ...] = ("fp32", "dynamic", "static")
+    variants: tuple[str, ...] | None = None
+    """Variants to measure (None: fp32, dynamic, static, and selective when a proposal is given -- as the
+    CLI does without --variants)."""
     methods: tuple[str, ...] = ()
     """Calibration methods, one static variant each (empty: the proposal's method, else minmax)."""
     per_channel: bool = False
@@ -707,6 +709,9 @@ def _run_bench(
     from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
 
     options = options or BenchOptions()
+    if options.variants is None:
+        default = ("fp32", "dynamic", "static") + (("selective",) if proposal is not None else ())
+        options = replace(options, variants=default)
     if not options.variants:
         raise QDebugError(
             "no variants to benchmark", f"pass --variants with some of {', '.join(KINDS)}", ExitCode.USAGE

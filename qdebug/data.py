@@ -149,15 +149,16 @@ def open_data(
     ``limit_flag`` is the flag that limits this data's samples, for hints (``""``: ``--max-samples``
     for calibration data, none otherwise; ``None``: the command has none).
     """
-    if limit_flag == "":
-        limit_flag = "--max-samples" if what == "calibration data" else None
     if batch_size is not None and batch_size < 1:
         raise QDebugError(
             f"--batch-size must be >= 1 (got {batch_size})", "pass a positive batch size", ExitCode.USAGE
         )
+    if limit_flag == "":
+        limit_flag = "--max-samples" if what == "calibration data" else None
     if max_samples is not None and max_samples < 1:
+        flag = limit_flag or "--max-samples"
         raise QDebugError(
-            f"--max-samples must be >= 1 (got {max_samples})", "pass a positive number", ExitCode.USAGE
+            f"{flag} must be >= 1 (got {max_samples})", "pass a positive number", ExitCode.USAGE
         )
     text = str(source)
     path = Path(text)

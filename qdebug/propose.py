@@ -1258,6 +1258,7 @@ def _propose(
         weight_type=cfg.weight_type,
         calibration_key=prep.ranges.key if prep.ranges is not None else "",
         calib_max_samples=cfg.max_samples,
+        eval_samples=search.evaluator.samples,
     )
     if output is not None and sel_path is not None:
         save_model(selective, sel_path)

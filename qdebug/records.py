@@ -353,3 +353,6 @@ class Proposal:
     verify and bench say so when theirs differs: the selective model's scales then differ too."""
     calib_max_samples: int | None = None
     """``--max-samples`` of that calibration (None: every sample); verify and bench use it by default."""
+    eval_samples: int = 0
+    """Evaluation samples the metrics above were measured on (fewer than the data holds with
+    ``--eval-max-samples``; 0: not recorded)."""

@@ -146,6 +146,17 @@ def test_csv_export(cnn, tmp_path):
     lines = csv.read_text().splitlines()
     assert lines[0].startswith("node,original_name,op_type")
     assert len(lines) == 1 + 9
+    import csv as csvlib
+    import math
+
+    from qdebug.report_io import load_report
+
+    rows = {r["node"]: r for r in csvlib.DictReader(csv.read_text().splitlines())}
+    for node in load_report(tmp_path / "r.json").nodes:  # the CLI's ranking key is in the export too
+        got = float(rows[node.name]["added_noise_db"]) if rows[node.name]["added_noise_db"] else math.nan
+        assert got == pytest.approx(node.added_noise_db, rel=1e-6, nan_ok=True) or (
+            math.isinf(got) and got == node.added_noise_db
+        )
 
 
 def test_instrumentation_is_deterministic_and_pure(cnn):

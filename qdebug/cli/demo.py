@@ -61,23 +61,23 @@ def run(args: argparse.Namespace) -> int:
         )
     print_summary(report, 8)
     print(f"\nreport: {report_path}", file=sys.stderr)
-    proposal_path = None
+    proposal_path, code = None, 0
     if not args.analyze_only:
-        proposal_path = _propose_and_verify(report_path, model, calib, eval_data, out, args.quiet)
+        proposal_path, code = _propose_and_verify(report_path, model, calib, eval_data, out, args.quiet)
     tui = f"qdebug tui {report_path}" + (f" --proposal {proposal_path}" if proposal_path else "")
     print(f"\nExplore it interactively:  {tui}")
-    return 0
+    return code  # 6 when propose or verify missed its target: the demo is a check too
 
 
 def _propose_and_verify(
     report_path: Path, model: Path, calib: Path, eval_data: Path, out: Path, quiet: bool
-) -> Path | None:
-    """The second half of the loop; returns the proposal path."""
+) -> tuple[Path | None, int]:
+    """The second half of the loop; returns the proposal path and the worse of the two exit codes."""
     try:
         from qdebug.cli import propose as propose_cli
         from qdebug.cli import verify as verify_cli
     except ImportError:
-        return None
+        return None, 0
     from qdebug.cli.main import build_parser
 
     parser = build_parser()
@@ -85,7 +85,7 @@ def _propose_and_verify(
     pargs = parser.parse_args(["propose", str(report_path), "-o", str(proposal)] + (["-q"] if quiet else []))
     code = propose_cli.run(pargs)
     if code not in (0, 6) or not proposal.exists():
-        return None
+        return None, code
     vargs = parser.parse_args(
         [
             "verify",
@@ -101,5 +101,4 @@ def _propose_and_verify(
         ]
         + (["-q"] if quiet else [])
     )
-    verify_cli.run(vargs)
-    return proposal
+    return proposal, code or verify_cli.run(vargs)

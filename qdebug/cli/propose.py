@@ -145,14 +145,15 @@ def print_summary(result) -> None:
     p = result.proposal
     name = p.metric
     console.print(f"target: {result.target.describe()}  ->  {'MET' if result.met else 'NOT MET'}")
+    on = f" on {p.eval_samples} evaluation samples" if p.eval_samples else ""
     console.print(
-        f"{name}: FP32 {fmt_metric(name, p.fp32_metric)}  static {fmt_metric(name, p.static_metric)}  "
+        f"{name}{on}: FP32 {fmt_metric(name, p.fp32_metric)}  static {fmt_metric(name, p.static_metric)}  "
         f"selective {fmt_metric(name, p.expected_metric)}"
     )
-    share = len(p.nodes_to_exclude) / p.quantizable_nodes if p.quantizable_nodes else math.nan
+    share = f"{100 * len(p.nodes_to_exclude) / p.quantizable_nodes:.1f}%" if p.quantizable_nodes else "-"
     console.print(
         f"nodes kept FP32: {len(p.nodes_to_exclude)} of {p.quantizable_nodes} quantizable "
-        f"({100 * share:.1f}%); "
+        f"({share}); "
         f"16-bit tensors: {len(p.tensor_overrides)}; per-channel: {p.per_channel}; "
         f"Q/DQ pairs vs static: {p.qdq_pairs_delta:+d}"
     )

@@ -66,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
         proposal_path, code = _propose_and_verify(report_path, model, calib, eval_data, out, args.quiet)
     tui = f"qdebug tui {report_path}" + (f" --proposal {proposal_path}" if proposal_path else "")
     print(f"\nExplore it interactively:  {tui}")
-    return code  # 6 when propose or verify missed its target: the demo is a check too
+    # an error in propose or verify is the demo's error; a missed target (6) is shown as FAIL above but is
+    # not one: the demo's recovery depends on the CPU's kernels (VNNI or not), and `pip install . && qdebug
+    # demo` must succeed on any machine
+    return code if code != ExitCode.TARGET_NOT_MET else 0
 
 
 def _propose_and_verify(

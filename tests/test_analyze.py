@@ -320,3 +320,17 @@ def test_kernel_gap_compares_the_same_samples(analyzed):
     assert kernel_gap_notes((bad_overall,)), "a 10 dB gap over the whole run is called out"
     same = {"c2": dataclasses.replace(rec.accumulated, sqnr_db=fq - 0.5)}
     assert kernel_gap_notes((bad_overall,), same) == [], "on the same samples there is no gap"
+
+
+def test_demo_runs_the_whole_loop(tmp_path, capsys):
+    """`qdebug demo` is the Quick start's main job: analyze, propose and verify the bundled model."""
+    from qdebug.report_io import load_report
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--output-dir", str(out), "-q"]) == 0
+    stdout = capsys.readouterr().out
+    report = load_report(out / "report.json")
+    assert report.task is not None and report.task.fp32 - report.task.quantized > 0.05  # the designed drop
+    assert (out / "proposal.json").is_file() and (out / "verify.json").is_file()
+    verdict = json.loads((out / "verify.json").read_text())["verdict"]
+    assert verdict in stdout and "Explore it interactively:  qdebug tui" in stdout

@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from qdebug.errors import ExitCode
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug demo``."""

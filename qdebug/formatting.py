@@ -28,4 +28,4 @@ def fmt_metric(name: str, x: float) -> str:
         return "inf" if x > 0 else "-inf"
     if name in ACCURACY_METRICS:
         return f"{100 * x:.2f}%"
-    return f"{x:.4g}"
+    return f"{x + 0.0:.4g}"  # + 0.0: a metric of -0.0 printed as "-0"

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from qdebug.tui.app import QDebugApp
 
 VERIFY_UNAVAILABLE = (
-    "verify is unavailable: the model/data paths of this report are not reachable "
-    "(run `qdebug tui` where the model and data are, or use `qdebug verify`)"
+    "verify is unavailable: the report's model or data are not reachable from here, or the model file "
+    "changed since the analysis (run `qdebug tui` where they are, or use `qdebug verify`)"
 )
 
 PROGRESS_INTERVAL_S = 0.1

@@ -448,6 +448,10 @@ def test_table_layout_never_cuts_numbers():
         k: w for k, w in natural.widths.items() if k not in ("name", "op")
     }
     assert middle_ellipsis("abcdef", 3) == "a…f" and middle_ellipsis("abc", 3) == "abc"
+    # wide (CJK) characters take two cells: cut by cells, the name fits its column and keeps both ends
+    cut = middle_ellipsis("層正規化/注意/出力テンソル名前", 11)
+    assert cut.startswith("層") and cut.endswith("名前") and "…" in cut
+    assert sum(2 if ch not in "…/" else 1 for ch in cut) <= 11
     assert short_op("GlobalAveragePool") == "GlobalAvgPool" and short_op("MatMul") == "MatMul"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,15 +161,35 @@ def short_op(op: str) -> str:
     return op
 
 
+def cells(text: str) -> int:
+    """Terminal cells ``text`` takes: wide (CJK) characters take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _fit(chars: Iterable[str], budget: int) -> str:
+    out, used = [], 0
+    for ch in chars:
+        w = cells(ch)
+        if used + w > budget:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out)
+
+
 def middle_ellipsis(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters by replacing its middle with ``…`` (both ends stay readable)."""
-    if len(text) <= width:
+    """``text`` cut to ``width`` cells by replacing its middle with ``…`` (both ends stay readable).
+
+    Cells, not characters: a name of wide characters cut by characters overflowed its column, and the
+    table then cut its end.
+    """
+    if cells(text) <= width:
         return text
     if width <= 1:
         return "…"[:width]
     head = (width - 1) // 2
-    tail = width - 1 - head
-    return text[:head] + "…" + (text[-tail:] if tail else "")
+    tail = _fit(reversed(text), width - 1 - head)[::-1]
+    return _fit(text, width - 1 - cells(tail)) + "…" + tail
 
 
 @dataclass(frozen=True)
@@ -209,7 +230,7 @@ def table_layout(nodes: Sequence[NodeRecord], available: int | None = None) -> T
             widths[col.key] = 1 + max([len(col.label) + 1, *(len(fmt(n)) for n in nodes)])
     widths["excluded"] = 2
     fixed = sum(widths.values())
-    name_w = 1 + max([len("Node"), *(len(n.name) for n in nodes)])
+    name_w = 1 + max([len("Node"), *(cells(n.name) for n in nodes)])
     op_w = 1 + max([len("Op"), *(len(n.op_type) for n in nodes)])
     short_w = 1 + max([len("Op"), *(len(short_op(n.op_type)) for n in nodes)])
     short_ops = False

@@ -69,3 +69,24 @@ def analyze_with_both_engines(model: Path, calib: Path, tmp_path: Path, *extra: 
         assert main(args) == 0
         reports[engine] = load_report(out)
     return reports
+
+
+def analyze_then_propose(model: Path, calib: Path, tmp_path: Path, *analyze_extra: str) -> dict:
+    """``analyze`` then ``propose --target-drop 0`` (the target may be missed); the proposal's JSON."""
+    import json
+
+    from qdebug.cli.main import main
+
+    report, prop = tmp_path / "r.json", tmp_path / "p.json"
+    assert main(["analyze", str(model), "--calib", str(calib), *analyze_extra, "-o", str(report), "-q"]) == 0
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "-q"]) in (0, 6)
+    return json.loads(prop.read_text())
+
+
+def qdq_scales(path: Path | str) -> dict:
+    """Every ``*_scale`` initializer of a QDQ model: equal scales mean the same calibration was used."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    return {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name.endswith("_scale")}

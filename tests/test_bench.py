@@ -27,7 +27,7 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import sha256_file
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.report_io import dumps
-from tests.conftest import FIXTURES, fixture_path
+from tests.conftest import FIXTURES, fixture_path, qdq_scales
 from tests.models import save_graph, small_cnn, small_data
 
 QUICK = ["--runs", "1", "--warmup", "1", "-q"]
@@ -524,14 +524,6 @@ def test_dynamic_pairing_follows_the_graph_not_the_names(tmp_path):
 # ----------------------------------------------------------------------------- proposals: settings and fields
 
 
-def _scales(path: Path) -> dict[str, np.ndarray]:
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(path))
-    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.name.endswith("_scale")}
-
-
 def test_selective_variant_follows_the_proposals_settings(tmp_path):
     """A proposal made with percentile calibration and int8 activations was rebuilt by bench with minmax and
     uint8 (69 scales differed on the transformer): bench now builds with the proposal's settings."""
@@ -569,8 +561,8 @@ def test_selective_variant_follows_the_proposals_settings(tmp_path):
         == 0
     )
     mine, theirs = (
-        _scales(tmp_path / "b_files" / "selective.onnx"),
-        _scales(Path(proposal["quantized_model"])),
+        qdq_scales(tmp_path / "b_files" / "selective.onnx"),
+        qdq_scales(Path(proposal["quantized_model"])),
     )
     assert mine.keys() == theirs.keys() and mine
     for name, value in theirs.items():

@@ -39,7 +39,7 @@ from qdebug.propose import (
 )
 from qdebug.records import SCHEMA_VERSION, ErrorStats, NodeRecord, Proposal, QuantParams, WeightRecord
 from qdebug.report_io import load_record, load_report
-from tests.conftest import fixture_path
+from tests.conftest import analyze_then_propose, fixture_path, qdq_scales
 
 
 @pytest.fixture(scope="module")
@@ -494,9 +494,7 @@ def test_snippet_reads_the_data_as_qdebug_did(tmp_path, monkeypatch):
     IsADirectoryError) or built other scales than the proposal's. Propose also failed outright on such
     models: its re-rank capture read 32 samples, which fill no batches of 3."""
     import onnx
-    from onnx import numpy_helper
 
-    from qdebug.cli.main import main
     from tests.models import small_cnn, small_data
 
     model = small_cnn(tmp_path / "m.onnx")
@@ -508,21 +506,11 @@ def test_snippet_reads_the_data_as_qdebug_did(tmp_path, monkeypatch):
     folder.mkdir()
     for i in range(3):
         small_data(folder / f"part{i}.npz", n=12, seed=i)
-    report, prop = tmp_path / "r.json", tmp_path / "p.json"
-    assert (
-        main(["analyze", str(model), "--calib", str(folder), "--max-samples", "24", "-o", str(report), "-q"])
-        == 0
-    )
-    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "-q"]) in (0, 6)
-    proposal = json.loads(prop.read_text())
+    proposal = analyze_then_propose(model, folder, tmp_path, "--max-samples", "24")
     monkeypatch.chdir(tmp_path)
     exec(compile(proposal["snippet"], "snippet", "exec"), {})
 
-    def scales(path):
-        g = onnx.load(str(path)).graph
-        return {i.name: numpy_helper.to_array(i) for i in g.initializer if i.name.endswith("_scale")}
-
-    mine, theirs = scales(tmp_path / "model.selective.onnx"), scales(proposal["quantized_model"])
+    mine, theirs = qdq_scales(tmp_path / "model.selective.onnx"), qdq_scales(proposal["quantized_model"])
     assert mine.keys() == theirs.keys() and mine
     for name, value in theirs.items():
         np.testing.assert_allclose(mine[name], value, rtol=1e-6, err_msg=name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from qdebug.propose import ProposeOptions, propose
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.report_io import dumps, load_report
 from qdebug.verify import VerifyOptions, judge, make_tui_verify, time_sessions, verify
-from tests.conftest import fixture_path
+from tests.conftest import analyze_then_propose, fixture_path, qdq_scales
 
 
 @pytest.fixture(scope="module")
@@ -254,38 +253,24 @@ def test_verify_and_bench_rebuild_the_proposals_calibration(tmp_path, capsys):
     """analyze --max-samples 16 -> propose -> verify/bench without the flag: they calibrated on every sample
     (64 scales differed from propose's model on the transformer). They now take the proposal's sample
     count, and a note says when the calibration still differs (another --calib file)."""
-    from onnx import numpy_helper
-
     from tests.models import small_cnn, small_data
 
     model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=48)
-
-    def scales(path):
-        proto = onnx.load(str(path))
-        return {
-            i.name: numpy_helper.to_array(i) for i in proto.graph.initializer if i.name.endswith("_scale")
-        }
-
-    report, prop = tmp_path / "r.json", tmp_path / "p.json"
-    assert (
-        main(["analyze", str(model), "--calib", str(calib), "--max-samples", "16", "-o", str(report), "-q"])
-        == 0
-    )
-    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "-q"]) in (0, 6)
-    proposal = json.loads(prop.read_text())
+    prop = tmp_path / "p.json"
+    proposal = analyze_then_propose(model, calib, tmp_path, "--max-samples", "16")
     assert proposal["calib_max_samples"] == 16 and proposal["calibration_key"]
-    theirs = scales(proposal["quantized_model"])
+    theirs = qdq_scales(proposal["quantized_model"])
     base = [str(model), "--calib", str(calib), "--proposal", str(prop), "-q"]
     assert main(["verify", *base, "--runs", "0", "-o", str(tmp_path / "v.json")]) in (0, 6)
     out = capsys.readouterr().out
     assert "note: the calibration differs" not in out
-    mine = scales(tmp_path / "v_files" / "selective.onnx")
+    mine = qdq_scales(tmp_path / "v_files" / "selective.onnx")
     assert mine.keys() == theirs.keys()
     assert all(np.array_equal(mine[k], theirs[k]) for k in theirs)
     bench = ["bench", *base, "--variants", "selective", "--runs", "1", "--warmup", "0", "--no-dynamic-layers"]
     assert main([*bench, "-o", str(tmp_path / "b.json")]) == 0
     capsys.readouterr()
-    mine = scales(tmp_path / "b_files" / "selective.onnx")
+    mine = qdq_scales(tmp_path / "b_files" / "selective.onnx")
     assert all(np.array_equal(mine[k], theirs[k]) for k in theirs)
     # other calibration data: verify judges the model it built, and says its scales are not propose's
     other = small_data(tmp_path / "o.npz", n=48, seed=7)

@@ -1193,3 +1193,17 @@ def test_filter_typing_on_a_large_report_refreshes_once(monkeypatch):
             assert calls == [1] and table_order(app) == ["layer1/attn/softmax"]
 
     run(main())
+
+
+@pytest.mark.parametrize("size, rows", [((40, 10), 1), ((60, 14), 3)])
+def test_small_terminals_keep_table_rows(size, rows):
+    """The narrow layout's detail/exclusion strip was 9 rows whatever the height: at 40x10 the table
+    showed its header and no row."""
+
+    async def main():
+        app = QDebugApp(REPORT)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            assert app.main_screen.table.size.height - 1 >= rows  # minus the header row
+
+    run(main())

@@ -1262,7 +1262,7 @@ def _propose(
         nodes_to_exclude=spec.nodes_to_exclude,
         tensor_overrides=spec.tensor_overrides,
         per_channel=spec.per_channel,
-        reasons=_reasons(report, plan, spec, target, static, final),
+        reasons=_reasons(report, plan, spec, target, static, final, search.trials),
         metric=target.metric if target.kind == "drop" else "output_sqnr_db",
         fp32_metric=target.fp32 if target.kind == "drop" else math.inf,
         static_metric=_tval(target, static),
@@ -1338,7 +1338,13 @@ def _final(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:
 
 
 def _reasons(
-    report: Report, plan: Plan, spec: Any, target: Target, static: Trial, final: Trial
+    report: Report,
+    plan: Plan,
+    spec: Any,
+    target: Target,
+    static: Trial,
+    final: Trial,
+    trials: Sequence[Trial] = (),
 ) -> tuple[NodeReason, ...]:
     """One reason per excluded node (and per 16-bit unit), with the numbers behind it."""
     by_name = {n.name: n for n in report.nodes}
@@ -1394,13 +1400,17 @@ def _reasons(
             )
         )
     if spec.per_channel and not report.config.per_channel:
+        # its own step's gain, not the whole proposal's (which credited it with the exclusions' gain too)
+        alone = next((t for t in trials if t.step == "per-channel"), None)
+        gain = f"{_fmt(target, static)} -> {_fmt(target, alone)} alone" if alone is not None else measured
         out.append(
             NodeReason(
                 "",
                 "",
                 "",
                 "per-channel",
-                f"per-channel weights for the whole model improved the metric; {measured}",
+                f"per-channel weights for the whole model improved the metric: {gain}; "
+                f"target {target.describe()}",
             )
         )
     return tuple(out)

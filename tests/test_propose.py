@@ -210,6 +210,9 @@ def test_int16_and_per_channel_alternatives(transformer, tmp_path):
         assert "TensorQuantOverrides" in proposal.snippet
     acc = _top1(out.with_name("p16.selective.onnx"), evaluation)
     assert (acc - report.task.quantized) / (report.task.fp32 - report.task.quantized) >= 0.9
+    for r in proposal.reasons:  # per-channel is credited with its own step's gain, not the whole proposal's
+        if r.action == "per-channel":
+            assert "alone" in r.reason and f"-> {100 * proposal.expected_metric:.2f}%;" not in r.reason
 
 
 def test_target_not_met_exits_6_and_still_writes(transformer, tmp_path):

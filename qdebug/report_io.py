@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import hashlib
 import io
 import json
 import math
@@ -363,6 +364,15 @@ def _kind_of(data: dict) -> str | None:
     if isinstance(kind, str):
         return kind
     return "report" if "tensors" in data and "nodes" in data else None
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in chunks (models can be large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def load_report(path: str | Path) -> Report:

@@ -773,7 +773,7 @@ def make_tui_verify(
     first call and reused by later ones, so each further verify costs one
     re-quantization, one evaluation and the timing runs.
     """
-    from qdebug.graph.load import sha256_file
+    from qdebug.report_io import sha256_file  # not graph.load: the TUI must not import onnx to hash
 
     cfg = report.config
     model = Path(report.model.path)

@@ -1207,3 +1207,23 @@ def test_small_terminals_keep_table_rows(size, rows):
             assert app.main_screen.table.size.height - 1 >= rows  # minus the header row
 
     run(main())
+
+
+def test_the_verify_hook_hashes_the_model_without_onnx(tmp_path):
+    """`qdebug tui` checks the report's model hash when it starts; that imported onnx (graph.load) only to
+    hash a file."""
+    model = ROOT / "fixtures" / "cnn" / "model.onnx"
+    report = replace(
+        REPORT,
+        model=replace(REPORT.model, path=str(model), sha256="0" * 64),
+        config=replace(REPORT.config, calib=str(ROOT / "fixtures" / "cnn" / "calib.npz"), eval=None),
+    )
+    save_report(report, tmp_path / "r.json")
+    code = (
+        "import sys; from qdebug.report_io import load_report; from qdebug.verify import make_tui_verify; "
+        f"hook = make_tui_verify(load_report({str(tmp_path / 'r.json')!r})); "
+        "bad = [m for m in ('onnxruntime', 'onnx') if m in sys.modules]; "
+        "print(bad, hook); sys.exit(1 if bad or hook is not None else 0)"  # the hash differs: no hook
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

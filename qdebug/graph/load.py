@@ -19,7 +19,6 @@ mutating its input, never touching the user's file):
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ import onnx
 from onnx import ModelProto, numpy_helper
 
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.report_io import sha256_file  # defined there so the TUI can hash without importing onnx
 
 MIN_OPSET = 10
 PER_CHANNEL_OPSET = 13
@@ -134,15 +134,6 @@ class NormalizedModel:
     """(new name, original name) for every renamed node."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     opset: int = 0
-
-
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in chunks (models can be large)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def default_opset(model: ModelProto) -> int:

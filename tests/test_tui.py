@@ -1144,7 +1144,8 @@ def test_empty_table_keys_markup_op_types_and_export_spares_session_inputs(tmp_p
 
 def test_x_on_the_exclusion_list_and_export_path_details(tmp_path, monkeypatch):
     """The x key with the exclusion list focused toggled the table's node, not the highlighted entry;
-    "~/p.json" in the export dialog made a directory named "~"; a NaN progress fraction recursed in the bar."""
+    "~/p.json" in the export dialog made a directory named "~"; a NaN progress fraction recursed in the
+    progress bar."""
     monkeypatch.setenv("HOME", str(tmp_path))
 
     async def main():

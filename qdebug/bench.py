@@ -631,25 +631,25 @@ def run_children_interleaved(
                 proc.stdin.close()  # type: ignore[union-attr]
         for proc in procs.values():
             proc.wait()
-    finally:  # an error or Ctrl-C: no measuring process outlives the run
+        results: dict[str, dict[str, Any]] = {}
+        for name, spec in specs.items():
+            path = Path(spec["result"])
+            result = json.loads(path.read_text()) if path.is_file() else None
+            if result is None or (name in errors and result.get("ok")):
+                logs[name].seek(0)
+                tail = (logs[name].read().strip().splitlines() or [""])[-1]
+                code = procs[name].returncode if name in procs else None
+                what = errors.get(name, "wrote no result")
+                result = {"ok": False, "error": f"measuring process {what} (exit code {code}): {tail[:300]}"}
+            results[name] = result
+        return results
+    finally:  # an error or Ctrl-C: no measuring process outlives the run, no log stays open
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    results: dict[str, dict[str, Any]] = {}
-    for name, spec in specs.items():
-        path = Path(spec["result"])
-        result = json.loads(path.read_text()) if path.is_file() else None
-        if result is None or (name in errors and result.get("ok")):
-            logs[name].seek(0)
-            tail = (logs[name].read().strip().splitlines() or [""])[-1]
-            code = procs[name].returncode if name in procs else None
-            what = errors.get(name, "wrote no result")
-            result = {"ok": False, "error": f"measuring process {what} (exit code {code}): {tail[:300]}"}
-        results[name] = result
-    for log in logs.values():
-        log.close()
-    return results
+        for log in logs.values():
+            log.close()
 
 
 # ============================================================================ the benchmark

@@ -180,32 +180,33 @@ def removed_on_failure(
     the JSON was written left a JSON whose models were deleted. A directory
     holding one of the run's ``inputs`` is not moved (the run reads it).
     """
-    files = [Path(o) for o in outputs if o is not None]
-    held = [Path(str(i)).resolve() for i in inputs if i is not None and Path(str(i)).exists()]
+    files = [Path(o) for o in outputs if o]  # "" would be "." (and has no name to move aside)
+    held = [Path(str(i)).resolve() for i in inputs if i and Path(str(i)).exists()]
     new_parents = []  # the directories above the outputs that the run creates, removed if left empty
-    if workdir is not None:
-        parent = workdir.absolute().parent
-        while not parent.exists() and parent != parent.parent:
+    for out in ([workdir] if workdir is not None else []) + files:
+        parent = out.absolute().parent
+        while not parent.exists() and parent != parent.parent and parent not in new_parents:
             new_parents.append(parent)
             parent = parent.parent
+    new_parents.sort(key=lambda p: -len(p.parts))  # innermost first
     targets = ([workdir] if workdir is not None else []) + files
-    kept: list[Path] = []  # earlier outputs the run works over in place (they hold its inputs)
+    kept: list[Path] = []  # earlier outputs the run works over in place
     backups: list[tuple[Path, Path]] = []
-    for target in targets:
-        if not target.exists():
-            continue
-        if target.is_dir() and any(h.is_relative_to(target.resolve()) for h in held):
-            kept.append(target)
-            continue
-        aside = target.with_name(f".{target.name}.qdebug-previous")
-        try:
-            _remove(aside)  # left by a run that was killed outright
-            target.rename(aside)
-        except OSError:  # not movable: replaced in place, as before
-            kept.append(target)
-            continue
-        backups.append((target, aside))
     try:
+        for target in targets:
+            if not target.exists() and not target.is_symlink():
+                continue
+            if _works_in_place(target, held):
+                kept.append(target)
+                continue
+            aside = target.with_name(f".{target.name}.qdebug-previous")
+            try:
+                _remove(aside)  # left by a run that was killed outright
+                target.rename(aside)
+            except OSError:  # not movable: replaced in place, as before
+                kept.append(target)
+                continue
+            backups.append((target, aside))
         yield
     except BaseException:
         for target in targets:
@@ -214,14 +215,22 @@ def removed_on_failure(
         for target, aside in backups:
             with contextlib.suppress(OSError):
                 aside.rename(target)
-        for parent in new_parents:  # innermost first; a directory holding anything stays
-            try:
+        for parent in new_parents:  # a directory holding anything stays
+            with contextlib.suppress(OSError):
                 parent.rmdir()
-            except OSError:
-                break
         raise
     for _, aside in backups:
         _remove(aside)
+
+
+def _works_in_place(target: Path, held: list[Path]) -> bool:
+    """An earlier output the run must not move: it is one of the run's inputs or holds one (the
+    overlap check then names it), or it is a symlink (moving it would replace the user's link to
+    another disk with a directory)."""
+    if target.is_symlink():
+        return True
+    real = target.resolve()
+    return any(h == real or (target.is_dir() and h.is_relative_to(real)) for h in held)
 
 
 def _remove(path: Path) -> None:

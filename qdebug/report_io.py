@@ -117,10 +117,13 @@ def from_jsonable(tp: Any, value: Any) -> Any:
 def _numbers(tp: type, values: list) -> tuple:
     """A list of JSON numbers as ints or floats (``"inf"``/``"-inf"``/``"nan"`` strings for floats), in bulk."""
     if tp is int:
-        if not all(type(v) is int for v in values):  # bool is not an int here, nor is 1.5
-            bad = next(v for v in values if type(v) is not int)
+        if all(type(v) is int for v in values):
+            return tuple(values)
+        # 3.0 was read as 3 before the bulk path (a hand edit, another writer); bool and 1.5 are refused
+        if not all(type(v) is int or (type(v) is float and v.is_integer()) for v in values):
+            bad = next(v for v in values if not (type(v) is int or (type(v) is float and v.is_integer())))
             raise ValueError(f"expected an integer, got {str(bad)[:40]!r}")
-        return tuple(values)
+        return tuple(int(v) for v in values)
     if all(type(v) is float or type(v) is int for v in values):
         return tuple(map(float, values))
     return tuple(from_jsonable(float, v) for v in values)

@@ -310,3 +310,30 @@ def test_interrupted_rerun_keeps_the_earlier_outputs(tmp_path, monkeypatch, caps
     assert main([*args, "--per-channel"]) == 0  # and a completed re-run replaces them
     assert _tree(tmp_path / "out.json") != before["out.json"]
     assert not [p for p in tmp_path.iterdir() if "qdebug-previous" in p.name]
+
+
+def test_removed_on_failure_edge_cases(tmp_path):
+    """Found in review: an output that is also an input was moved away before the overlap check could name
+    it; a symlinked _files/ was replaced by a directory (the user's link lost); an empty output path
+    raised ValueError."""
+    from qdebug.pipeline import removed_on_failure
+
+    same = tmp_path / "in.json"
+    same.write_text("input")
+    with removed_on_failure(tmp_path / "in_files", [same, ""], [same]):
+        assert same.read_text() == "input"  # still there for the run (and its overlap check) to see
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "old.onnx").write_text("old")
+    link = tmp_path / "r_files"
+    link.symlink_to(real, target_is_directory=True)
+    with pytest.raises(KeyboardInterrupt):
+        with removed_on_failure(link, [tmp_path / "r.json"], []):
+            (tmp_path / "r.json").write_text("half")
+            raise KeyboardInterrupt
+    assert link.is_symlink() and (real / "old.onnx").read_text() == "old"
+    assert not (tmp_path / "r.json").exists()
+    with removed_on_failure(link, [tmp_path / "r.json"], []):
+        (tmp_path / "r.json").write_text("whole")
+    assert link.is_symlink() and (tmp_path / "r.json").read_text() == "whole"
+    assert not [p for p in tmp_path.iterdir() if "qdebug-previous" in p.name]

@@ -400,13 +400,6 @@ def parse_methods(text: str) -> tuple[str, ...]:
     return methods
 
 
-def load_proposal(path: str | Path) -> Any:
-    """Load a proposal file (``qdebug propose`` or the TUI's export), checked as verify checks it."""
-    from qdebug.verify import load_proposal as load
-
-    return load(path)
-
-
 def _settings_of(options: BenchOptions, proposal: Any, notes: list[str]) -> BenchOptions:
     """``options`` with the calibration method and types filled in: the proposal's, else the defaults.
 
@@ -744,6 +737,8 @@ def _run_bench(
                 "pass --proposal proposal.json (from qdebug propose)",
                 ExitCode.USAGE,
             )
+        from qdebug.verify import load_proposal
+
         prop = load_proposal(proposal)
         model_sha = sha256_file(Path(model)) if Path(model).is_file() else ""
         if prop.model_sha256 and model_sha and prop.model_sha256 != model_sha:

@@ -23,7 +23,7 @@ import importlib
 import importlib.util
 import sys
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -330,6 +330,12 @@ def _npz_count(header: Mapping[str, tuple]) -> int:
     return shape[0] if shape else 1
 
 
+def fixed_batch(specs: Sequence[InputSpec]) -> int:
+    """The model's fixed batch dimension (1 when it is dynamic or the inputs disagree)."""
+    fixed = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)}
+    return fixed.pop() if len(fixed) == 1 else 1
+
+
 def _check_fixed_batches(
     specs: tuple[InputSpec, ...],
     counts: list[int],
@@ -341,8 +347,8 @@ def _check_fixed_batches(
     """A model whose batch dimension is fixed at B > 1 takes only full batches: every file's share of the
     samples must be a multiple of B. Refused up front (exit 5), never padded or dropped silently; ORT had
     failed mid-calibration instead, and the message blamed the model."""
-    fixed = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)}
-    if not fixed or (batch := fixed.pop()) <= 1:
+    batch = fixed_batch(specs)
+    if batch <= 1:
         return
     left = n_samples
     for n in counts:

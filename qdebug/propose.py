@@ -1074,9 +1074,10 @@ def rerank_limit(specs: Sequence[Any], wanted: int, available: int | None) -> in
     """Samples a re-rank capture reads: ``wanted``, at most the report's calibration samples, and whole
     batches of a fixed batch dimension (a model fixed at 3 had failed: 32 samples fill no batches of 3,
     and the advice to pass --max-samples named a flag propose does not have)."""
+    from qdebug.data import fixed_batch
+
     n = min(wanted, available) if available else wanted
-    fixed = {sp.shape[0] for sp in specs if sp.shape and isinstance(sp.shape[0], int)}
-    batch = fixed.pop() if len(fixed) == 1 else 1
+    batch = fixed_batch(specs)
     return max(batch, n - n % batch) if batch > 1 else n
 
 
@@ -1300,6 +1301,7 @@ def _propose(
 
 def _snippet(report: Report, model_path: Path, prep: Any, spec: Any, calib_src: str | Path) -> str:
     """The quantize_static snippet; on the normalized model when an excluded node had no (unique) name."""
+    from qdebug.data import fixed_batch
     from qdebug.quantize import float16_exclusions, quantize_snippet
 
     # float16 nodes are excluded from every variant qdebug builds; plain ORT needs them spelled out
@@ -1316,7 +1318,7 @@ def _snippet(report: Report, model_path: Path, prep: Any, spec: Any, calib_src: 
         weight_type=report.config.weight_type,
         tensor_overrides=spec.tensor_overrides,
         calib_hint=str(calib_src),
-        batch=rerank_limit(prep.calib.specs, 1, None),  # the fixed batch dimension, else one sample
+        batch=fixed_batch(prep.calib.specs),  # a fixed batch dimension accepts nothing else
         max_samples=report.config.max_samples,
     )
 

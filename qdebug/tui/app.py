@@ -25,6 +25,7 @@ from qdebug.records import Proposal, Report
 from qdebug.report_io import atomic_write_text, load_report
 from qdebug.tui.model import LayerModel
 from qdebug.tui.screens import MainScreen
+from qdebug.verify import load_proposal  # light: onnx/onnxruntime only inside its functions
 
 if TYPE_CHECKING:
     from qdebug.bench import BenchReport
@@ -90,16 +91,6 @@ class QDebugApp(App[Any]):
             if isinstance(screen, MainScreen):
                 return screen
         raise LookupError("main screen not mounted")
-
-
-def load_proposal(path: str | Path) -> Proposal:
-    """Load a proposal file (QDebugError for a missing/invalid file or another kind of record).
-
-    :mod:`qdebug.verify` imports onnx/onnxruntime only inside its functions, so this stays light.
-    """
-    from qdebug.verify import load_proposal as load
-
-    return load(path)
 
 
 def load_bench_results(path: str | Path) -> BenchReport:

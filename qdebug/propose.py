@@ -1249,6 +1249,11 @@ def _propose(
     plan, met, reranks = run_search(search, initial, rerank, allow, options.max_nodes, widened)
     plan, final = _final(search, plan, met)
     spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel)
+    if spec.per_channel and not report.config.per_channel and not _has_per_channel_weight(selective):
+        # the exclusions left no weight with more than one scale: per-channel changes nothing, so the
+        # proposal must not ask for it (nor credit it in the reasons)
+        final = dataclasses.replace(final, per_channel=False)
+        spec, selective, _ = search.build(final.nodes, final.overrides, False)
     static = search.trials[0]
     seconds = time.perf_counter() - start
     sel_path = selective_model_path(output) if output is not None else None
@@ -1325,6 +1330,18 @@ def _snippet(report: Report, model_path: Path, prep: Any, spec: Any, calib_src: 
 
 def _tval(target: Target, trial: Trial) -> float:
     return trial.output_sqnr_db if target.kind == "sqnr" else trial.value
+
+
+def _has_per_channel_weight(model: onnx.ModelProto) -> bool:
+    """Whether a weight's DequantizeLinear (in any graph) has more than one scale: per-channel in effect."""
+    from qdebug.graph.load import iter_graphs
+
+    for graph in iter_graphs(model.graph):
+        sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
+        for node in graph.node:
+            if node.op_type == "DequantizeLinear" and node.input[0] in sizes and sizes.get(node.input[1], 1) > 1:
+                return True
+    return False
 
 
 def _final(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:

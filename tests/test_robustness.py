@@ -1124,3 +1124,21 @@ def test_names_with_rich_markup_are_printed_as_they_are(tmp_path, capsys):
     assert "close[/]" in out
     assert main(["propose", str(report), "-o", str(tmp_path / "p.json")]) in (0, 6)
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_proposal_drops_per_channel_when_no_weight_stays_quantized(tmp_path, capsys):
+    """On if_subgraph the only weight outside the If is the head Gemm's: per-channel helps until the Gemm
+    is kept FP32, after which it changes nothing and must not be asked for (nor credited)."""
+    import json
+
+    report = tmp_path / "r.json"
+    analyze("if_subgraph", report, capsys)
+    prop = tmp_path / "p.json"
+    code, err = run(
+        ["propose", report, "--target-sqnr", "80", "--allow", "fp32,per-channel", "-o", prop, "-q"], capsys
+    )
+    assert code == 0, err
+    proposal = json.loads(prop.read_text())
+    assert "head/gemm" in proposal["nodes_to_exclude"]
+    assert proposal["per_channel"] is False
+    assert all(r["action"] != "per-channel" for r in proposal["reasons"])

@@ -104,15 +104,21 @@ EXTERNAL_MIN_BYTES = 1024
 """Initializers this large go to the external data file (as ``onnx``'s own default threshold)."""
 
 
-def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every initializer of ``graph`` and of its subgraphs."""
-    yield from graph.initializer
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph below it (If branches, Loop and Scan bodies), outermost first."""
+    yield graph
     for node in graph.node:
         for attr in node.attribute:
             if attr.HasField("g"):
-                yield from _initializers(attr.g)
+                yield from iter_graphs(attr.g)
             for sub in attr.graphs:
-                yield from _initializers(sub)
+                yield from iter_graphs(sub)
+
+
+def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every initializer of ``graph`` and of its subgraphs."""
+    for g in iter_graphs(graph):
+        yield from g.initializer
 
 
 @dataclass(frozen=True, eq=False)

@@ -55,7 +55,8 @@ elif mode == 'floorw':
         for _ in ex.map(lambda f: (s1.run(None, f), s2.run(None, f)), batches()): pass
 elif mode == 'qdebug':
     from qdebug.cli.main import main
-    rc = main(['analyze', model, '--calib', data_dir, '--quantized', qmodel, '-o', out + '.report.json', '-q', '--batch-size', '16'])
+    rc = main(['analyze', model, '--calib', data_dir, '--quantized', qmodel, '-o', out + '.report.json', '-q',
+               '--batch-size', '16'])
     assert rc == 0, rc
 elif mode == 'ortdbg':
     import logging

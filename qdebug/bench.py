@@ -192,7 +192,8 @@ class BenchReport:
     calib: str
     eval: str
     metric: str
-    """Task metric name (higher is better): ``top1``, ``top1_agreement``, ``exact_match``, ``output_sqnr_db`` or a hook."""
+    """Task metric name (higher is better): ``top1``, ``top1_agreement``, ``exact_match``, ``output_sqnr_db``
+    or a hook."""
     samples: int
     """Evaluation samples (every timed pass runs all of them)."""
     batch_size: int

@@ -14,9 +14,10 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,25 @@ def calibrate(
     return Ranges(method, key, tensors, path, False)
 
 
+@contextlib.contextmanager
+def quiet_ort_logging() -> Iterator[None]:
+    """Silence the quantizer's warnings for the block: its Python logging (e.g. the pre-processing nag)
+    and ORT's C++ log for the sessions it creates itself without options (the calibrator's warns
+    "Removing initializer" on a model with nothing to calibrate). ORT has no getter for its default
+    severity: it goes back to ORT's own default, warning."""
+    import onnxruntime
+
+    root = logging.getLogger()
+    old = root.level
+    root.setLevel(logging.ERROR)
+    onnxruntime.set_default_logger_severity(3)
+    try:
+        yield
+    finally:
+        root.setLevel(old)
+        onnxruntime.set_default_logger_severity(2)
+
+
 def _run_calibrator(
     model_path: Path,
     data: DataSet,
@@ -142,7 +162,7 @@ def _run_calibrator(
 ) -> Any:
     from onnxruntime.quantization.calibrate import create_calibrator
 
-    with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp, quiet_ort_logging():
         try:
             calibrator = create_calibrator(
                 model_path,

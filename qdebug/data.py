@@ -286,7 +286,7 @@ def _check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, 
             "stack samples on axis 0 with the model's full input shape",
             ExitCode.DATA,
         )
-    for axis, (have, want) in enumerate(zip(shape, spec.shape)):
+    for axis, (have, want) in enumerate(zip(shape, spec.shape, strict=False)):
         if axis == 0:
             continue
         if isinstance(want, int) and have != want:

@@ -153,7 +153,7 @@ class Evaluator:
     def _start(self, metric: str | None) -> None:
         """Resolve the metric and score FP32 against itself (or its labels)."""
         out0 = self.output_names[0]
-        self._indices = all(_class_indices(r[out0], n) for r, n in zip(self.reference, self.sizes))
+        self._indices = all(_class_indices(r[out0], n) for r, n in zip(self.reference, self.sizes, strict=True))
         """The first output holds class indices (an ArgMax inside the model), not scores."""
         self.metric_name, self._user = self._resolve_metric(metric)
         self.fp32_value = self._score(self.reference)
@@ -266,21 +266,22 @@ class Evaluator:
             assert self.labels is not None
             hits = sum(
                 int(np.sum(_predicted(c[out0], self._indices) == lab))
-                for c, lab in zip(candidate, self.labels)
+                for c, lab in zip(candidate, self.labels, strict=True)
             )
             return hits / self.samples
         if name == "top1_agreement":
             hits = sum(
                 int(np.sum(_predicted(c[out0], self._indices) == _predicted(r[out0], self._indices)))
-                for c, r in zip(candidate, self.reference)
+                for c, r in zip(candidate, self.reference, strict=True)
             )
             return hits / self.samples
         if name == "exact_match":
             exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
-            hits = sum(_exact_rows(r, c, exact, n) for c, r, n in zip(candidate, self.reference, self.sizes))
+            rows = zip(candidate, self.reference, self.sizes, strict=True)
+            hits = sum(_exact_rows(r, c, exact, n) for c, r, n in rows)
             return hits / self.samples
         acc = ErrorAccumulator()
-        for c, r in zip(candidate, self.reference):
+        for c, r in zip(candidate, self.reference, strict=True):
             for k in self.output_names:
                 # an output whose shape depends on the data (after NonZero, NonMaxSuppression) may keep
                 # other elements in the quantized model: those batches cannot be compared element-wise
@@ -308,7 +309,7 @@ class Evaluator:
         outputs = []
         for k in self.output_names:
             acc = ErrorAccumulator()
-            for c, r in zip(candidate, self.reference):
+            for c, r in zip(candidate, self.reference, strict=True):
                 if r[k].dtype.kind == "f" and r[k].shape == c[k].shape:
                     acc.update(r[k], c[k])
             outputs.append(OutputMetric(k, acc.result()))

@@ -9,19 +9,17 @@ milliseconds instead of a full recalibration. Every ORT failure becomes one
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from qdebug.calibrate import Ranges, op_types_to_quantize
+from qdebug.calibrate import Ranges, op_types_to_quantize, quiet_ort_logging
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset, save_model
 from qdebug.records import QUANT_TYPES, TensorOverride
@@ -50,18 +48,6 @@ class QuantSpec:
         if self.keep_removable_activations:
             opts["QDQKeepRemovableActivations"] = True
         return opts
-
-
-@contextlib.contextmanager
-def quiet_ort_logging() -> Iterator[None]:
-    """Silence the quantizer's logging warnings (e.g. the pre-processing nag) for the block."""
-    root = logging.getLogger()
-    old = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(old)
 
 
 def _qtype(name: str) -> Any:

@@ -342,7 +342,8 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
         )
     if data.get("schema_version") != schema_version:
         raise QDebugError(
-            f"{path} has {kind} schema version {data.get('schema_version')!r}, this qdebug reads version {schema_version}",
+            f"{path} has {kind} schema version {data.get('schema_version')!r}, "
+            f"this qdebug reads version {schema_version}",
             "re-create it with this version of qdebug",
             ExitCode.INPUT,
         )

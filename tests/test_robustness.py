@@ -1142,3 +1142,25 @@ def test_proposal_drops_per_channel_when_no_weight_stays_quantized(tmp_path, cap
     assert "head/gemm" in proposal["nodes_to_exclude"]
     assert proposal["per_channel"] is False
     assert all(r["action"] != "per-channel" for r in proposal["reasons"])
+
+
+def test_model_with_nothing_to_quantize_is_noted_and_ort_stays_quiet(tmp_path, capfd):
+    """Exp and Pow have no QDQ kernels: ORT inserts no Q/DQ. The report says so, and the calibrator's own
+    session (created by ORT without options) must not print its C++ "Removing initializer" warning."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])
+    graph = helper.make_graph(
+        [helper.make_node("Exp", ["x"], ["e"], name="exp"), helper.make_node("Pow", ["e", "p"], ["y"], name="pow")],
+        "no_quant",
+        [x],
+        [y],
+        [numpy_helper.from_array(np.full(4, 2.0, np.float32), "p")],
+    )
+    model = save_graph(graph, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(0).random((8, 4), dtype=np.float32))
+    out = tmp_path / "r.json"
+    code = main(["analyze", str(model), "--calib", str(tmp_path / "d.npz"), "-o", str(out), "-q", "--no-cache"])
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert "Removing initializer" not in err and "[W:onnxruntime" not in err
+    assert any("inserted no QuantizeLinear" in n for n in load_report(out).notes)

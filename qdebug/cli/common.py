@@ -91,7 +91,8 @@ def add_quant_arguments(
     p.add_argument(
         "--metric",
         default=None,
-        help="task metric: top1, top1_agreement, exact_match, output_sqnr_db or module:function (default: top1 when labels exist)",
+        help="task metric: top1, top1_agreement, exact_match, output_sqnr_db or module:function "
+        "(default: top1 when labels exist)",
     )
     p.add_argument(
         "--upgrade-opset",

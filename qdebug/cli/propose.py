@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metric",
         default=None,
-        help="task metric: top1, top1_agreement, exact_match, output_sqnr_db or module:function (default: the report's)",
+        help="task metric: top1, top1_agreement, exact_match, output_sqnr_db or module:function "
+        "(default: the report's)",
     )
     p.add_argument(
         "--eval-max-samples",

@@ -533,7 +533,7 @@ def _inline_branch(
     node_outputs = {o for n in branch.node for o in n.output if o}
     extra: list[onnx.NodeProto] = []
     claimed: set[str] = set()
-    for bo, target in zip(branch.output, node.output):
+    for bo, target in zip(branch.output, node.output, strict=False):
         if not target:
             continue
         if bo.name in node_outputs and bo.name not in claimed:

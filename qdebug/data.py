@@ -482,7 +482,7 @@ def _hook_dataset(
     func = load_hook(spec, what)
     bsize = _batch_size(specs, batch_size, spec)
 
-    def make_iter() -> Iterator[Batch]:
+    def make_iter() -> Iterator[tuple[dict[str, np.ndarray], int, str]]:
         produced = 0
         for i, item in enumerate(_iterate_hook(func, spec)):
             if not isinstance(item, Mapping):
@@ -506,18 +506,73 @@ def _hook_dataset(
             if max_samples is not None:
                 n = min(n, max_samples - produced)
             if n <= 0:
-                return
+                break
             produced += n
-            fed = _labels_fed(specs)
-            yield from _split(arrays, n, bsize, f"{spec} item {i}", LABELS_KEY in arrays and not fed, fed)
+            yield arrays, n, f"{spec} item {i}"
+
+    def make_batches() -> Iterator[Batch]:
+        fed = _labels_fed(specs)
+        items = make_iter()
+        if fixed_batch(specs) > 1:
+            items = _fill_fixed_batches(items, fixed_batch(specs), spec, what)
+        for arrays, n, origin in items:
+            yield from _split(arrays, n, bsize, origin, LABELS_KEY in arrays and not fed, fed)
 
     # Validate the first item now, before any long work.
-    first = next(iter(make_iter()), None)
+    first = next(iter(make_batches()), None)
     if first is None:
         raise QDebugError(
             f"{what} hook {spec} yields no samples", "yield at least one feed dict", ExitCode.DATA
         )
-    return DataSet(spec, specs, make_iter, None, first.labels is not None)
+    return DataSet(spec, specs, make_batches, None, first.labels is not None)
+
+
+def _fill_fixed_batches(
+    items: Iterator[tuple[dict[str, np.ndarray], int, str]], batch: int, spec: str, what: str
+) -> Iterator[tuple[dict[str, np.ndarray], int, str]]:
+    """A hook's items joined into whole batches of a model's fixed batch dimension ``batch``.
+
+    A hook often yields one sample at a time; a model exported with a fixed batch of B takes only B, so the
+    items are stacked until they fill one (ORT had failed mid-calibration with "invalid dimensions", exit 4).
+    Samples left over at the end are refused (exit 5), never padded or dropped; so are items that cannot be
+    stacked (other keys or other non-batch dimensions) while a batch is partly filled.
+    """
+    pending: list[dict[str, np.ndarray]] = []
+    rows = 0
+    first_origin = ""
+    for arrays, n, origin in items:
+        arrays = {k: v[:n] if v.ndim else v for k, v in arrays.items()}
+        if pending and not _stackable(pending[0], arrays):
+            raise QDebugError(
+                f"{what} hook {spec}: {origin} cannot be stacked with the {rows} sample(s) before it (other keys "
+                f"or shapes), and the model's batch dimension is fixed at {batch}",
+                f"yield batches of {batch} samples, or samples of one shape until each batch of {batch} is full",
+                ExitCode.DATA,
+            )
+        if not pending:
+            first_origin = origin
+        pending.append(arrays)
+        rows += n
+        if rows < batch:
+            continue
+        joined = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+        whole = rows - rows % batch
+        yield {k: v[:whole] for k, v in joined.items()}, whole, f"{first_origin}..{origin}"
+        pending, rows = ([{k: v[whole:] for k, v in joined.items()}], rows - whole) if rows > whole else ([], 0)
+        first_origin = origin
+    if rows:
+        raise QDebugError(
+            f"{what} hook {spec}: {rows} sample(s) left at the end do not fill a batch of {batch} "
+            f"(the model's batch dimension is fixed at {batch})",
+            f"yield a multiple of {batch} samples (or pass a --max-samples that is one), "
+            "or export the model with a dynamic batch dimension",
+            ExitCode.DATA,
+        )
+
+
+def _stackable(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    """Whether two items have the same keys and the same dimensions after the batch axis."""
+    return a.keys() == b.keys() and all(a[k].ndim and a[k].shape[1:] == b[k].shape[1:] for k in a)
 
 
 def _iterate_hook(func: Callable[..., Any], spec: str) -> Iterator[Any]:

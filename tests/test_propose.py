@@ -519,6 +519,45 @@ def test_snippet_reads_the_data_as_qdebug_did(tmp_path, monkeypatch):
         np.testing.assert_allclose(mine[name], value, rtol=1e-6, err_msg=name)
 
 
+def test_hook_samples_fill_a_fixed_batch(tmp_path, monkeypatch, capsys):
+    """A hook yielding one sample at a time into a model whose batch is fixed at 4: qdebug and the snippet
+    stack them into batches of 4 (calibration had failed with "invalid dimensions", exit 4, and the snippet
+    fed single samples); both then build the same scales. Samples left over are refused, not dropped."""
+    import onnx
+
+    from tests.models import small_cnn, small_data
+
+    model = small_cnn(tmp_path / "m.onnx")
+    proto = onnx.load(model)
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_value = 4
+    onnx.save(proto, model)
+    small_data(tmp_path / "d.npz", n=24)
+    hook = tmp_path / "hook.py"
+    hook.write_text(
+        "import numpy as np\n"
+        "N = 24\n"
+        "def feeds():\n"
+        f"    z = np.load({str(tmp_path / 'd.npz')!r})\n"
+        "    for i in range(N):\n"
+        "        yield {k: z[k][i:i + 1] for k in z.files}\n"
+    )
+    proposal = analyze_then_propose(model, Path(f"{hook}:feeds"), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(proposal["snippet"], "snippet", "exec"), {})
+    mine, theirs = qdq_scales(tmp_path / "model.selective.onnx"), qdq_scales(proposal["quantized_model"])
+    assert mine.keys() == theirs.keys() and mine
+    for name, value in theirs.items():
+        np.testing.assert_allclose(mine[name], value, rtol=1e-6, err_msg=name)
+
+    hook.write_text(hook.read_text().replace("N = 24", "N = 23"))
+    capsys.readouterr()
+    code = main(["analyze", str(model), "--calib", f"{hook}:feeds", "-o", str(tmp_path / "r2.json"), "-q"])
+    assert code == ExitCode.DATA
+    assert "3 sample(s) left at the end do not fill a batch of 4" in capsys.readouterr().err
+    assert not (tmp_path / "r2.json").exists()
+
+
 def test_max_nodes_cuts_a_region_instead_of_dropping_it(transformer, tmp_path):
     """The top region of the transformer has 3 nodes: with --max-nodes 1 the cap dropped it whole and the
     proposal came out empty (static's 83.6 %); its first node, the embedding Add, alone gives 92.4 %."""

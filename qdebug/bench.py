@@ -245,6 +245,9 @@ class BenchOptions:
     """Batches in the separate tracemalloc loop."""
     dynamic_layers: bool = True
     """Also measure the dynamic variant's per-layer error vs FP32 (a report ``qdebug tui`` opens)."""
+    timeout_s: float = 600.0
+    """Seconds a measuring process may take to start and warm up, for one timed pass, or to write its
+    result; past that it is killed and its variant reported with an error (a hang must not stall CI)."""
 
 
 # ============================================================================ machine
@@ -573,8 +576,46 @@ HANDOVER_PAUSE_S = 0.005
 next variant must not share the cores with them."""
 
 
+class _ChildLines:
+    """A measuring process's replies, read by a thread so that waiting for one can time out.
+
+    A child that hangs (a provider deadlock, a model that never returns) had blocked bench forever: each
+    wait for ``ready``, ``done`` or the exit now gives up after ``timeout`` seconds.
+    """
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        import queue
+        import threading
+
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _pump(self, stream: Any) -> None:
+        try:
+            for line in stream:
+                self._lines.put(line.strip())
+        except (OSError, ValueError):  # the pipe closed under us: the process is gone
+            pass
+        self._lines.put(None)
+
+    def next(self, timeout: float) -> str | None:
+        """The next reply; ``""`` at end of output; ``None`` when none came within ``timeout`` s."""
+        import queue
+
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return "" if line is None else line
+
+
 def run_children_interleaved(
-    specs: dict[str, dict[str, Any]], workdir: Path, runs: int, progress: Progress = _noop
+    specs: dict[str, dict[str, Any]],
+    workdir: Path,
+    runs: int,
+    progress: Progress = _noop,
+    timeout: float = 600.0,
 ) -> dict[str, dict[str, Any]]:
     """Measure every variant in its own process, the timed passes handed out round robin.
 
@@ -583,11 +624,14 @@ def run_children_interleaved(
     ``r`` runs every variant once, starting with a different variant each
     pass. A slow-down of the machine during the run then spreads over all
     variants instead of landing on the ones timed last. A process that fails
-    is reported as that variant's error; the others go on.
+    is reported as that variant's error; the others go on, as they do when a
+    process does not answer within ``timeout`` seconds (start and warm-up,
+    one pass, or writing its result): that one is killed.
     """
     import json
 
     procs: dict[str, subprocess.Popen] = {}
+    replies: dict[str, _ChildLines] = {}
     errors: dict[str, str] = {}
     logs: dict[str, Any] = {}
     try:
@@ -600,8 +644,12 @@ def run_children_interleaved(
                 cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[name], text=True
             )
             procs[name] = proc
-            if proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
-                errors[name] = "did not start"
+            replies[name] = _ChildLines(proc)
+            answer = replies[name].next(timeout)
+            if answer != "ready":
+                errors[name] = "did not start" if answer is not None else f"did not start within {timeout:g} s"
+                if answer is None:
+                    proc.kill()
         live = [n for n in procs if n not in errors]
         for r in range(runs):
             progress("time", r, runs)
@@ -612,10 +660,13 @@ def run_children_interleaved(
                 try:
                     proc.stdin.write("pass\n")  # type: ignore[union-attr]
                     proc.stdin.flush()  # type: ignore[union-attr]
-                    ok = proc.stdout.readline().strip() == "done"  # type: ignore[union-attr]
+                    answer = replies[name].next(timeout)
                 except OSError:
-                    ok = False
-                if not ok:
+                    answer = ""
+                if answer is None:
+                    errors[name] = f"did not finish a timed pass within {timeout:g} s"
+                    proc.kill()
+                elif answer != "done":
                     errors[name] = "stopped while timing"
                 time.sleep(HANDOVER_PAUSE_S)
         progress("time", runs, runs)
@@ -623,8 +674,13 @@ def run_children_interleaved(
             with contextlib.suppress(OSError):
                 proc.stdin.write("finish\n")  # type: ignore[union-attr]
                 proc.stdin.close()  # type: ignore[union-attr]
-        for proc in procs.values():
-            proc.wait()
+        for name, proc in procs.items():
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                errors.setdefault(name, f"did not write its result within {timeout:g} s")
         results: dict[str, dict[str, Any]] = {}
         for name, spec in specs.items():
             path = Path(spec["result"])
@@ -861,7 +917,7 @@ def _run_bench(
             )
             for b in todo
         }
-        measured = run_children_interleaved(specs, tmpdir, options.runs, progress)
+        measured = run_children_interleaved(specs, tmpdir, options.runs, progress, options.timeout_s)
 
     variants = [_variant_result(b, scores.get(b.name), measured.get(b.name)) for b in built]
     variants = [_with_layers(v, layer_reports.get(v.name), workdir) for v in variants]

@@ -652,3 +652,44 @@ def test_variants_are_timed_in_turns(tmp_path):
     assert names[:3] != names[3:6]
     for name in "abc":
         assert len(results[name]["full_ns"]) == 4 and len(results[name]["tail_ns"]) == 4
+
+
+def test_a_hanging_measuring_process_is_killed_and_reported(tmp_path, monkeypatch):
+    """A process that never answers (a provider deadlock, a model that never returns) had blocked bench
+    forever; now it is killed after the timeout, reported as its variant's error, and the others finish."""
+    import os
+    import sys
+    import time
+
+    import qdebug.bench as bench
+    from qdebug.bench import child_spec, run_children_interleaved, write_batches
+    from qdebug.data import Batch
+
+    model = small_cnn(tmp_path / "m.onnx")
+    x = np.load(small_data(tmp_path / "d.npz", n=8))["input"]
+    write_batches([Batch({"input": x}, None, 8, "d")], ["input"], tmp_path / "in.npz")
+    options = BenchOptions(runs=2, warmup=1, alloc_batches=1)
+    specs = {
+        name: child_spec(model, tmp_path / "in.npz", ["input"], 1, options, tmp_path / f"{name}.json")
+        for name in ("ok", "hang_start", "hang_pass")
+    }
+    hangs = {
+        "hang_start": "import time; time.sleep(120)",
+        "hang_pass": "import sys, time; print('ready', flush=True); sys.stdin.readline(); time.sleep(120)",
+    }
+    real = bench._child_command
+
+    def command(spec_path, serve=False):
+        name = spec_path.name.split(".")[0]
+        if name in hangs:
+            return [sys.executable, "-c", hangs[name]], dict(os.environ)
+        return real(spec_path, serve)
+
+    monkeypatch.setattr(bench, "_child_command", command)
+    start = time.monotonic()
+    results = run_children_interleaved(specs, tmp_path, runs=2, timeout=3)
+    assert time.monotonic() - start < 60
+    assert results["ok"]["ok"] and len(results["ok"]["full_ns"]) == 2
+    assert not results["hang_start"]["ok"] and "did not start within 3 s" in results["hang_start"]["error"]
+    assert not results["hang_pass"]["ok"]
+    assert "did not finish a timed pass within 3 s" in results["hang_pass"]["error"]

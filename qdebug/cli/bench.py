@@ -24,7 +24,7 @@ import math
 import sys
 from pathlib import Path
 
-from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric, provider_list
+from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric, positive_float, provider_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--warmup", type=int, default=3, help="untimed runs of each batch shape first (default: 3)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="a variant's process that takes longer to start, to finish one timed pass or to write its "
+        "result is killed and the variant reported as an error (default: 600)",
     )
     p.add_argument(
         "-o", "--output", default="qdebug-bench.json", help="JSON result (default: qdebug-bench.json)"
@@ -99,6 +107,7 @@ def bench_options(args: argparse.Namespace):  # -> BenchOptions
         runs=args.runs,
         warmup=args.warmup,
         dynamic_layers=not args.no_dynamic_layers,
+        timeout_s=args.timeout,
     )
 
 

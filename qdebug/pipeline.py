@@ -398,9 +398,12 @@ def _analyze(
         fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
     )
     if 0 < layers.fakequant_samples < layers.samples:
+        # with --eval the fake-quant task metric is scored on the whole evaluation set (below)
+        what = "accumulated_fakequant" + ("" if eval_data is not None else ", the fake-quant task metric")
         notes.append(
-            f"the fake-quant view (accumulated_fakequant, the fake-quant task metric) ran on the first "
-            f"{layers.fakequant_samples} of {layers.samples} samples (--fakequant-samples)"
+            f"the fake-quant view ({what}) ran on the first "
+            f"{layers.fakequant_samples} of {layers.samples} calibration samples (--fakequant-samples, "
+            "rounded up to whole batches)"
         )
     if layers.engine == "numpy" and options.engine == "auto":
         notes.append(

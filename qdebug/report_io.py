@@ -215,12 +215,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:
         _silent_unlink(tmp)
-        raise QDebugError(
-            f"cannot write {path}: {e.strerror}", "free disk space or choose another -o path", ExitCode.OUTPUT
-        ) from None
+        raise QDebugError(f"cannot write {path}: {e.strerror}", write_hint(e), ExitCode.OUTPUT) from None
     except BaseException:
         _silent_unlink(tmp)
         raise
+
+
+def write_hint(e: OSError, flag: str = "-o") -> str:
+    """The fix for a failed write: free space when the disk is full, another path otherwise (a missing or
+    read-only directory had been told to free disk space)."""
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free disk space or choose another {flag} path"
+    return f"choose a writable {flag} path"
 
 
 def output_mode(path: str | Path) -> int:

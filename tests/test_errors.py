@@ -178,6 +178,22 @@ def test_usage_errors_exit_2(capsys):
     assert main([]) == ExitCode.USAGE
 
 
+def test_usage_errors_are_one_line_naming_the_subcommand(capsys):
+    """argparse printed its whole usage block before the error, and blamed an unknown flag of a subcommand
+    on the top-level parser; every user error is one line."""
+    cases = [
+        (["analyze", "m.onnx"], "qdebug analyze: error: the following arguments are required: --calib"),
+        (["propose", "r.json", "--batch-size", "3"], "qdebug propose: error: unrecognized arguments: --batch-size"),
+        (["bench", "m.onnx", "--calib", "c.npz", "--timeout", "0"], "qdebug bench: error: argument --timeout"),
+        (["no-such-command"], "qdebug: error: argument COMMAND: invalid choice"),
+    ]
+    for argv, start in cases:
+        assert main(argv) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert err.startswith(start), err
+        assert err.count("\n") == 1 and "--help" in err, err
+
+
 def test_negative_threads_is_a_usage_error(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx")
     args = ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", tmp_path / "r.json"]

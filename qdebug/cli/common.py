@@ -118,8 +118,8 @@ def add_quant_arguments(
         "--threads",
         type=int,
         default=0,
-        help="CPU threads (default: ORT's choice, one per core); analyze runs up to that many "
-        "capture chunks side by side (at most 4)",
+        help="CPU threads (default: ORT's choice, one per core)"
+        + ("" if from_proposal else "; analyze runs up to that many capture chunks side by side (at most 4)"),
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 

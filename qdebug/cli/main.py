@@ -15,6 +15,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
@@ -30,16 +31,25 @@ EPILOG = """exit codes:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line like every other qdebug error (argparse printed the whole
+    usage block first) and the same exit code, 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} -- see '{self.prog} --help'", file=sys.stderr)
+        raise SystemExit(int(ExitCode.USAGE))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="qdebug",
         description="Layer-wise quantization debugger for ONNX Runtime.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"qdebug {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"qdebug.cli.{name}")
         doc = (module.__doc__ or "").strip()
@@ -59,9 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
     parser = build_parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
     except SystemExit as e:
         return int(e.code or 0)
+    if extra:  # named by the subcommand that refused them, not by the top-level parser
+        prog = f"qdebug {args.command}" if getattr(args, "command", None) else "qdebug"
+        print(f"{prog}: error: unrecognized arguments: {' '.join(extra)} -- see '{prog} --help'", file=sys.stderr)
+        return int(ExitCode.USAGE)
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return int(ExitCode.USAGE)

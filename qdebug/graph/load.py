@@ -721,11 +721,9 @@ def save_model(model: ModelProto, path: Path) -> None:
             os.chmod(tmp, output_mode(path))
             os.replace(tmp, path)
     except OSError as e:
-        raise QDebugError(
-            f"cannot write {path}: {e.strerror or e}",
-            "free disk space or choose another -o path",
-            ExitCode.OUTPUT,
-        ) from None
+        from qdebug.report_io import write_hint
+
+        raise QDebugError(f"cannot write {path}: {e.strerror or e}", write_hint(e), ExitCode.OUTPUT) from None
 
 
 @contextmanager

@@ -1284,6 +1284,9 @@ def node_records(
     at its worst float output (both capped at 120 dB, so an exact input counts
     as 120 dB). Positive: the node makes the error worse.
     """
+    from qdebug.calibrate import op_types_to_quantize
+
+    ops = set(op_types_to_quantize())
     by_name = {t.name: t for t in tensors}
     index = GraphIndex(fp32)
     depth = node_depths(fp32)
@@ -1316,9 +1319,15 @@ def node_records(
                 kl=max(kls) if kls else math.nan,
                 domain=node.domain,
                 added_noise_db=added,
+                excludable=_excludable(node, quantized_nodes, ops),
             )
         )
     return tuple(out)
+
+
+def _excludable(node: onnx.NodeProto, quantized_nodes: set[str], ops: set[str]) -> bool:
+    """ORT quantizes the node's op type (default domain) and did quantize it: excluding it changes the model."""
+    return node.name in quantized_nodes and node.op_type in ops and not node.domain.startswith("com.")
 
 
 def _upstream_sqnr(tensor: str, by_name: dict[str, TensorRecord], index: GraphIndex, hops: int = 4) -> float:

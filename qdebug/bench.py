@@ -119,6 +119,8 @@ class WorstLayer:
     introduced_db: float
     """Accumulated SQNR at the node's input minus at its output (see ``NodeRecord.introduced_db``)."""
     accumulated_sqnr_db: float
+    added_noise_db: float = math.nan
+    """The noise the node adds (``NodeRecord.added_noise_db``): what ranks the worst layers."""
 
 
 @dataclass(frozen=True)
@@ -1257,11 +1259,13 @@ def dynamic_layer_report(
 
 
 def worst_layers(report: Any, top: int = 5) -> tuple[WorstLayer, ...]:
-    """The ``top`` nodes of a report by introduced error (largest first)."""
-    ranked = sorted(
-        (n for n in report.nodes if not math.isnan(n.introduced_db)), key=lambda n: -n.introduced_db
+    """The ``top`` nodes of a report by the noise they add, as the analysis summary ranks them."""
+    from qdebug.records import rank_nodes
+
+    return tuple(
+        WorstLayer(n.name, n.op_type, n.introduced_db, n.accumulated_sqnr_db, n.added_noise_db)
+        for n in rank_nodes(report.nodes)[:top]
     )
-    return tuple(WorstLayer(n.name, n.op_type, n.introduced_db, n.accumulated_sqnr_db) for n in ranked[:top])
 
 
 # ============================================================================ chart

@@ -414,13 +414,18 @@ def _is_fork_of(g: nx.DiGraph, producer: str, region: set[str]) -> bool:
 
 
 def excludable_nodes(report_nodes: Sequence[NodeRecord]) -> list[str]:
-    """Nodes whose exclusion changes anything: ORT quantizes their op type and did quantize them."""
+    """Nodes whose exclusion changes anything: ORT quantizes their op type and did quantize them (the
+    report's ``excludable``; worked out here for reports written before it was recorded)."""
     from qdebug.calibrate import op_types_to_quantize
 
     ops = set(op_types_to_quantize())
-    return [
-        n.name for n in report_nodes if n.quantized and n.op_type in ops and not n.domain.startswith("com.")
-    ]
+
+    def excludable(n: NodeRecord) -> bool:
+        if n.excludable is not None:
+            return n.excludable
+        return n.quantized and n.op_type in ops and not n.domain.startswith("com.")
+
+    return [n.name for n in report_nodes if excludable(n)]
 
 
 def _own_error_db(node: NodeRecord, weight_db: dict[str, float]) -> float:

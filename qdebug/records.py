@@ -12,6 +12,8 @@ these as the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 2
@@ -145,6 +147,18 @@ class NodeRecord:
     across nodes, so a drop from 56 to 36 dB near the input (-36 dB added) ranks
     far below a drop from 26 to 5 dB (-5 dB added): the summary ranks by it.
     """
+    excludable: bool | None = None
+    """Whether listing the node in ``nodes_to_exclude`` changes the quantized model: ORT quantizes its op
+    type and did quantize it (a Div whose output is quantized for its consumer is ``quantized`` but not
+    excludable). What propose, verify and the TUI count as "quantizable"; ``None`` in older reports."""
+
+
+def rank_nodes(nodes: Iterable[NodeRecord]) -> list[NodeRecord]:
+    """Nodes worst first: by the noise they add (linear, additive), then by introduced dB; nodes adding
+    none (``-inf``) or unscored (``nan``) are left out. The one ranking of the summary, the CSV's order and
+    bench's worst layers (bench had ranked by introduced dB, which put a node behind an exact input first)."""
+    scored = [n for n in nodes if not math.isnan(n.added_noise_db) and n.added_noise_db > -math.inf]
+    return sorted(scored, key=lambda n: (-n.added_noise_db, -n.introduced_db))
 
 
 @dataclass(frozen=True)
@@ -339,8 +353,9 @@ class Proposal:
     snippet: str = ""
     """Ready-to-paste Python calling ``onnxruntime.quantization.quantize_static`` with this proposal."""
     quantizable_nodes: int = 0
-    qdq_pairs_delta: int = 0
-    """Q/DQ pairs the proposal removes (negative) or adds (positive) vs full static quantization."""
+    qdq_pairs_delta: int | None = None
+    """Q/DQ pairs the proposal removes (negative) or adds (positive) vs full static quantization (``None``
+    when not measured: the TUI exports a list without quantizing it)."""
     method: str = ""
     """Calibration method the proposal was made with (``""``: not recorded; verify then uses its flags)."""
     activation_type: str = ""

@@ -569,3 +569,23 @@ def test_max_nodes_cuts_a_region_instead_of_dropping_it(transformer, tmp_path):
     assert _top1(Path(p.quantized_model), fixture_path("transformer", "eval.npz")) == pytest.approx(
         p.expected_metric, abs=1e-9
     )
+
+
+def test_propose_and_the_tui_count_the_same_quantizable_nodes(transformer, proposed):
+    """The report records which nodes are excludable; the TUI counted every `quantized` node (72 on the
+    transformer, including Divs quantized only for their consumer) where propose and verify count 67."""
+    from qdebug.tui.model import LayerModel
+
+    report = transformer[4]
+    proposal = proposed[1]
+    excludable = [n for n in report.nodes if n.excludable]
+    quantized_only = [n for n in report.nodes if n.quantized and not n.excludable]
+    assert quantized_only, "the fixture has nodes quantized for a consumer's sake"
+    assert len(excludable) == proposal.quantizable_nodes
+    view = LayerModel(report)
+    assert view.quantizable == proposal.quantizable_nodes
+    for name in proposal.nodes_to_exclude:
+        view.toggle(name)
+    exported = view.to_proposal()
+    assert exported.quantizable_nodes == proposal.quantizable_nodes and exported.qdq_pairs_delta is None
+    assert view.excluded_share() == pytest.approx(len(proposal.nodes_to_exclude) / proposal.quantizable_nodes)

@@ -115,7 +115,7 @@ def make_bench(sha256: str | None = None) -> BenchReport:
             peak_rss_mb=82.0,
             metric_value=0.98,
             output_sqnr_db=31.2,
-            worst_layers=(WorstLayer("layer1/attn/softmax", "Softmax", 3.0, 19.5),),
+            worst_layers=(WorstLayer("layer1/attn/softmax", "Softmax", 3.0, 19.5, -12.0),),
         ),
         VariantResult(
             "static",
@@ -523,7 +523,7 @@ def test_bench_view_text():
     assert notes[0] == "last batch (20 samples, timed separately, not padded): fp32 p50 0.600 ms"
     assert (
         "qoperator failed: ORT refused" in notes[1]
-        and "layer1/attn/softmax (introduces 3.0 dB, SQNR 19.5 dB)" in notes[2]
+        and "layer1/attn/softmax (adds -12.0 dB noise, SQNR 19.5 dB)" in notes[2]
     )
     points = benchview.chart_points(bench)
     assert [(p.mark, p.label, p.x, p.y) for p in points[:2]] == [

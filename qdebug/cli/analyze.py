@@ -116,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def rank_nodes(report) -> list:
-    """Nodes worst first: by the noise they add (linear, additive), then by introduced dB."""
-    scored = [n for n in report.nodes if not math.isnan(n.added_noise_db) and n.added_noise_db > -math.inf]
-    return sorted(scored, key=lambda n: (-n.added_noise_db, -n.introduced_db))
+    """Nodes worst first (:func:`qdebug.records.rank_nodes`)."""
+    from qdebug.records import rank_nodes as ranked
+
+    return ranked(report.nodes)
 
 
 def print_summary(report, top: int = 10) -> None:

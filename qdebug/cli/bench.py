@@ -219,7 +219,7 @@ def print_table(report) -> None:
     for v in report.variants:
         if v.worst_layers:
             worst = ", ".join(
-                f"{w.node} ({w.op_type}, introduces {fmt_db(w.introduced_db)} dB)" for w in v.worst_layers[:3]
+                f"{w.node} ({w.op_type}, adds {fmt_db(w.added_noise_db)} dB noise)" for w in v.worst_layers[:3]
             )
             console.print(f"{v.name}: worst layers {worst}; per-layer report {v.layer_report} (qdebug tui)")
     for v in report.variants:

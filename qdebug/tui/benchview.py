@@ -151,10 +151,10 @@ def note_lines(bench: BenchReport) -> list[str]:
     for v in bench.variants:
         if v.worst_layers:
             worst = ", ".join(
-                f"{w.node} (introduces {fmt_db(w.introduced_db)} dB, SQNR {fmt_db(w.accumulated_sqnr_db)} dB)"
+                f"{w.node} (adds {fmt_db(w.added_noise_db)} dB noise, SQNR {fmt_db(w.accumulated_sqnr_db)} dB)"
                 for w in v.worst_layers[:3]
             )
-            lines.append(f"{v.name}: worst layers by introduced error: {worst}")
+            lines.append(f"{v.name}: worst layers by added noise: {worst}")
     lines.extend(bench.notes)
     return lines
 

@@ -505,15 +505,17 @@ class LayerModel:
 
     @property
     def quantizable(self) -> int:
-        """Number of nodes the static quantization touches (the denominator of the share)."""
-        return sum(1 for n in self.report.nodes if n.quantized)
+        """Nodes whose exclusion changes the quantized model (the denominator of the share), counted as
+        propose and verify count them: the report's ``excludable`` (``quantized`` in older reports, which
+        also counted nodes quantized only for a consumer's sake)."""
+        return sum(1 for n in self.report.nodes if _excludable(n))
 
     def excluded_share(self) -> float:
         """Excluded quantizable nodes as a fraction of all quantizable nodes (0.0 when none)."""
         q = self.quantizable
         if q == 0:
             return 0.0
-        return sum(1 for n in self._excluded if self._nodes[n].quantized) / q
+        return sum(1 for n in self._excluded if _excludable(self._nodes[n])) / q
 
     def reason(self, name: str) -> NodeReason:
         """Why ``name`` is excluded: the loaded proposal's reason, or a hand-exclusion reason."""
@@ -608,6 +610,10 @@ class LayerModel:
             calib_max_samples=report.config.max_samples,
         )
         return dataclasses.replace(proposal, snippet=quantize_snippet(report, proposal))
+
+
+def _excludable(node: NodeRecord) -> bool:
+    return node.excludable if node.excludable is not None else node.quantized
 
 
 _CALIBRATION = {

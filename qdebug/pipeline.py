@@ -196,6 +196,11 @@ def removed_on_failure(
         for target in targets:
             if not target.exists() and not target.is_symlink():
                 continue
+            if target in files and target.is_dir() and not target.is_symlink():
+                # a directory named as an output *file* is the user's, not an earlier run's: it stays, and
+                # the writability check refuses it (bench -o DIR had moved it aside, then deleted it)
+                kept.append(target)
+                continue
             if _works_in_place(target, held):
                 kept.append(target)
                 continue

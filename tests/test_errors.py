@@ -551,3 +551,19 @@ def test_tensor_names_that_ort_gives_its_own_qdq_tensors(tmp_path, capsys):
     code, err = run_cli(args, capsys)
     assert code == ExitCode.MODEL
     assert_one_line(err, "x_DequantizeLinear_Output", "names ORT's quantizer gives")
+
+
+@pytest.mark.parametrize("flag", ["-o", "--chart"])
+def test_bench_never_deletes_a_directory_named_as_its_output(tmp_path, capsys, flag):
+    """`bench -o DIR` (or `--chart DIR`) had moved the directory aside as an earlier run's output, passed the
+    writability check, then deleted it with everything in it on success (exit 0)."""
+    model = small_cnn(tmp_path / "m.onnx")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    args = ["bench", model, "--calib", small_data(tmp_path / "c.npz"), "--variants", "fp32", "--runs", "1"]
+    args += ["--no-dynamic-layers", flag, folder] + (["-o", tmp_path / "b.json"] if flag == "--chart" else [])
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.OUTPUT
+    assert_one_line(err, f"output path {folder} is a directory")
+    assert (folder / "keep.txt").read_text() == "mine"

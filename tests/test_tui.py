@@ -976,6 +976,11 @@ def test_cli_bench_file_errors_and_screenshot(tmp_path, capsys):
     shot = tmp_path / "shot.svg"
     assert main(["tui", str(report_path), "--bench", str(good), "--screenshot", str(shot)]) == 0
     assert shot.read_text().startswith("<svg")
+    folder = tmp_path / "shots"  # a directory: named by its flag (the hint had said -o, which tui lacks)
+    folder.mkdir()
+    assert main(["tui", str(report_path), "--screenshot", str(folder)]) == 7
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a directory -- give a file name with --screenshot" in err
 
 
 def test_detail_and_summary_text():

@@ -59,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
                 ExitCode.INPUT,
             )
     if args.screenshot:
-        from qdebug.report_io import check_outputs_spare_inputs
+        from qdebug.report_io import check_outputs_spare_inputs, check_writable
         from qdebug.tui.app import save_screenshot
 
+        check_writable(args.screenshot, "--screenshot")
         check_outputs_spare_inputs(
             {"--screenshot": args.screenshot},
             {"the report": args.report, "the proposal": args.proposal, "the bench result": args.bench},

@@ -978,6 +978,7 @@ def test_cli_bench_file_errors_and_screenshot(tmp_path, capsys):
     assert shot.read_text().startswith("<svg")
     folder = tmp_path / "shots"  # a directory: named by its flag (the hint had said -o, which tui lacks)
     folder.mkdir()
+    capsys.readouterr()
     assert main(["tui", str(report_path), "--screenshot", str(folder)]) == 7
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a directory -- give a file name with --screenshot" in err

@@ -468,6 +468,30 @@ def test_bisect_then_prune_on_a_monotone_ranking():
     assert len(search.trials) <= 2 * math.ceil(math.log2(8)) + 10
 
 
+@pytest.mark.parametrize(
+    ("with_pc", "without_pc", "kept"),
+    [
+        (0.85, 0.92, False),  # per-channel hurt the final set (a depthwise CNN: 41.2 dB with, 43.9 without)
+        (0.95, 0.91, False),  # both meet the target: the simpler configuration wins
+        (0.95, 0.50, True),  # per-channel is what meets it
+        (0.60, 0.55, True),  # neither meets it: the better score
+    ],
+)
+def test_final_set_is_rechecked_without_per_channel(with_pc, without_pc, kept):
+    """Per-channel is adopted before the exclusions are searched; once they are found, one more evaluation
+    decides whether it still earns its place."""
+    from qdebug.propose import _without_per_channel
+
+    search = _FakeSearch(lambda nodes, overrides: without_pc)
+    final = Trial("prune", ("a",), (), True, with_pc, math.nan, with_pc >= 0.9, 0, 0.0, 0.0)
+    chosen = _without_per_channel(search, final, in_effect=True)
+    assert chosen.per_channel is kept and len(search.trials) == 1
+    assert chosen.nodes == ("a",)
+    # no weight left with more than one scale: the same model either way, no evaluation spent
+    search = _FakeSearch(lambda nodes, overrides: without_pc)
+    assert _without_per_channel(search, final, in_effect=False).per_channel is False and not search.trials
+
+
 def test_int16_replaces_fp32_when_it_is_enough():
     def metric(nodes, overrides):
         return 0.95 if ("a" in nodes or "a" in overrides) else 0.3

@@ -1107,7 +1107,10 @@ def pair_dynamic(fp32: Any, dyn: Any) -> tuple[Any, set[str]]:
             node_map.append((node.name, cand.name))
             for j, out in enumerate(node.output):
                 if out and j < len(cand.output) and cand.output[j]:
-                    tensor_map[out] = cand.output[j]
+                    dequantized = _dequantized(cand.output[j], di)
+                    tensor_map[out] = dequantized or cand.output[j]
+                    if dequantized and node.name not in quantized:  # e.g. a Gather of an int8 table
+                        quantized.append(node.name)
             continue
         for c in dyn_nodes:
             if id(c) in used or c.op_type not in INTEGER_OPS.get(node.op_type, ()):
@@ -1140,6 +1143,19 @@ def pair_dynamic(fp32: Any, dyn: Any) -> tuple[Any, set[str]]:
     outputs = tuple((f, di.outputs[i]) for i, f in enumerate(fi.outputs) if i < len(di.outputs))
     pairing = Pairing(tuple(pairs), tuple(weights), tuple(node_map), tuple(unmatched), outputs)
     return pairing, set(quantized)
+
+
+def _dequantized(tensor: str, di: Any) -> str | None:
+    """The float tensor standing for ``tensor`` when its only reader is a DequantizeLinear, else None.
+
+    ``quantize_dynamic`` keeps a Gather (an embedding lookup) as it is but makes its table int8 and puts a
+    DequantizeLinear after it: the Gather's own output is integer, and pairing the FP32 output with it had
+    given -42 dB and blamed the embedding for all the error.
+    """
+    readers = di.consumers.get(tensor, [])
+    if len(readers) == 1 and readers[0].op_type == "DequantizeLinear" and readers[0].input[0] == tensor:
+        return readers[0].output[0]
+    return None
 
 
 def _note_outputs(node: Any, notes: dict[str, str], text: str) -> None:

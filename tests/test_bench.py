@@ -26,7 +26,7 @@ from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import sha256_file
 from qdebug.records import SCHEMA_VERSION, Proposal
-from qdebug.report_io import dumps
+from qdebug.report_io import dumps, load_report
 from tests.conftest import FIXTURES, fixture_path, qdq_scales
 from tests.models import save_graph, small_cnn, small_data
 
@@ -693,3 +693,49 @@ def test_a_hanging_measuring_process_is_killed_and_reported(tmp_path, monkeypatc
     assert not results["hang_start"]["ok"] and "did not start within 3 s" in results["hang_start"]["error"]
     assert not results["hang_pass"]["ok"]
     assert "did not finish a timed pass within 3 s" in results["hang_pass"]["error"]
+
+
+def test_dynamic_pairing_reads_an_int8_embedding_through_its_dequantize(tmp_path):
+    """quantize_dynamic keeps a Gather as it is but makes its table int8 and dequantizes after it: the FP32
+    Gather output had been paired with the Gather's uint8 output (-42 dB, 'introduced' 162 dB) and every
+    node downstream left without a counterpart."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdebug.bench import pair_dynamic
+    from qdebug.quantize import quantize_dynamic_model
+    from tests.models import save_graph
+
+    rng = np.random.default_rng(0)
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", 8])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "emb"),
+        numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
+        numpy_helper.from_array(np.zeros(16, np.float32), "beta"),
+        numpy_helper.from_array(rng.standard_normal((16, 3)).astype(np.float32), "w"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["e"], name="embed"),
+        helper.make_node("LayerNormalization", ["e", "gamma", "beta"], ["ln"], name="ln", axis=-1),
+        helper.make_node("ReduceMean", ["ln"], ["pooled"], name="pool", axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "w"], ["logits"], name="cls"),
+    ]
+    model = save_graph(helper.make_graph(nodes, "embed", [ids], [out], inits), tmp_path / "m.onnx")
+    dyn_path = tmp_path / "dyn.onnx"
+    quantize_dynamic_model(model, dyn_path)
+    fp32, dyn = onnx.load(str(model)), onnx.load(str(dyn_path))
+    gather = next(n for n in dyn.graph.node if n.op_type == "Gather")
+    assert dyn.graph.node[1].op_type == "DequantizeLinear", "ORT no longer quantizes the table: test moot"
+    pairing, quantized = pair_dynamic(fp32, dyn)
+    by_fp32 = {p.fp32: p.qdq for p in pairing.tensors}
+    dq = next(n for n in dyn.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == gather.output[0])
+    assert by_fp32["e"] == dq.output[0] != gather.output[0]
+    assert by_fp32["ln"] and by_fp32["pooled"] and not pairing.unmatched
+    assert {"embed", "cls"} <= quantized
+
+    np.savez(tmp_path / "d.npz", input_ids=rng.integers(0, 50, (16, 8)))
+    args = ["bench", str(model), "--calib", str(tmp_path / "d.npz"), "--variants", "fp32,dynamic"]
+    assert main([*args, "--runs", "1", "-o", str(tmp_path / "b.json"), "-q", "--no-chart"]) == 0
+    report = load_report(tmp_path / "b_files" / "dynamic.report.json")
+    assert report.tensor("e").accumulated.sqnr_db > 25  # int8 table: ~43 dB, not -42

@@ -9,6 +9,7 @@ score the task metric on un-instrumented sessions and write the report.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import math
 import shutil
@@ -364,6 +365,8 @@ def _analyze(
                 ExitCode.MODEL,
             )
         qinfo = model_info(qloaded.path, qproto, qloaded.sha256)
+        if not dynamic:
+            options = _settings_from_model(qproto, options, notes)
 
     dyn_nodes: set[str] | None = None
     if quantized is not None and is_dynamic_model(qproto):
@@ -529,6 +532,38 @@ _INTEGER_OPS = (
 
 
 _DYNAMIC_OPS = ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
+
+
+def _settings_from_model(qproto: onnx.ModelProto, options: AnalyzeOptions, notes: list[str]) -> AnalyzeOptions:
+    """The options with per-channel and the types the user's QDQ model was made with, so that the report
+    records them and propose, verify and bench rebuild a comparable model; a note says what was read and
+    that the rebuilt models come from qdebug's own calibration."""
+    from qdebug.graph.match import qdq_settings
+
+    found = qdq_settings(qproto)
+    read = dataclasses.replace(
+        options,
+        per_channel=found.per_channel,
+        activation_type=found.activation_type or options.activation_type,
+        weight_type=found.weight_type or options.weight_type,
+    )
+    def say(field: str, value: object) -> str:
+        if field == "per_channel":
+            return "per-channel weights" if value else "per-tensor weights"
+        return f"{value} {'activations' if field == 'activation_type' else 'weights'}"
+
+    changed = [
+        f"{say(f, getattr(read, f))} (flags: {say(f, getattr(options, f))})"
+        for f in ("per_channel", "activation_type", "weight_type")
+        if getattr(read, f) != getattr(options, f)
+    ]
+    notes.append(
+        "settings read from the quantized model: "
+        + (", ".join(changed) if changed else "as the flags say")
+        + f"; propose, verify and bench rebuild it with them from qdebug's own calibration (--method "
+        f"{options.method}), so their static baseline can differ from this file"
+    )
+    return read
 
 
 def is_dynamic_model(model: onnx.ModelProto) -> bool:

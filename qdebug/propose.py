@@ -213,6 +213,8 @@ class ProposeResult:
     max_evaluations: int
     seconds: float
     proposal_path: str | None = None
+    notes: tuple[str, ...] = ()
+    """What the user should know about how the proposal was made (printed by the CLI)."""
 
     @property
     def evaluations(self) -> int:
@@ -1305,6 +1307,18 @@ def _propose(
         max_evaluations=budget,
         seconds=seconds,
         proposal_path=str(output) if output is not None else None,
+        notes=_notes(report),
+    )
+
+
+def _notes(report: Report) -> tuple[str, ...]:
+    if not report.config.quantized_given:
+        return ()
+    return (
+        "the report analyzed a quantized model given with --quantized; here the static baseline and every "
+        f"candidate are rebuilt from qdebug's own calibration ({report.config.method}, "
+        f"{'per-channel' if report.config.per_channel else 'per-tensor'} weights, "
+        f"{report.config.activation_type}/{report.config.weight_type}), so 'static' can differ from that file",
     )
 
 

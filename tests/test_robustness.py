@@ -1164,3 +1164,38 @@ def test_model_with_nothing_to_quantize_is_noted_and_ort_stays_quiet(tmp_path, c
     assert code == 0, err
     assert "Removing initializer" not in err and "[W:onnxruntime" not in err
     assert any("inserted no QuantizeLinear" in n for n in load_report(out).notes)
+
+
+def test_settings_of_a_given_quantized_model_are_recorded(tmp_path, capsys):
+    """A user's own model quantized per-channel with int8 activations: the report had recorded the flags'
+    defaults (per-tensor, QUInt8), and propose then rebuilt and judged another model without a word."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz", n=16)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"input": np.load(calib)["input"]}])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    own = tmp_path / "own.onnx"
+    quantize_static(
+        str(model), str(own), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "--quantized", str(own), "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    assert report.config.per_channel is True and report.config.activation_type == "QInt8"
+    assert report.config.weight_type == "QInt8"
+    note = next(n for n in report.notes if n.startswith("settings read from the quantized model"))
+    assert "per-channel weights (flags: per-tensor weights)" in note
+    assert "QInt8 activations (flags: QUInt8 activations)" in note
+    capsys.readouterr()
+    code = main(["propose", str(out), "--target-drop", "0", "-o", str(tmp_path / "p.json"), "-q"])
+    assert code in (0, 6)
+    assert "rebuilt from qdebug's own calibration (minmax, per-channel weights, QInt8/QInt8)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "p.json").read_text())["activation_type"] == "QInt8"

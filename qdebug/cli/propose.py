@@ -120,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     print_summary(result)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.snippet:
         print()
         print(result.proposal.snippet, end="")

@@ -314,6 +314,56 @@ def _pair_weights(
     return out
 
 
+_QTYPE_OF = {
+    onnx.TensorProto.INT8: "QInt8",
+    onnx.TensorProto.UINT8: "QUInt8",
+    onnx.TensorProto.INT16: "QInt16",
+    onnx.TensorProto.UINT16: "QUInt16",
+    onnx.TensorProto.INT4: "QInt4",
+    onnx.TensorProto.UINT4: "QUInt4",
+}
+
+
+@dataclass(frozen=True)
+class QDQSettings:
+    """The quantization settings a QDQ model was made with, as far as the model shows them."""
+
+    per_channel: bool
+    """A weight is dequantized with more than one scale."""
+    activation_type: str | None
+    """The most common type of QuantizeLinear outputs (None: no QuantizeLinear with a known type)."""
+    weight_type: str | None
+    """The most common type of quantized weights (None: no weight quantized)."""
+
+
+def qdq_settings(model: onnx.ModelProto) -> QDQSettings:
+    """Read per-channel and the activation and weight types off a QDQ model's Q/DQ nodes.
+
+    A user's own ``--quantized`` model may have been made per-channel or with int8 activations; the report
+    had recorded the flags' defaults instead, and propose, verify and bench then rebuilt another model (a
+    per-tensor one scoring 37.5 dB where the user's scored 20.6 dB) without a word.
+    """
+    from collections import Counter
+
+    inits = {t.name: t for t in model.graph.initializer}
+    acts: Counter[str] = Counter()
+    weights: Counter[str] = Counter()
+    per_channel = False
+    for node in model.graph.node:
+        if node.op_type in DQ_OPS and node.input[0] in inits:
+            weight = inits[node.input[0]]
+            if weight.data_type in _QTYPE_OF:
+                weights[_QTYPE_OF[weight.data_type]] += 1
+            scale = inits.get(node.input[1]) if len(node.input) > 1 else None
+            per_channel |= scale is not None and int(np.prod(scale.dims)) > 1
+        elif node.op_type in Q_OPS:
+            zp = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            acts[_QTYPE_OF.get(zp.data_type, "") if zp is not None else "QUInt8"] += 1
+    acts.pop("", None)
+    top = lambda c: c.most_common(1)[0][0] if c else None  # noqa: E731
+    return QDQSettings(per_channel, top(acts), top(weights))
+
+
 def is_qdq_model(model: onnx.ModelProto) -> bool:
     """True when the model contains QuantizeLinear/DequantizeLinear nodes."""
     return any(n.op_type in Q_OPS + DQ_OPS for n in model.graph.node)

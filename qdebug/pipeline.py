@@ -355,6 +355,7 @@ def _analyze(
     else:
         qloaded = load_model(quantized, what="quantized model")
         qproto = qloaded.proto
+        _check_same_inputs(prep.normalized, qproto, model, quantized)
         dynamic = is_dynamic_model(qproto)
         if not dynamic:
             _refuse_integer_ops(qproto, quantized)
@@ -532,6 +533,25 @@ _INTEGER_OPS = (
 
 
 _DYNAMIC_OPS = ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
+
+
+def _check_same_inputs(
+    fp32: onnx.ModelProto, qproto: onnx.ModelProto, model: str | Path, quantized: str | Path
+) -> None:
+    """Both models take the same inputs (names), or the quantized one was not made from this model: ORT had
+    failed to load the merged models ("Node input 'x16' is not a graph input", exit 4)."""
+    def inputs(m: onnx.ModelProto) -> list[str]:  # an initializer listed as an input is no input
+        inits = {t.name for t in m.graph.initializer}
+        return [i.name for i in m.graph.input if i.name not in inits]
+
+    want, have = inputs(fp32), inputs(qproto)
+    if set(want) != set(have):
+        raise QDebugError(
+            f"the quantized model {quantized} does not derive from {model}: its inputs {have} are not the FP32 "
+            f"model's {want}",
+            "pass the QDQ model made from this FP32 model",
+            ExitCode.MODEL,
+        )
 
 
 def _settings_from_model(qproto: onnx.ModelProto, options: AnalyzeOptions, notes: list[str]) -> AnalyzeOptions:

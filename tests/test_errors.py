@@ -126,6 +126,28 @@ def test_quantized_model_from_another_model(tmp_path, capsys):
     assert_one_line(err, "does not derive from")
 
 
+def test_quantized_model_with_other_input_names_does_not_derive(tmp_path, capsys):
+    """The same network exported with another input name: the structure pairs, but ORT had failed to load
+    the merged models ("Node input 'x16' is not a graph input") and blamed the fake-quant models, exit 4."""
+    import onnx
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=8)
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(tmp_path / "r.json"), "-q"]) == 0
+    quantized = onnx.load(str(tmp_path / "r_files" / "quantized.onnx"))
+    for node in quantized.graph.node:
+        for i, name in enumerate(node.input):
+            if name == "input":
+                node.input[i] = "image"
+    quantized.graph.input[0].name = "image"
+    other = tmp_path / "other.onnx"
+    onnx.save(quantized, str(other))
+    args = ["analyze", model, "--calib", calib, "--quantized", other, "-q", "-o", tmp_path / "r2.json"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.MODEL
+    assert_one_line(err, "does not derive from")
+    assert "its inputs ['image'] are not the FP32 model's ['input']" in err
+
+
 def test_unknown_provider(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx")
     code, err = run_cli(

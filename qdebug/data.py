@@ -99,12 +99,15 @@ class DataSet:
         make_iter: Callable[[], Iterator[Batch]],
         n_samples: int | None,
         has_labels: bool,
+        ignored: tuple[str, ...] = (),
     ) -> None:
         self.source = source
         self.specs = specs
         self._make_iter = make_iter
         self.n_samples = n_samples
         self.has_labels = has_labels
+        self.ignored = ignored
+        """Arrays in the files that are neither a model input nor the labels (read by nothing)."""
         self._pass_samples: int | None = None
         """Samples in the first complete pass: every later complete pass must match it."""
 
@@ -242,7 +245,27 @@ def _file_dataset(
             yield from _split(arrays, take, bsize, str(f), has_labels, _labels_fed(specs))
             del arrays
 
-    return DataSet(source, specs, make_iter, n_samples, has_labels)
+    used = {s.name for s in specs} | {LABELS_KEY}
+    ignored = tuple(sorted({k for h in headers.values() for k in h if k not in used}))
+    return DataSet(source, specs, make_iter, n_samples, has_labels, ignored)
+
+
+def ignored_note(data: DataSet, what: str) -> str | None:
+    """A note naming the arrays nothing reads: a typo such as ``label`` for ``labels`` had silently turned
+    top-1 against labels into agreement with FP32 (100 %)."""
+    if not data.ignored:
+        return None
+    import difflib
+
+    names = ", ".join(repr(k) for k in data.ignored)
+    wanted = [LABELS_KEY, *(s.name for s in data.specs)]
+    hints = [
+        f"{m[0]!r} for {k!r}"
+        for k in data.ignored
+        if (m := difflib.get_close_matches(k, wanted, n=1, cutoff=0.6))
+    ]
+    guess = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    return f"{what} {data.source}: array(s) {names} are neither a model input nor 'labels' and were ignored{guess}"
 
 
 def _check_header(

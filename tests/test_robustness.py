@@ -1199,3 +1199,20 @@ def test_settings_of_a_given_quantized_model_are_recorded(tmp_path, capsys):
     assert code in (0, 6)
     assert "rebuilt from qdebug's own calibration (minmax, per-channel weights, QInt8/QInt8)" in capsys.readouterr().err
     assert json.loads((tmp_path / "p.json").read_text())["activation_type"] == "QInt8"
+
+
+def test_arrays_nothing_reads_are_named_in_a_note(tmp_path):
+    """An evaluation file with `label` instead of `labels`: top-1 against labels silently became agreement
+    with FP32 (100 %); the report now names the ignored array and the likely key."""
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz", n=16)
+    with np.load(small_data(tmp_path / "e.npz", n=16, seed=3)) as z:
+        np.savez(tmp_path / "typo.npz", input=z["input"], label=z["labels"])
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(calib), "--eval", str(tmp_path / "typo.npz")]
+    assert main([*args, "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    assert report.task.name == "top1_agreement"
+    note = next(n for n in report.notes if "were ignored" in n)
+    assert note.startswith("evaluation data") and "'label'" in note and "did you mean 'labels' for 'label'" in note
+    assert not any("calibration data" in n and "ignored" in n for n in report.notes)

@@ -43,6 +43,9 @@ class InputSpec:
     dtype: np.dtype
     shape: tuple[int | str | None, ...]
     """Static dims as ints; dynamic dims as their symbolic name or ``None``."""
+    index_rows: tuple[int, str] | None = None
+    """For integer ids read by a Gather from a weight table: (rows of the table, the Gather's name). Ids
+    outside it made ORT fail mid-calibration ("indices element out of data bounds", exit 4)."""
 
     def describe(self) -> str:
         """``name: float32[N,3,224,224]`` for messages."""
@@ -66,6 +69,7 @@ def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
     from onnx import helper
 
     inits = {i.name for i in model.graph.initializer}
+    rows = _gather_rows(model)
     specs = []
     for vi in model.graph.input:
         if vi.name in inits:
@@ -81,8 +85,25 @@ def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
                     dims.append(int(d.dim_value))
                 else:
                     dims.append(d.dim_param or None)
-        specs.append(InputSpec(vi.name, dtype, tuple(dims)))
+        specs.append(InputSpec(vi.name, dtype, tuple(dims), rows.get(vi.name) if dtype.kind in "iu" else None))
     return tuple(specs)
+
+
+def _gather_rows(model: Any) -> dict[str, tuple[int, str]]:
+    """Graph input -> (rows, Gather name) of the smallest weight table a Gather indexes with it."""
+    tables = {t.name: list(t.dims) for t in model.graph.initializer}
+    out: dict[str, tuple[int, str]] = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        dims = tables.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if not dims or not -len(dims) <= axis < len(dims):
+            continue
+        n = int(dims[axis])
+        if node.input[1] not in out or n < out[node.input[1]][0]:
+            out[node.input[1]] = (n, node.name or "Gather")
+    return out
 
 
 class DataSet:
@@ -627,6 +648,19 @@ def _iterate_hook(func: Callable[..., Any], spec: str) -> Iterator[Any]:
 def _check_batch(batch: Batch, specs: tuple[InputSpec, ...]) -> None:
     if batch.size == 0:
         raise QDebugError(f"{batch.origin}: empty batch", "remove empty files/items", ExitCode.DATA)
+    for spec in specs:
+        a = batch.feeds.get(spec.name)
+        if spec.index_rows is None or a is None or a.size == 0 or a.dtype.kind not in "iu":
+            continue
+        rows, gather = spec.index_rows
+        lo, hi = int(a.min()), int(a.max())
+        if lo < -rows or hi >= rows:
+            raise QDebugError(
+                f"{batch.origin}: input {spec.name!r} holds ids {lo}..{hi}, outside the {rows} rows of the "
+                f"table Gather {gather!r} reads",
+                f"use ids in 0..{rows - 1} (the tokenizer or vocabulary the model was trained with)",
+                ExitCode.DATA,
+            )
 
 
 class ReaderAdapter:

@@ -187,3 +187,23 @@ def sequence_split(path: Path, seed: int = 0) -> Path:
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+def embedding_classifier(path: Path, vocab: int = 50, seed: int = 0) -> Path:
+    """Token ids [N, 8] -> Gather from a [vocab, 16] table -> LayerNorm -> mean -> MatMul -> 3 logits."""
+    rng = np.random.default_rng(seed)
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", 8])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])
+    inits = [
+        _init("emb", rng.standard_normal((vocab, 16)).astype(np.float32)),
+        _init("gamma", np.ones(16, np.float32)),
+        _init("beta", np.zeros(16, np.float32)),
+        _init("w", rng.standard_normal((16, 3)).astype(np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["e"], name="embed"),
+        helper.make_node("LayerNormalization", ["e", "gamma", "beta"], ["ln"], name="ln", axis=-1),
+        helper.make_node("ReduceMean", ["ln"], ["pooled"], name="pool", axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "w"], ["logits"], name="cls"),
+    ]
+    return save_graph(helper.make_graph(nodes, "embedding_classifier", [ids], [out], inits), path)

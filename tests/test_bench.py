@@ -700,28 +700,13 @@ def test_dynamic_pairing_reads_an_int8_embedding_through_its_dequantize(tmp_path
     Gather output had been paired with the Gather's uint8 output (-42 dB, 'introduced' 162 dB) and every
     node downstream left without a counterpart."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     from qdebug.bench import pair_dynamic
     from qdebug.quantize import quantize_dynamic_model
-    from tests.models import save_graph
+    from tests.models import embedding_classifier
 
     rng = np.random.default_rng(0)
-    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", 8])
-    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "emb"),
-        numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
-        numpy_helper.from_array(np.zeros(16, np.float32), "beta"),
-        numpy_helper.from_array(rng.standard_normal((16, 3)).astype(np.float32), "w"),
-    ]
-    nodes = [
-        helper.make_node("Gather", ["emb", "input_ids"], ["e"], name="embed"),
-        helper.make_node("LayerNormalization", ["e", "gamma", "beta"], ["ln"], name="ln", axis=-1),
-        helper.make_node("ReduceMean", ["ln"], ["pooled"], name="pool", axes=[1], keepdims=0),
-        helper.make_node("MatMul", ["pooled", "w"], ["logits"], name="cls"),
-    ]
-    model = save_graph(helper.make_graph(nodes, "embed", [ids], [out], inits), tmp_path / "m.onnx")
+    model = embedding_classifier(tmp_path / "m.onnx")
     dyn_path = tmp_path / "dyn.onnx"
     quantize_dynamic_model(model, dyn_path)
     fp32, dyn = onnx.load(str(model)), onnx.load(str(dyn_path))

@@ -589,3 +589,20 @@ def test_bench_never_deletes_a_directory_named_as_its_output(tmp_path, capsys, f
     assert code == ExitCode.OUTPUT
     assert_one_line(err, f"output path {folder} is a directory")
     assert (folder / "keep.txt").read_text() == "mine"
+
+
+def test_token_ids_outside_the_embedding_table_are_a_data_error(tmp_path, capsys):
+    """Ids 45..94 for a table of 50 rows: ORT failed mid-calibration ("indices element out of data bounds",
+    a raw ORT log line) and the message blamed the model, exit 4."""
+    from tests.models import embedding_classifier
+
+    model = embedding_classifier(tmp_path / "m.onnx", vocab=50)
+    ids = np.random.default_rng(0).integers(0, 50, (16, 8)) + 45
+    np.savez(tmp_path / "ids.npz", input_ids=ids)
+    code, err = run_cli(["analyze", model, "--calib", tmp_path / "ids.npz", "-q", "-o", tmp_path / "r.json"], capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "outside the 50 rows of the table Gather 'embed' reads")
+    assert "use ids in 0..49" in err and not (tmp_path / "r.json").exists()
+    np.savez(tmp_path / "ok.npz", input_ids=ids - 45)  # in range: analyzed
+    code, err = run_cli(["analyze", model, "--calib", tmp_path / "ok.npz", "-q", "-o", tmp_path / "r.json"], capsys)
+    assert code == 0, err

@@ -62,9 +62,10 @@ from qdebug.graph.reduce import (
 from qdebug.metrics import (
     ErrorAccumulator,
     HistogramAccumulator,
+    QuantGrid,
     SummaryAccumulator,
     TensorErrorAccumulator,
-    grid_edges_for,
+    grid_for,
     range_edges,
 )
 from qdebug.records import ErrorStats, NodeRecord, NotCaptured, QuantParams, TensorRecord, WeightRecord
@@ -211,10 +212,10 @@ def _container_values(model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | None:
+def _edges(quant: QuantParams | None, rng: tuple[float, float] | None) -> np.ndarray | QuantGrid | None:
     # a user's QDQ model may hold an infinite scale (ORT's quantize_static on an -inf attention mask)
     if quant is not None and math.isfinite(quant.scale) and quant.scale > 0:
-        return grid_edges_for(quant)
+        return grid_for(quant)
     if rng is not None and math.isfinite(rng[0]) and math.isfinite(rng[1]):
         return range_edges(rng[0], rng[1])
     return None

@@ -58,7 +58,7 @@ touches reference values only, and negligibly.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,8 +70,10 @@ __all__ = [
     "HistogramAccumulator",
     "SummaryAccumulator",
     "TensorErrorAccumulator",
+    "QuantGrid",
     "grid_edges",
     "grid_edges_for",
+    "grid_for",
     "kl_divergence",
     "qtype_range",
     "range_edges",
@@ -368,6 +370,56 @@ def grid_edges_for(quant: QuantParams, max_bins: int = 256) -> np.ndarray:
     return grid_edges(quant.scale, quant.zero_point, qmin, qmax, max_bins)
 
 
+@dataclass(frozen=True)
+class QuantGrid:
+    """A quantization grid as histogram bins: values are binned by the level they quantize to.
+
+    Binning by edges half a step either side of each level puts a value and
+    its own rounding in the same bin only if the edge arithmetic agrees with
+    the quantizer's: it did not at ties (0.5 at scale 1/255 is 127.49999 steps
+    in float32, which ORT rounds to 127, while ``0.5 * 255 + 1.5`` fell in
+    level 128's bin), and 3 % of the transformer's inputs at 0.5 gave a
+    local KL of 0.32 nats for 56 dB of SQNR. So the bin of a value is
+    ``rint(x / scale) + zero_point`` in float32, as QuantizeLinear computes it.
+    """
+
+    scale: float
+    zero_point: int
+    qmin: int
+    qmax: int
+    group: int = 1
+    """Consecutive levels per bin (more than ``max_bins`` levels, e.g. 16-bit)."""
+
+    def edges(self) -> np.ndarray:
+        """The bins' edges, half a step outside the levels (as :func:`grid_edges`)."""
+        bounds = np.append(np.arange(self.qmin, self.qmax + 1, self.group, dtype=np.float64), self.qmax + 1.0)
+        return (bounds - (self.zero_point + 0.5)) * self.scale
+
+    def index(self, x: np.ndarray) -> np.ndarray:
+        """Bin indices 0..nbins+1 of finite values (0 and nbins+1: below ``qmin`` and above ``qmax``)."""
+        level = np.rint(np.divide(x.astype(np.float32, copy=False), np.float32(self.scale)))
+        levels = self.qmax - self.qmin + 1
+        nbins = -(-levels // self.group)
+        level -= np.float32(self.qmin - self.zero_point)  # 0 at qmin
+        above = level >= levels  # above qmax: the overflow bin even when the last bin is narrower
+        if self.group > 1:
+            np.floor_divide(level, np.float32(self.group), out=level)
+        level += np.float32(1.0)
+        np.clip(level, 0.0, float(nbins), out=level)
+        idx = level.astype(np.intp)
+        idx[above] = nbins + 1
+        return idx
+
+
+def grid_for(quant: QuantParams, max_bins: int = 256) -> QuantGrid:
+    """The :class:`QuantGrid` of a Q/DQ pair, over the full range of its element type (per-axis: the first
+    channel's scale)."""
+    qmin, qmax = qtype_range(quant.qtype)
+    if not (math.isfinite(quant.scale) and quant.scale > 0.0):
+        raise ValueError(f"scale must be finite and > 0, got {quant.scale!r}")
+    return QuantGrid(float(quant.scale), int(quant.zero_point), qmin, qmax, -(-(qmax - qmin + 1) // max_bins))
+
+
 def range_edges(lo: float, hi: float, bins: int = 128) -> np.ndarray:
     """``bins`` uniform bins over ``[lo, hi]`` for tensors without a quantization grid.
 
@@ -431,9 +483,14 @@ class HistogramAccumulator:
         "_offset",
         "_narrow_last",
         "_f32_ok",
+        "grid",
     )
 
-    def __init__(self, edges: np.ndarray) -> None:
+    def __init__(self, edges: np.ndarray | QuantGrid) -> None:
+        self.grid = edges if isinstance(edges, QuantGrid) else None
+        """Bins by quantization level when set (see :class:`QuantGrid`); by the edges otherwise."""
+        if self.grid is not None:
+            edges = self.grid.edges()
         e = np.array(edges, dtype=np.float64).reshape(-1)
         if e.size < 2 or not np.all(np.isfinite(e)) or not np.all(np.diff(e) > 0.0):
             raise ValueError("histogram edges must be >= 2 finite, strictly increasing values")
@@ -464,6 +521,8 @@ class HistogramAccumulator:
     def _index(self, x: np.ndarray, raw: np.ndarray) -> np.ndarray:
         """Bin indices 0..nbins+1 of finite values ``x`` (``raw``: the same values, for the edge check)."""
         top = self.nbins + 1
+        if self.grid is not None:
+            return self.grid.index(raw)
         if not self._uniform:
             return np.searchsorted(self.edges, x, side="right")
         t = np.multiply(x, x.dtype.type(self._inv_w))
@@ -500,7 +559,7 @@ class HistogramAccumulator:
             raise TypeError(f"cannot merge HistogramAccumulator with {type(other).__name__}")
         if not np.array_equal(self.edges, other.edges):
             raise ValueError("cannot merge histograms with different edges")
-        out = HistogramAccumulator(self.edges)
+        out = HistogramAccumulator(self.grid if self.grid is not None else self.edges)
         out.ref_counts = self.ref_counts + other.ref_counts
         out.cand_counts = self.cand_counts + other.cand_counts
         out.nonfinite = self.nonfinite + other.nonfinite
@@ -531,7 +590,7 @@ class TensorErrorAccumulator:
 
     __slots__ = ("error", "histogram")
 
-    def __init__(self, edges: np.ndarray | None = None) -> None:
+    def __init__(self, edges: np.ndarray | QuantGrid | None = None) -> None:
         self.error = ErrorAccumulator()
         self.histogram = HistogramAccumulator(edges) if edges is not None else None
 

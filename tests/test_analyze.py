@@ -289,7 +289,7 @@ def test_fakequant_samples_limits_the_fake_quant_view(cnn, tmp_path, engine):
     c2 = report.tensor("c2")
     assert c2.accumulated_fakequant.count == 16 * 4 * 8 * 8  # two batches of 8: 16 samples of a 4x8x8 tensor
     assert c2.accumulated.count == c2.local.count == 40 * 4 * 8 * 8  # local error is measured on every sample
-    assert any("first 16 of 40 samples" in n for n in report.notes)
+    assert any("first 16 of 40 calibration samples" in n for n in report.notes)
     assert math.isfinite(report.task.quantized_fakequant)
     assert main([*args, "--fakequant-samples", "0", "--engine", engine]) == 0
     report = load_report(out)

@@ -849,10 +849,13 @@ def run_search(
         if action == "fp32" and "int16" in allow:
             plan, met = _cheapen(search, plan, met)
     if action == "fp32" and widened and search.left > 0:
-        if met is None or not search.fits(met) or len(plan.nodes()) > 1:
+        answered = met is not None and search.fits(met)
+        if not answered or len(plan.nodes()) > 1:
+            # smaller than the answer (a region of an unblamed tensor can hold several nodes), within the cap
+            room = len(plan.nodes()) - 1 if answered else cap
             blamed = {u.nodes for u in initial}
             unblamed = [u for u in widened if u.nodes not in blamed][:SINGLE_TRIES]
-            single = _single_unit(search, unblamed, cap)
+            single = _single_unit(search, unblamed, room)
             if single is not None:
                 plan, met = single
     return plan, met, reranks

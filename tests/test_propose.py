@@ -492,6 +492,22 @@ def test_final_set_is_rechecked_without_per_channel(with_pc, without_pc, kept):
     assert _without_per_channel(search, final, in_effect=False).per_channel is False and not search.trials
 
 
+def test_a_unit_tried_alone_must_be_smaller_than_the_answer():
+    """After the search, units it never blamed are tried alone; a 4-node region meeting the target alone
+    must not replace a 2-node answer (review: it did, with a worse score)."""
+
+    def metric(nodes, overrides):
+        if {"a", "b"} <= nodes:
+            return 0.95
+        return 0.91 if {"p", "q", "r", "s"} <= nodes else 0.3
+
+    search = _FakeSearch(metric)
+    initial = [_unit("a"), _unit("b")]
+    widened = [*initial, _unit("region", "p", "q", "r", "s")]
+    plan, met, _ = run_search(search, initial, lambda p, w: [], ("fp32",), None, widened)
+    assert plan.nodes() == {"a", "b"} and met.value == 0.95
+
+
 def test_int16_replaces_fp32_when_it_is_enough():
     def metric(nodes, overrides):
         return 0.95 if ("a" in nodes or "a" in overrides) else 0.3

@@ -565,7 +565,7 @@ def _settings_from_model(qproto: onnx.ModelProto, options: AnalyzeOptions, notes
     found = qdq_settings(qproto)
     read = dataclasses.replace(
         options,
-        per_channel=found.per_channel,
+        per_channel=found.per_channel if found.per_channel is not None else options.per_channel,
         activation_type=found.activation_type or options.activation_type,
         weight_type=found.weight_type or options.weight_type,
     )

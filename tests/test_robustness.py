@@ -1216,3 +1216,56 @@ def test_arrays_nothing_reads_are_named_in_a_note(tmp_path):
     note = next(n for n in report.notes if "were ignored" in n)
     assert note.startswith("evaluation data") and "'label'" in note and "did you mean 'labels' for 'label'" in note
     assert not any("calibration data" in n and "ignored" in n for n in report.notes)
+
+
+def test_settings_of_a_tensorrt_style_qdq_model_are_read_from_its_weight_quantizers(tmp_path):
+    """pytorch-quantization / modelopt exports keep float weights behind QuantizeLinear(axis=0) ->
+    DequantizeLinear: per-channel had been missed (only integer weights were looked at), and an explicit
+    --per-channel overridden."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from qdebug.graph.match import qdq_settings
+
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz", n=16)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"input": np.load(calib)["input"]}])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    ort_style = tmp_path / "ort.onnx"
+    quantize_static(
+        str(model), str(ort_style), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, extra_options={"QuantizeBias": False},
+    )
+    proto = onnx.load(str(ort_style))
+    inits = {t.name: t for t in proto.graph.initializer}
+    nodes = []
+    for node in proto.graph.node:  # int8 weight -> DQ  becomes  float weight -> Q -> DQ
+        weight = inits.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if weight is not None and weight.data_type == onnx.TensorProto.INT8:
+            w, s = numpy_helper.to_array(weight).astype(np.float32), numpy_helper.to_array(inits[node.input[1]])
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            shape = [1] * w.ndim
+            if s.size > 1:
+                shape[axis] = -1
+            proto.graph.initializer.append(numpy_helper.from_array(w * s.reshape(shape), weight.name + "_f"))
+            attrs = {"axis": axis} if s.size > 1 else {}
+            nodes.append(
+                helper.make_node("QuantizeLinear", [weight.name + "_f", *node.input[1:]], [weight.name + "_q"], **attrs)
+            )
+            node.input[0] = weight.name + "_q"
+        nodes.append(node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    trt_style = tmp_path / "trt.onnx"
+    onnx.save(proto, str(trt_style))
+    found = qdq_settings(proto)
+    assert (found.per_channel, found.weight_type, found.activation_type) == (True, "QInt8", "QInt8")
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(calib), "--quantized", str(trt_style), "-o", str(out), "-q"]
+    assert main(args) == 0
+    assert load_report(out).config.per_channel is True

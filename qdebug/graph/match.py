@@ -328,8 +328,8 @@ _QTYPE_OF = {
 class QDQSettings:
     """The quantization settings a QDQ model was made with, as far as the model shows them."""
 
-    per_channel: bool
-    """A weight is dequantized with more than one scale."""
+    per_channel: bool | None
+    """A weight is quantized with more than one scale (None: no quantized weight to tell by)."""
     activation_type: str | None
     """The most common type of QuantizeLinear outputs (None: no QuantizeLinear with a known type)."""
     weight_type: str | None
@@ -348,20 +348,32 @@ def qdq_settings(model: onnx.ModelProto) -> QDQSettings:
     inits = {t.name: t for t in model.graph.initializer}
     acts: Counter[str] = Counter()
     weights: Counter[str] = Counter()
-    per_channel = False
+    scales: list[bool] = []  # per weight: more than one scale
+
+    def scale_count(node: onnx.NodeProto) -> int:
+        scale = inits.get(node.input[1]) if len(node.input) > 1 else None
+        return int(np.prod(scale.dims)) if scale is not None else 1
+
+    def zp_type(node: onnx.NodeProto) -> str:
+        zp = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        return _QTYPE_OF.get(zp.data_type, "") if zp is not None else "QUInt8"
+
     for node in model.graph.node:
-        if node.op_type in DQ_OPS and node.input[0] in inits:
+        if node.op_type in DQ_OPS and node.input[0] in inits:  # ORT's own: the integer weight is stored
             weight = inits[node.input[0]]
             if weight.data_type in _QTYPE_OF:
                 weights[_QTYPE_OF[weight.data_type]] += 1
-            scale = inits.get(node.input[1]) if len(node.input) > 1 else None
-            per_channel |= scale is not None and int(np.prod(scale.dims)) > 1
+                scales.append(scale_count(node) > 1)
+        elif node.op_type in Q_OPS and node.input[0] in inits:  # float weight -> Q -> DQ (TensorRT-style)
+            if inits[node.input[0]].data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+                weights[zp_type(node) or "QInt8"] += 1
+                scales.append(scale_count(node) > 1)
         elif node.op_type in Q_OPS:
-            zp = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            acts[_QTYPE_OF.get(zp.data_type, "") if zp is not None else "QUInt8"] += 1
+            acts[zp_type(node)] += 1
     acts.pop("", None)
+    weights.pop("", None)
     top = lambda c: c.most_common(1)[0][0] if c else None  # noqa: E731
-    return QDQSettings(per_channel, top(acts), top(weights))
+    return QDQSettings(any(scales) if scales else None, top(acts), top(weights))
 
 
 def is_qdq_model(model: onnx.ModelProto) -> bool:

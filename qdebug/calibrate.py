@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -134,21 +135,39 @@ def calibrate(
 
 @contextlib.contextmanager
 def quiet_ort_logging() -> Iterator[None]:
-    """Silence the quantizer's warnings for the block: its Python logging (e.g. the pre-processing nag)
-    and ORT's C++ log for the sessions it creates itself without options (the calibrator's warns
-    "Removing initializer" on a model with nothing to calibrate). ORT has no getter for its default
-    severity: it goes back to ORT's own default, warning."""
-    import onnxruntime
-
+    """Silence the quantizer's Python logging warnings (e.g. the pre-processing nag) for the block."""
     root = logging.getLogger()
     old = root.level
     root.setLevel(logging.ERROR)
-    onnxruntime.set_default_logger_severity(3)
     try:
         yield
     finally:
         root.setLevel(old)
-        onnxruntime.set_default_logger_severity(2)
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Drop what native code writes to file descriptor 2 during the block, then restore it exactly.
+
+    ORT's calibrator creates its session without options, so ORT's C++ log prints warnings such as
+    "Removing initializer ..." (on a model with nothing to calibrate) straight to the terminal. Setting
+    ORT's default log severity would silence them, but it is process-wide and ORT has no getter to restore
+    an API user's own setting; the descriptor can be restored. Used around session creation only (the
+    progress display stays visible during calibration); the calibrator's own errors still raise.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no real descriptor 2 (an embedding host): leave it
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _run_calibrator(
@@ -164,15 +183,16 @@ def _run_calibrator(
 
     with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp, quiet_ort_logging():
         try:
-            calibrator = create_calibrator(
-                model_path,
-                ops,
-                augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                calibrate_method=ort_method,
-                use_external_data_format=large,
-                providers=list(providers) if providers else None,
-                extra_options={},
-            )
+            with _native_stderr_silenced():
+                calibrator = create_calibrator(
+                    model_path,
+                    ops,
+                    augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                    calibrate_method=ort_method,
+                    use_external_data_format=large,
+                    providers=list(providers) if providers else None,
+                    extra_options={},
+                )
             # ORT's histogram calibrators (entropy/percentile/distribution) stack every batch's
             # outputs and fail on a smaller last batch, and print progress on stdout (ours is data):
             # their lines ("Collecting tensor data...") are dropped, qdebug draws its own progress on

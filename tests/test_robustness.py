@@ -1269,3 +1269,22 @@ def test_settings_of_a_tensorrt_style_qdq_model_are_read_from_its_weight_quantiz
     args = ["analyze", str(model), "--calib", str(calib), "--quantized", str(trt_style), "-o", str(out), "-q"]
     assert main(args) == 0
     assert load_report(out).config.per_channel is True
+
+
+def test_ort_log_severity_set_by_an_api_user_survives_analyze(tmp_path, capfd):
+    """Silencing the calibrator's C++ warnings had set ORT's process-wide log severity and reset it to
+    'warning' afterwards, undoing an API user's own setting (ORT has no getter to restore it)."""
+    from qdebug import AnalyzeOptions, analyze
+
+    model = small_cnn(tmp_path / "m.onnx")
+    proto = onnx.load(str(model))  # an initializer listed as a graph input: ORT warns about it at load
+    proto.graph.input.append(helper.make_tensor_value_info(proto.graph.initializer[0].name, 1, None))
+    onnx.save(proto, str(tmp_path / "warns.onnx"))
+    ort.set_default_logger_severity(3)
+    try:
+        analyze(model, small_data(tmp_path / "c.npz", n=8), output=tmp_path / "r.json", options=AnalyzeOptions())
+        capfd.readouterr()
+        ort.InferenceSession(str(tmp_path / "warns.onnx"), providers=["CPUExecutionProvider"])
+        assert "[W:onnxruntime" not in capfd.readouterr().err
+    finally:
+        ort.set_default_logger_severity(2)

@@ -208,6 +208,8 @@ def test_usage_errors_are_one_line_naming_the_subcommand(capsys):
         (["propose", "r.json", "--batch-size", "3"], "qdebug propose: error: unrecognized arguments: --batch-size"),
         (["bench", "m.onnx", "--calib", "c.npz", "--timeout", "0"], "qdebug bench: error: argument --timeout"),
         (["no-such-command"], "qdebug: error: argument COMMAND: invalid choice"),
+        # a flag before the subcommand: it has it, the flag is just in the wrong place
+        (["-q", "analyze", "m.onnx", "--calib", "c.npz"], "qdebug: error: unrecognized arguments before the"),
     ]
     for argv, start in cases:
         assert main(argv) == ExitCode.USAGE

@@ -65,16 +65,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unrecognized(words: list[str], extra: list[str], command: str | None) -> str:
+    """The one-line error for arguments no parser took, named by the subcommand that refused them.
+
+    Flags given before the subcommand (``qdebug -q analyze ...``) belong to no parser: the message says to
+    put them after it, not that the subcommand lacks a flag its --help lists.
+    """
+    listed = " ".join(extra)
+    if command is None or command not in words:
+        return f"qdebug: error: unrecognized arguments: {listed} -- see 'qdebug --help'"
+    before = [w for w in extra if w in words[: words.index(command)]]
+    if before:
+        return (
+            f"qdebug: error: unrecognized arguments before the subcommand: {' '.join(before)} -- "
+            f"put them after it: qdebug {command} ... {' '.join(before)}"
+        )
+    return f"qdebug {command}: error: unrecognized arguments: {listed} -- see 'qdebug {command} --help'"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
     parser = build_parser()
+    words = list(argv) if argv is not None else sys.argv[1:]
     try:
-        args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
+        args, extra = parser.parse_known_args(words)
     except SystemExit as e:
         return int(e.code or 0)
-    if extra:  # named by the subcommand that refused them, not by the top-level parser
-        prog = f"qdebug {args.command}" if getattr(args, "command", None) else "qdebug"
-        print(f"{prog}: error: unrecognized arguments: {' '.join(extra)} -- see '{prog} --help'", file=sys.stderr)
+    if extra:
+        print(_unrecognized(words, extra, getattr(args, "command", None)), file=sys.stderr)
         return int(ExitCode.USAGE)
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)

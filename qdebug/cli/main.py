@@ -78,7 +78,7 @@ def _unrecognized(words: list[str], extra: list[str], command: str | None) -> st
     if before:
         return (
             f"qdebug: error: unrecognized arguments before the subcommand: {' '.join(before)} -- "
-            f"put them after it: qdebug {command} ... {' '.join(before)}"
+            f"put them after it (see 'qdebug {command} --help')"
         )
     return f"qdebug {command}: error: unrecognized arguments: {listed} -- see 'qdebug {command} --help'"
 

@@ -754,7 +754,7 @@ def _run_bench(
 
     from qdebug.calibrate import calibrate
     from qdebug.capture import SessionConfig, check_providers
-    from qdebug.data import open_data
+    from qdebug.data import data_notes, open_data
     from qdebug.evaluate import Evaluator
     from qdebug.graph.load import sha256_file
     from qdebug.pipeline import AnalyzeOptions, artifacts_dir, prepare
@@ -861,6 +861,7 @@ def _run_bench(
     else:
         eval_set = open_data(calib, prep.calib.specs, batch_size=options.batch_size)
         notes.append("no --eval data: the metric and the timings use the calibration data")
+    notes.extend(data_notes(prep.calib, eval_set if eval_data is not None else None))
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
     batch_sizes = [b.size for b in evaluator.batches]
     full_size = max(batch_sizes)

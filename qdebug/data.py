@@ -271,6 +271,14 @@ def _file_dataset(
     return DataSet(source, specs, make_iter, n_samples, has_labels, ignored)
 
 
+def data_notes(calib: DataSet, evaluation: DataSet | None) -> list[str]:
+    """:func:`ignored_note` for the calibration and (when given) the evaluation data."""
+    notes = [ignored_note(calib, "calibration data")]
+    if evaluation is not None:
+        notes.append(ignored_note(evaluation, "evaluation data"))
+    return [n for n in notes if n]
+
+
 def ignored_note(data: DataSet, what: str) -> str | None:
     """A note naming the arrays nothing reads: a typo such as ``label`` for ``labels`` had silently turned
     top-1 against labels into agreement with FP32 (100 %)."""
@@ -286,7 +294,7 @@ def ignored_note(data: DataSet, what: str) -> str | None:
         if (m := difflib.get_close_matches(k, wanted, n=1, cutoff=0.6))
     ]
     guess = f" (did you mean {', '.join(hints)}?)" if hints else ""
-    return f"{what} {data.source}: array(s) {names} are neither a model input nor 'labels' and were ignored{guess}"
+    return f"{what} {data.source}: key(s) {names} are neither a model input nor 'labels' and were ignored{guess}"
 
 
 def _check_header(
@@ -526,6 +534,8 @@ def _hook_dataset(
     func = load_hook(spec, what)
     bsize = _batch_size(specs, batch_size, spec)
 
+    ignored: set[str] = set()
+
     def make_iter() -> Iterator[tuple[dict[str, np.ndarray], int, str]]:
         produced = 0
         for i, item in enumerate(_iterate_hook(func, spec)):
@@ -535,7 +545,11 @@ def _hook_dataset(
                     "yield {input_name: numpy array}",
                     ExitCode.DATA,
                 )
-            arrays = {k: np.asarray(v) for k, v in item.items()}
+            # only the model's inputs and the labels: another key (a file name, metadata) had reached ORT
+            # ("Invalid input name", exit 4) or crashed the batching when it was not an array
+            used = {s.name for s in specs} | {LABELS_KEY}
+            ignored.update(str(k) for k in item if k not in used)
+            arrays = {k: np.asarray(v) for k, v in item.items() if k in used}
             missing = [s.name for s in specs if s.name not in arrays]
             if missing:
                 raise QDebugError(
@@ -568,7 +582,7 @@ def _hook_dataset(
         raise QDebugError(
             f"{what} hook {spec} yields no samples", "yield at least one feed dict", ExitCode.DATA
         )
-    return DataSet(spec, specs, make_batches, None, first.labels is not None)
+    return DataSet(spec, specs, make_batches, None, first.labels is not None, tuple(sorted(ignored)))
 
 
 def _fill_fixed_batches(

@@ -33,7 +33,7 @@ from qdebug.analysis import (
 )
 from qdebug.calibrate import Ranges, calibrate
 from qdebug.capture import SessionConfig, check_providers
-from qdebug.data import DataSet, ignored_note, model_input_specs, open_data
+from qdebug.data import DataSet, data_notes, ignored_note, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluate import Evaluator
 from qdebug.graph.load import (
@@ -305,7 +305,7 @@ def _analyze(
     config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
     prep = prepare(model, calib, workdir, options, need_ranges=quantized is None, progress=progress)
     notes = list(prep.notes)
-    notes.extend(n for n in [ignored_note(prep.calib, "calibration data")] if n)
+    notes.extend(data_notes(prep.calib, None))
 
     if quantized is None:
         assert prep.ranges is not None
@@ -431,7 +431,7 @@ def _analyze(
         eval_set = open_data(
             eval_data, prep.calib.specs, batch_size=options.batch_size, what="evaluation data"
         )
-        notes.extend(n for n in [ignored_note(eval_set, "evaluation data")] if n)
+        notes.extend(n for n in [ignored_note(eval_set, "evaluation data")] if n)  # calibration's: above
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
         result = evaluator.score(qproto)
         fakequant_value = (

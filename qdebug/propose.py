@@ -1210,7 +1210,7 @@ def _propose(
     start: float,
 ) -> ProposeResult:
     from qdebug.capture import SessionConfig
-    from qdebug.data import open_data
+    from qdebug.data import data_notes, open_data
     from qdebug.evaluate import Evaluator
     from qdebug.graph.load import save_model
     from qdebug.pipeline import AnalyzeOptions, prepare
@@ -1254,6 +1254,7 @@ def _propose(
         limit_flag="--eval-max-samples",
     )
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric or cfg.metric)
+    input_notes = data_notes(prep.calib, eval_set)
     target = make_target(evaluator.metric_name, evaluator.fp32_value, evaluator.samples, options)
 
     structure = Structure(prep.normalized, report.nodes)
@@ -1344,7 +1345,7 @@ def _propose(
         max_evaluations=budget,
         seconds=seconds,
         proposal_path=str(output) if output is not None else None,
-        notes=_notes(report),
+        notes=(*input_notes, *_notes(report)),
     )
 
 

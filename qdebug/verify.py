@@ -392,7 +392,7 @@ class _Context:
         from qdebug.analysis import quantized_node_names
         from qdebug.calibrate import op_types_to_quantize
         from qdebug.capture import SessionConfig
-        from qdebug.data import open_data
+        from qdebug.data import data_notes, open_data
         from qdebug.evaluate import Evaluator
         from qdebug.graph.match import pair_models
         from qdebug.pipeline import AnalyzeOptions, prepare
@@ -429,6 +429,7 @@ class _Context:
                 what="evaluation data",
                 limit_flag="--eval-max-samples",
             )
+        self.data_notes = data_notes(self.prep.calib, eval_set if eval_set is not self.prep.calib else None)
         self.evaluator = Evaluator(self.prep.normalized, eval_set, self.config, options.metric)
         self.feeds = dict(self.evaluator.batches[0].feeds)
         self.static_cache: dict[tuple, tuple[Any, Any, set[str]]] = {}
@@ -687,7 +688,7 @@ def verify(
                 met=met,
                 verdict=verdict,
                 seconds=time.perf_counter() - start,
-                notes=tuple(calibration_notes(proposal, ctx.prep.ranges)),
+                notes=tuple(ctx.data_notes + calibration_notes(proposal, ctx.prep.ranges)),
             )
             if output is not None:
                 atomic_write_text(output, dumps(result))

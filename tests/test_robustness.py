@@ -1288,3 +1288,28 @@ def test_ort_log_severity_set_by_an_api_user_survives_analyze(tmp_path, capfd):
         assert "[W:onnxruntime" not in capfd.readouterr().err
     finally:
         ort.set_default_logger_severity(2)
+
+
+def test_hook_keys_that_are_no_input_are_dropped_and_named(tmp_path, capsys):
+    """A hook item carrying a file name and metadata: the string had crashed the batching (IndexError
+    traceback) and an extra array reached ORT ("Invalid input name", exit 4, blamed on the model). Both are
+    dropped and named in a note, by analyze and by the commands that re-read the data."""
+    model = small_cnn(tmp_path / "m.onnx")
+    data = small_data(tmp_path / "d.npz", n=16)
+    hook = tmp_path / "hook.py"
+    hook.write_text(
+        "import numpy as np\n"
+        "def feeds():\n"
+        f"    z = np.load({str(data)!r})\n"
+        "    for i in range(0, 16, 8):\n"
+        "        yield {'input': z['input'][i:i + 8], 'labels': z['labels'][i:i + 8],\n"
+        "               'sample_id': f'img{i}.png', 'meta': np.zeros(8)}\n"
+    )
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", f"{hook}:feeds", "-o", str(out), "-q"]) == 0
+    note = next(n for n in load_report(out).notes if "were ignored" in n)
+    assert "'meta', 'sample_id'" in note
+    capsys.readouterr()
+    code = main(["propose", str(out), "--target-drop", "100", "-o", str(tmp_path / "p.json"), "-q"])
+    assert code == 0
+    assert "'meta', 'sample_id' are neither a model input nor 'labels'" in capsys.readouterr().err

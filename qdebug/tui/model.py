@@ -581,9 +581,12 @@ class LayerModel:
         nodes = self.excluded
         reasons = [self.reason(n) for n in nodes]
         overrides = ()
+        per_channel = report.config.per_channel
         if self.proposal is not None:
-            # the TUI edits only the exclusion set; 16-bit overrides of a loaded proposal are kept
+            # the TUI edits only the exclusion set; 16-bit overrides and per-channel weights of a loaded
+            # proposal are kept (per-channel had been dropped: verify then measured another model)
             overrides = self.proposal.tensor_overrides
+            per_channel = self.proposal.per_channel
             reasons += [r for r in self.proposal.reasons if r.action != "fp32" and r.node not in nodes]
         task = report.task
         proposal = Proposal(
@@ -594,7 +597,7 @@ class LayerModel:
             normalized_model=report.normalized_model,
             nodes_to_exclude=nodes,
             tensor_overrides=overrides,
-            per_channel=report.config.per_channel,
+            per_channel=per_channel,
             reasons=tuple(reasons),
             metric=task.name if task is not None else "",
             fp32_metric=task.fp32 if task is not None else math.nan,
@@ -661,7 +664,7 @@ def quantize_snippet(report: Report, proposal: Proposal) -> str:
         "    quant_format=QuantFormat.QDQ,",
         f"    activation_type={_quant_type(cfg.activation_type)},",
         f"    weight_type={_quant_type(cfg.weight_type)},",
-        f"    per_channel={cfg.per_channel!r},",
+        f"    per_channel={proposal.per_channel!r},",
         f"    calibrate_method={method_line},",
     ]
     if proposal.nodes_to_exclude:

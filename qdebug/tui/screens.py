@@ -361,21 +361,28 @@ class MainScreen(Screen):
 
     def export(self, path: str | Path) -> Proposal | None:
         """Write the current exclusion set as a proposal to ``path``; errors become notifications."""
-        path = Path(path).expanduser()  # typed in the dialog: "~/p.json" had made a directory named "~"
         proposal = self.model.to_proposal()
         report = self.model.report
-        try:  # never over a file this session read, the model or the models the report points at
+        try:  # never over a file this session read, the model or the files the report points at
+            try:  # typed in the dialog: "~/p.json" had made a directory named "~"
+                path = Path(path).expanduser()
+            except RuntimeError:  # "~nosuchuser/p.json" had closed the app with a traceback
+                raise QDebugError(f"cannot expand {path}: no such user's home directory") from None
             spared = {
                 "the report": self.qapp.report_path,
                 "the model": report.model.path,
                 "the normalized model": report.normalized_model,
                 "the quantized model": report.quantized_model.path,
+                "the calibration data": report.config.calib,
+                "the evaluation data": report.config.eval,
+                "the calibration cache": report.calibration_cache,
                 **self.qapp.inputs,
             }
             check_outputs_spare_inputs({"the export": path}, spared)
+            _refuse_foreign_file(path)
             atomic_write_text(path, dumps(proposal))
-        except QDebugError as e:
-            self._notify(e.one_line(), title="export failed", severity="error", timeout=10)
+        except QDebugError as e:  # the hints name flags (-o) this app does not have
+            self._notify(f"{e.message} -- choose another path", title="export failed", severity="error", timeout=10)
             return None
         self.last_export = Path(path)
         n = len(proposal.nodes_to_exclude)
@@ -583,3 +590,19 @@ class ExportDialog(ModalScreen[str | None]):
     def action_cancel(self) -> None:
         """Close without writing."""
         self.dismiss(None)
+
+
+def _refuse_foreign_file(path: Path) -> None:
+    """An existing file at ``path`` is replaced only if it is a qdebug proposal (an earlier export): a
+    typo in the dialog had silently replaced whatever file was there (the data, any JSON)."""
+    if not path.is_file():
+        return
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            kind = json.load(f).get("kind")
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        kind = None
+    if kind != "proposal":
+        raise QDebugError(f"{path} exists and is not a qdebug proposal: not replaced")

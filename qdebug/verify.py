@@ -327,6 +327,12 @@ def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
     )
 
 
+def _percent(fraction: float) -> str:
+    """A threshold as given: 90%, 93.06% (a rounded one had printed "recovered 93.1% (< 93% required)"),
+    never -0%."""
+    return f"{100 * fraction + 0.0:.4g}%"
+
+
 def calibration_notes(proposal: Proposal, ranges: Any) -> list[str]:
     """A note when this run's calibration is not the one the proposal was made with.
 
@@ -717,9 +723,10 @@ def judge(
             recovered = (selective - static) / gap
             ok = recovered >= min_recovery - 1e-12
             met &= ok
+            whole = abs(100 * min_recovery - round(100 * min_recovery)) < 1e-9  # 90 %, not 93.06 %
             parts.append(
-                f"recovered {100 * recovered:.1f}% of the {metric} lost by static quantization "
-                f"({'>=' if ok else '<'} {100 * min_recovery:.0f}% required)"
+                f"recovered {100 * recovered:.{1 if whole else 2}f}% of the {metric} lost by static "
+                f"quantization ({'>=' if ok else '<'} {_percent(min_recovery)} required)"
             )
         else:
             # static at or above FP32 (often by noise): the selective model passes when it keeps either level

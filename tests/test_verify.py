@@ -206,6 +206,10 @@ def test_judge():
     rec, met, _ = judge("output_sqnr_db", math.inf, 5.0, 20.0, 20.0, 0.9, 25.0)
     assert math.isnan(rec) and not met
     assert judge("output_sqnr_db", math.inf, 5.0, 30.0, 30.0, 0.9, 25.0)[1]
+    # the threshold is printed as given: "recovered 93.1% (< 93% required)" had contradicted itself
+    verdict = judge("top1", 0.98, 0.836, 0.97, 10.0, 0.9306, None)[2]
+    assert "recovered 93.06% of the top1" in verdict and "(< 93.06% required)" in verdict
+    assert "(>= 0% required)" in judge("top1", 0.9, 0.5, 0.88, 10.0, -0.0, None)[2]
 
 
 def test_time_sessions_is_fair_and_minimal(setup):

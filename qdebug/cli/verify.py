@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=finite_float,
         default=0.9,
         metavar="FRACTION",
-        help="share of the lost metric the selective model must recover (default: 0.9)",
+        help="share of the lost metric the selective model must recover, 0 to 1.5 (default: 0.9)",
     )
     p.add_argument(
         "--target-sqnr",

@@ -244,11 +244,14 @@ class MainScreen(Screen):
     def select_node(self, name: str) -> None:
         """Select ``name`` in the table (clearing the filters if they hide it) and focus the table."""
         self.selected = name
-        if not any(n.name == name for n in self.model.rows()):
-            self.model.clear_filters()
-            self.query_one(FilterBar).set_filters("", None)
-            self._notify(f"filters cleared to show {name}", timeout=3)
-        self.refresh_table()
+        if name in self.table.rows:  # already shown: move there (a rebuild took 1-1.7 s at 2,000 nodes)
+            self.table.move_cursor(row=self.table.get_row_index(name), scroll=True)
+        else:
+            if not any(n.name == name for n in self.model.rows()):
+                self.model.clear_filters()
+                self.query_one(FilterBar).set_filters("", None)
+                self._notify(f"filters cleared to show {name}", timeout=3)
+            self.refresh_table()
         self._show(name)
         self.table.focus()
 

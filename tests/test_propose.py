@@ -402,6 +402,7 @@ class _FakeSearch:
     def __init__(self, metric, budget: int = 30) -> None:
         self.metric = metric
         self.trials: list = []
+        self.equivalents: list = []
         self.cache: dict = {}
         self.per_channel = False
         self.max_nodes = None
@@ -506,6 +507,46 @@ def test_a_unit_tried_alone_must_be_smaller_than_the_answer():
     widened = [*initial, _unit("region", "p", "q", "r", "s")]
     plan, met, _ = run_search(search, initial, lambda p, w: [], ("fp32",), None, widened)
     assert plan.nodes() == {"a", "b"} and met.value == 0.95
+
+
+def test_two_branches_that_only_go_together_are_pruned_as_a_pair():
+    """Keeping either branch of a Concat FP32 alone misses the target; dropping both meets it. The one-at-a-
+    time prune kept 5 nodes where 3 meet the target (review, a Concat of ranges 100x apart)."""
+    needed = {"concat", "mix", "head"}
+
+    def metric(nodes, overrides):
+        if not needed <= nodes:
+            return 0.5
+        branches = {"left", "right"} & nodes
+        return 0.93 if len(branches) != 1 else 0.85
+
+    search = _FakeSearch(metric)
+    units = [_unit(n) for n in ("left", "right", "concat", "mix", "head")]
+    plan, met, _ = run_search(search, units, lambda p, w: [], ("fp32",), None)
+    assert plan.nodes() == needed and met.met
+
+
+def test_per_channel_is_not_adopted_for_the_exclusion_search_when_fp32_alone_meets():
+    """Per-channel helping a little (41.4 -> 42.2 %) had been adopted before the exclusions were searched,
+    which then needed 7 nodes at 91.0 % where 2 nodes meet the target without it."""
+
+    class PerChannelSearch(_FakeSearch):
+        def evaluate(self, step, nodes, overrides=(), per_channel=None, keep_float=()):
+            pc = self.per_channel if per_channel is None else per_channel
+            key = (tuple(sorted(nodes)), tuple(sorted(overrides)), pc)
+            if key in self.cache:
+                return self.cache[key]
+            base = 0.95 if {"a", "b"} <= set(nodes) else 0.42
+            value = base + 0.01 if pc and not nodes else (0.5 if pc else base)
+            trial = Trial(step, key[0], key[1], pc, value, math.nan, value >= 0.9, 0, 0.0, 0.0)
+            self.trials.append(trial)
+            self.cache[key] = trial
+            return trial
+
+    search = PerChannelSearch(lambda n, o: 0.0)
+    units = [_unit(n) for n in ("a", "b", "c")]
+    plan, met, _ = run_search(search, units, lambda p, w: [], ("fp32", "per-channel"), None)
+    assert plan.nodes() == {"a", "b"} and met.met and not met.per_channel
 
 
 def test_int16_replaces_fp32_when_it_is_enough():

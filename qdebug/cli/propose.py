@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="evaluation budget (default: 2*ceil(log2 L)+10 for L candidate nodes)",
+        help="evaluation budget (default: 2*ceil(log2 L)+10 for L candidate nodes, plus 6 to refine "
+        "the answer: nodes that only go in pairs, units tried alone)",
     )
     p.add_argument("-o", "--output", default="proposal.json", help="proposal path (default: proposal.json)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")

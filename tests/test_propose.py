@@ -549,6 +549,18 @@ def test_per_channel_is_not_adopted_for_the_exclusion_search_when_fp32_alone_mee
     assert plan.nodes() == {"a", "b"} and met.met and not met.per_channel
 
 
+def test_sixteen_bit_overrides_are_pruned_to_the_tensors_needed():
+    """A block turned 16-bit carried all its tensors (masked attention: five) where one was enough."""
+
+    def metric(nodes, overrides):
+        return 0.95 if ("n1" in nodes or "t2" in overrides) else 0.3
+
+    search = _FakeSearch(metric)
+    block = Unit("blk", "pattern", ("n1",), ("t1", "t2", "t3"), 1.0, "n1", "test")
+    plan, met, _ = run_search(search, [block], lambda p, w: [], ("fp32", "int16"), None)
+    assert met.met and not plan.nodes() and plan.overrides() == {"t2"}
+
+
 def test_int16_replaces_fp32_when_it_is_enough():
     def metric(nodes, overrides):
         return 0.95 if ("a" in nodes or "a" in overrides) else 0.3

@@ -484,7 +484,12 @@ def _build_variants(
                 quantize_static_model(prep.normalized, ranges[method], spec, path)
                 notes = []
                 if proposal.per_channel != options.per_channel:
-                    notes.append(f"per-channel weights {proposal.per_channel} as in the proposal")
+                    mode = ("per-channel", "per-tensor") if proposal.per_channel else ("per-tensor", "per-channel")
+                    flag = "--per-channel" if proposal.per_channel else "no --per-channel"
+                    notes.append(
+                        f"{mode[0]} weights as in the proposal, where the static variants are {mode[1]}: it "
+                        f"differs from static by more than its exclusions ({flag} compares like for like)"
+                    )
                 if proposal.tensor_overrides:
                     notes.append(
                         f"{len(proposal.tensor_overrides)} tensor override(s) (e.g. 16-bit activations)"

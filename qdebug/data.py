@@ -246,6 +246,14 @@ def _file_dataset(
         n = _check_header(f, header, specs, what)
         has_labels = has_labels and LABELS_KEY in header and not _labels_fed(specs)
         total += n
+    labelled = [f.name for f, h in headers.items() if LABELS_KEY in h]
+    if labelled and len(labelled) < len(headers) and not _labels_fed(specs):
+        raise QDebugError(
+            f"{what} {source}: {len(labelled)} of {len(headers)} files have labels (e.g. {labelled[0]}), the "
+            "others not; they had been dropped silently and top-1 became agreement with FP32",
+            "give every file labels, or none",
+            ExitCode.DATA,
+        )
     if total == 0:
         raise QDebugError(f"{what} {source} holds no samples", "give at least one sample", ExitCode.DATA)
     n_samples = min(total, max_samples) if max_samples else total
@@ -361,6 +369,18 @@ def _read_npz(f: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
             f"cannot read {f} ({e.__class__.__name__}: {e})", "re-save the file", ExitCode.DATA
         ) from None
     return arrays
+
+
+def _check_same_rows(arrays: Mapping[str, np.ndarray], specs: tuple[InputSpec, ...], origin: str) -> None:
+    """Every input (and the labels) of one item has the same number of samples on axis 0 (only the first
+    input's had been used: the others were cut to it, or ORT failed with a raw message)."""
+    rows = {k: v.shape[0] for k, v in arrays.items() if v.ndim and (k == LABELS_KEY or k in {s.name for s in specs})}
+    if len(set(rows.values())) > 1:
+        raise QDebugError(
+            f"{origin}: arrays disagree on the number of samples (axis 0): {rows}",
+            "give every input (and the labels) the same batch size",
+            ExitCode.DATA,
+        )
 
 
 def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
@@ -535,6 +555,7 @@ def _hook_dataset(
     bsize = _batch_size(specs, batch_size, spec)
 
     ignored: set[str] = set()
+    labelled: set[bool] = set()  # whether the items carry labels (all must agree)
 
     def make_iter() -> Iterator[tuple[dict[str, np.ndarray], int, str]]:
         produced = 0
@@ -549,7 +570,14 @@ def _hook_dataset(
             # ("Invalid input name", exit 4) or crashed the batching when it was not an array
             used = {s.name for s in specs} | {LABELS_KEY}
             ignored.update(str(k) for k in item if k not in used)
-            arrays = {k: np.asarray(v) for k, v in item.items() if k in used}
+            try:
+                arrays = {k: np.asarray(v) for k, v in item.items() if k in used}
+            except ValueError as e:  # ragged lists: "inhomogeneous shape"
+                raise QDebugError(
+                    f"{what} hook {spec} item {i}: a value is not an array ({e})",
+                    "yield numpy arrays (one per model input, batch on axis 0)",
+                    ExitCode.DATA,
+                ) from None
             missing = [s.name for s in specs if s.name not in arrays]
             if missing:
                 raise QDebugError(
@@ -560,12 +588,24 @@ def _hook_dataset(
             for s in specs:
                 _check_array_meta(s, arrays[s.name].shape, arrays[s.name].dtype, f"{spec} item {i}")
             _check_finite(arrays, f"{spec} item {i}")
+            _check_same_rows(arrays, specs, f"{what} hook {spec} item {i}")
             n = len(arrays[specs[0].name]) if specs and arrays[specs[0].name].ndim else 1
+            if n == 0:  # an empty item is skipped, like an empty file (it had ended the data there, silently)
+                continue
             if max_samples is not None:
                 n = min(n, max_samples - produced)
             if n <= 0:
                 break
             produced += n
+            has = LABELS_KEY in arrays and not _labels_fed(specs)
+            if labelled and has not in labelled:
+                raise QDebugError(
+                    f"{what} hook {spec}: item {i} {'has' if has else 'has no'} labels, the items before it "
+                    f"{'did not' if has else 'did'} (they had been dropped silently: top-1 became agreement)",
+                    "give every item labels, or none",
+                    ExitCode.DATA,
+                )
+            labelled.add(has)
             yield arrays, n, f"{spec} item {i}"
 
     def make_batches() -> Iterator[Batch]:
@@ -641,19 +681,29 @@ def _iterate_hook(func: Callable[..., Any], spec: str) -> Iterator[Any]:
             f"data hook {spec} raised {e.__class__.__name__}: {e}", "fix the hook", ExitCode.DATA
         ) from None
     if hasattr(result, "get_next") and callable(result.get_next):
-        while True:
-            item = result.get_next()
-            if item is None:
-                return
-            yield item
+        items: Iterator[Any] = iter(result.get_next, None)
     elif isinstance(result, Iterable):
-        yield from result
+        items = iter(result)
     else:
         raise QDebugError(
             f"data hook {spec} returned {type(result).__name__}",
             "return an iterable of feed dicts or a CalibrationDataReader",
             ExitCode.DATA,
         )
+    i = 0
+    while True:
+        try:  # the hook's own code runs here too: a generator raising midway had given a traceback (exit 1)
+            item = next(items)
+        except StopIteration:
+            return
+        except QDebugError:
+            raise
+        except Exception as e:
+            raise QDebugError(
+                f"data hook {spec} raised {e.__class__.__name__} at item {i}: {e}", "fix the hook", ExitCode.DATA
+            ) from None
+        yield item
+        i += 1
 
 
 # ----------------------------------------------------------------------------- checks

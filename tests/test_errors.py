@@ -608,3 +608,68 @@ def test_token_ids_outside_the_embedding_table_are_a_data_error(tmp_path, capsys
     np.savez(tmp_path / "ok.npz", input_ids=ids - 45)  # in range: analyzed
     code, err = run_cli(["analyze", model, "--calib", tmp_path / "ok.npz", "-q", "-o", tmp_path / "r.json"], capsys)
     assert code == 0, err
+
+
+HOOKS = """
+import numpy as np
+rng = np.random.default_rng(0)
+def x(n):
+    return rng.standard_normal((n, 1, 8, 8)).astype(np.float32)
+def raise_midway():
+    yield {"input": x(4)}
+    raise RuntimeError("disk vanished")
+def ragged():
+    yield {"input": [[1.0, 2.0], [3.0]]}
+def rows_disagree():
+    yield {"input": x(4), "labels": np.zeros(3, dtype=np.int64)}
+def labels_some():
+    yield {"input": x(4), "labels": np.zeros(4, dtype=np.int64)}
+    yield {"input": x(4)}
+def empty_item():
+    yield {"input": x(4)}
+    yield {"input": x(0)}
+    yield {"input": x(12)}
+"""
+
+
+@pytest.mark.parametrize(
+    ("hook", "message"),
+    [
+        ("raise_midway", "raised RuntimeError at item 1: disk vanished"),
+        ("ragged", "item 0: a value is not an array"),
+        ("rows_disagree", "arrays disagree on the number of samples (axis 0): {'input': 4, 'labels': 3}"),
+        ("labels_some", "item 1 has no labels, the items before it did"),
+    ],
+)
+def test_hook_faults_are_data_errors(tmp_path, capsys, hook, message):
+    """A hook failing while it is iterated had given a traceback (exit 1) or blamed the model (exit 4);
+    rows that disagree were cut to the first input's; labels on some items only were dropped silently."""
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    model = small_cnn(tmp_path / "m.onnx")
+    args = ["analyze", model, "--calib", f"{tmp_path / 'hooks.py'}:{hook}", "-q", "-o", tmp_path / "r.json"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.DATA, err
+    assert_one_line(err, message)
+
+
+def test_an_empty_hook_item_is_skipped_not_the_end(tmp_path, capsys):
+    """An empty item had ended the data there: 4 of 16 samples analyzed, silently."""
+    from qdebug.report_io import load_report
+
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    model = small_cnn(tmp_path / "m.onnx")
+    args = ["analyze", model, "--calib", f"{tmp_path / 'hooks.py'}:empty_item", "-q", "-o", tmp_path / "r.json"]
+    code, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert load_report(tmp_path / "r.json").samples == 16
+
+
+def test_labels_in_some_files_only_are_refused(tmp_path, capsys):
+    model = small_cnn(tmp_path / "m.onnx")
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    small_data(folder / "a.npz", n=8, labels=True)
+    small_data(folder / "b.npz", n=8, seed=2, labels=False)
+    code, err = run_cli(["analyze", model, "--calib", folder, "-q", "-o", tmp_path / "r.json"], capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "1 of 2 files have labels (e.g. a.npz), the others not")

@@ -31,6 +31,8 @@ class ExitCode(IntEnum):
     """An output could not be written (unwritable directory, disk full)."""
     INTERRUPTED = 130
     """Interrupted (Ctrl-C); nothing half-written is left behind."""
+    TERMINATED = 143
+    """Terminated (SIGTERM: ``timeout``, a cancelled CI job); cleaned up like Ctrl-C."""
 
 
 class QDebugError(Exception):

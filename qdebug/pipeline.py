@@ -195,6 +195,11 @@ def removed_on_failure(
     backups: list[tuple[Path, Path]] = []
     try:
         for target in targets:
+            aside = target.with_name(f".{target.name}.qdebug-previous")
+            if not target.exists() and not target.is_symlink() and aside.exists():
+                # a run killed outright (SIGKILL, power) left the earlier output aside: it is the output
+                with contextlib.suppress(OSError):
+                    aside.rename(target)
             if not target.exists() and not target.is_symlink():
                 continue
             if target in files and target.is_dir() and not target.is_symlink():

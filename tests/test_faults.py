@@ -337,3 +337,38 @@ def test_removed_on_failure_edge_cases(tmp_path):
         (tmp_path / "r.json").write_text("whole")
     assert link.is_symlink() and (tmp_path / "r.json").read_text() == "whole"
     assert not [p for p in tmp_path.iterdir() if "qdebug-previous" in p.name]
+
+
+def test_sigterm_restores_the_earlier_report_and_leaves_nothing_aside(tmp_path):
+    """SIGTERM (timeout, a cancelled CI job) had killed the re-run outright: the earlier report was left
+    hidden as .report.json.qdebug-previous next to half-built models. It is now cleaned up like Ctrl-C
+    (exit 143), and an output a killed run left aside is put back by the next run."""
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    (tmp_path / "slowmetric.py").write_text(SLOW_METRIC)
+    out = tmp_path / "report.json"
+    env = dict(os.environ, QDEBUG_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    base = [sys.executable, "-m", "qdebug", "analyze", str(model), "--calib", str(calib), "-o", str(out), "-q"]
+    subprocess.run(base, cwd=tmp_path, env=env, check=True, capture_output=True)
+    earlier = out.read_bytes()
+    proc = subprocess.Popen(
+        [*base, "--metric", f"{tmp_path / 'slowmetric.py'}:score"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "metric-entered").exists():
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.TERMINATED, err
+    assert "terminated" in err and "Traceback" not in err
+    assert out.read_bytes() == earlier
+    assert not list(tmp_path.glob(".*qdebug-previous"))
+
+    # a run killed outright (SIGKILL) leaves the earlier output aside: the next run takes it back first
+    out.rename(tmp_path / ".report.json.qdebug-previous")
+    subprocess.run([*base, "--max-samples", "8"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    assert out.is_file() and not list(tmp_path.glob(".*qdebug-previous"))

@@ -27,7 +27,7 @@ EPILOG = """exit codes:
   1  internal error (a bug: traceback)     6  accuracy/SQNR target not met
   2  bad command-line usage                7  cannot write an output
   3  missing/unreadable input file       130  interrupted (Ctrl-C)
-  4  model not supported as given
+  4  model not supported as given        143  terminated (SIGTERM)
 """
 
 
@@ -83,8 +83,30 @@ def _unrecognized(words: list[str], extra: list[str], command: str | None) -> st
     return f"qdebug {command}: error: unrecognized arguments: {listed} -- see 'qdebug {command} --help'"
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, a CI job cancelled, ``docker stop``), raised like Ctrl-C so that the same
+    clean-up runs: it had killed the process with a report half replaced."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     words = list(argv) if argv is not None else sys.argv[1:]
     try:
@@ -102,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QDebugError as e:
         print(f"qdebug: error: {e.one_line()}", file=sys.stderr)
         return int(e.code)
+    except _Terminated:
+        print("qdebug: terminated (SIGTERM); no partial output was written", file=sys.stderr)
+        return int(ExitCode.TERMINATED)
     except KeyboardInterrupt:
         print("qdebug: interrupted; no partial output was written", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)

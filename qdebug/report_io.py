@@ -101,7 +101,11 @@ def from_jsonable(tp: Any, value: Any) -> Any:
         if isinstance(value, str):
             return _NONFINITE[value]
         return float(value)
-    if tp is int:
+    if tp is int:  # 3 and 3.0; not 1.5 (int() had truncated it), true or "3"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected an integer, got {str(value)[:40]!r}")
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"expected an integer, got {value!r}")
         return int(value)
     if tp is str:
         if not isinstance(value, str):
@@ -329,7 +333,7 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
         raise QDebugError(f"{kind} file not found: {path}", f"check the path of the {kind}", ExitCode.INPUT)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:  # nesting, huge ints
         raise QDebugError(
             f"{path} is not a valid qdebug {kind} (not JSON: {e.__class__.__name__})",
             f"pass a file written by qdebug ({kind})",
@@ -357,7 +361,7 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
         )
     try:
         return from_jsonable(cls, data)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as e:
         raise QDebugError(
             f"{path} is not a valid qdebug {kind} ({e.__class__.__name__}: {e})",
             "re-create it with qdebug",
@@ -390,6 +394,14 @@ def sha256_file(path: str | Path) -> str:
 def load_report(path: str | Path) -> Report:
     """Load and validate an analysis report (node and tensor names are unique in one qdebug wrote)."""
     report = load_record(Report, path, "report")
+    depths = [n.depth for n in report.nodes]
+    if depths and (min(depths) < 0 or max(depths) > len(depths)):  # a node's depth is at most the node count
+        raise QDebugError(
+            f"report {path} gives node depths {min(depths)}..{max(depths)} for {len(depths)} nodes "
+            "(edited by hand?)",
+            "re-run qdebug analyze to write the report again",
+            ExitCode.INPUT,
+        )
     for what, names in (
         ("node", [n.name for n in report.nodes]),
         ("tensor", [t.name for t in report.tensors]),

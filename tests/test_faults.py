@@ -372,3 +372,36 @@ def test_sigterm_restores_the_earlier_report_and_leaves_nothing_aside(tmp_path):
     out.rename(tmp_path / ".report.json.qdebug-previous")
     subprocess.run([*base, "--max-samples", "8"], cwd=tmp_path, env=env, check=True, capture_output=True)
     assert out.is_file() and not list(tmp_path.glob(".*qdebug-previous"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r["nodes"][0].update(depth=1e999), "expected an integer, got inf"),
+        (lambda r: r["nodes"][0].update(depth=1.5), "expected an integer, got 1.5"),
+        (lambda r: r["nodes"][0].update(depth=10**18), "node depths"),
+        (lambda r: r["nodes"][0].update(depth=-5), "node depths"),
+        (lambda r: r["tensors"][0]["summary"].update(mean=10**400), "OverflowError"),
+    ],
+)
+def test_hand_edited_report_numbers_are_refused(tmp_path, edit, message):
+    """A depth of 1e999, 1e18 or -1e18, or a 400-digit number, had given tracebacks in propose and the TUI
+    (OverflowError, MemoryError, IndexError); 1.5 was truncated to 1."""
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=8)
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(report), "-q"]) == 0
+    data = json.loads(report.read_text())
+    edit(data)
+    report.write_text(json.dumps(data).replace("Infinity", "1e999"))
+    commands = (["propose", str(report), "-o", str(tmp_path / "p.json")], ["tui", str(report), "--screenshot", "s.svg"])
+    for args in commands:
+        code, err = _cli(args)
+        assert code == ExitCode.INPUT, err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_deeply_nested_json_is_not_a_report(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(QDebugError, match="not JSON"):
+        load_report(deep)

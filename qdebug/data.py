@@ -188,10 +188,14 @@ def open_data(
     path = Path(text)
     if path.exists():
         if path.is_dir():
-            files = sorted(p for p in path.iterdir() if p.suffix == ".npz")
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".npz" and p.is_file())
             if not files:
+                subfolders = [p.name for p in path.iterdir() if p.is_dir()]
+                inside = f" (subfolders are not read: {', '.join(sorted(subfolders)[:3])})" if subfolders else ""
                 raise QDebugError(
-                    f"{what} folder {path} has no .npz files", "put one .npz per batch in it", ExitCode.DATA
+                    f"{what} folder {path} has no .npz files{inside}",
+                    "put one .npz per batch in the folder itself",
+                    ExitCode.DATA,
                 )
         else:
             files = [path]
@@ -527,6 +531,9 @@ def load_hook(spec: str, what: str) -> Callable[..., Any]:
             mod_spec = importlib.util.spec_from_file_location(path.stem, path)
             assert mod_spec is not None and mod_spec.loader is not None
             module = importlib.util.module_from_spec(mod_spec)
+            folder = str(path.resolve().parent)  # its own imports of modules next to it, as `python file.py`
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
             mod_spec.loader.exec_module(module)
         else:
             if "" not in sys.path and "." not in sys.path:

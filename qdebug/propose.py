@@ -1493,6 +1493,7 @@ def _snippet(report: Report, model_path: Path, prep: Any, spec: Any, calib_src: 
         calib_hint=str(calib_src),
         batch=fixed_batch(prep.calib.specs),  # a fixed batch dimension accepts nothing else
         max_samples=report.config.max_samples,
+        inputs=[s.name for s in prep.calib.specs],
     )
 
 

@@ -198,8 +198,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (see :func:`atomic_write_text`)."""
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_write_text`).
+
+    A symlink is written through, like a plain write would: the rename had replaced the user's link with
+    a regular file, leaving its target stale.
+    """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     directory = path.parent if str(path.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -673,3 +673,27 @@ def test_labels_in_some_files_only_are_refused(tmp_path, capsys):
     code, err = run_cli(["analyze", model, "--calib", folder, "-q", "-o", tmp_path / "r.json"], capsys)
     assert code == ExitCode.DATA
     assert_one_line(err, "1 of 2 files have labels (e.g. a.npz), the others not")
+
+
+def test_file_hooks_import_their_neighbours_and_folders_name_their_subfolders(tmp_path, capsys):
+    """A `file.py:function` hook could not import a module next to it (exit 3, 'importable from the
+    current directory'); a folder holding only subfolders said 'no .npz files' without naming them; a
+    --csv inside the report's _files/ replaced the quantized model the report points at."""
+    model = small_cnn(tmp_path / "m.onnx")
+    data = small_data(tmp_path / "d.npz", n=8)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "loader.py").write_text(f"import numpy as np\ndef load():\n    return np.load({str(data)!r})['input']\n")
+    (hooks / "calib.py").write_text("import loader\ndef feeds():\n    yield {'input': loader.load()}\n")
+    hook = f"{hooks / 'calib.py'}:feeds"
+    code, err = run_cli(["analyze", model, "--calib", hook, "-q", "-o", tmp_path / "r.json"], capsys)
+    assert code == 0, err
+    nested = tmp_path / "nested"
+    (nested / "part1").mkdir(parents=True)
+    code, err = run_cli(["analyze", model, "--calib", nested, "-q", "-o", tmp_path / "r2.json"], capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "has no .npz files (subfolders are not read: part1)")
+    csv = tmp_path / "r_files" / "quantized.onnx"
+    code, err = run_cli(["analyze", model, "--calib", data, "-q", "-o", tmp_path / "r.json", "--csv", csv], capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line(err, "where the report keeps its models")

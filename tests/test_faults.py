@@ -405,3 +405,15 @@ def test_deeply_nested_json_is_not_a_report(tmp_path):
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(QDebugError, match="not JSON"):
         load_report(deep)
+
+
+def test_an_output_symlink_is_written_through(tmp_path):
+    """`-o link.json` had replaced the link with a regular file and left its target stale."""
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=8)
+    target = tmp_path / "store" / "report.json"
+    target.parent.mkdir()
+    target.write_text('{"old": 1}')
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(link), "-q"]) == 0
+    assert link.is_symlink() and load_report(target).samples == 8

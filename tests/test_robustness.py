@@ -1290,7 +1290,7 @@ def test_ort_log_severity_set_by_an_api_user_survives_analyze(tmp_path, capfd):
         ort.set_default_logger_severity(2)
 
 
-def test_hook_keys_that_are_no_input_are_dropped_and_named(tmp_path, capsys):
+def test_hook_keys_that_are_no_input_are_dropped_and_named(tmp_path, capsys, monkeypatch):
     """A hook item carrying a file name and metadata: the string had crashed the batching (IndexError
     traceback) and an extra array reached ORT ("Invalid input name", exit 4, blamed on the model). Both are
     dropped and named in a note, by analyze and by the commands that re-read the data."""
@@ -1313,3 +1313,7 @@ def test_hook_keys_that_are_no_input_are_dropped_and_named(tmp_path, capsys):
     code = main(["propose", str(out), "--target-drop", "100", "-o", str(tmp_path / "p.json"), "-q"])
     assert code == 0
     assert "'meta', 'sample_id' are neither a model input nor 'labels'" in capsys.readouterr().err
+    # the proposal's snippet feeds the model's inputs only (it had fed sample_id: "Invalid input name")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(json.loads((tmp_path / "p.json").read_text())["snippet"], "snippet", "exec"), {})
+    assert (tmp_path / "model.selective.onnx").is_file()

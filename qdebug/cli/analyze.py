@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from pathlib import Path
 
 from qdebug.cli.common import add_quant_arguments, analyze_options, fmt_db, fmt_metric, non_negative_int
 from qdebug.cli.progress import stderr_progress
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             "the quantized model": args.quantized,
         }
         check_outputs_spare_inputs({"the report": args.output, "--csv": args.csv}, inputs)
+        _refuse_inside_artifacts(Path(args.csv), Path(args.output))
     options = dataclasses.replace(
         analyze_options(args),
         engine=args.engine,
@@ -184,4 +186,21 @@ def print_summary(report, top: int = 10) -> None:
     if report.not_captured:
         console.print(
             f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)"
+        )
+
+
+def _refuse_inside_artifacts(csv: Path, output: Path) -> None:
+    """``--csv`` must not land in the report's ``<stem>_files/`` (it had replaced the quantized model the
+    report points at, and propose and the TUI went on without noticing)."""
+    import os
+
+    from qdebug.errors import ExitCode, QDebugError
+    from qdebug.pipeline import artifacts_dir
+
+    files = Path(os.path.realpath(artifacts_dir(output)))
+    if files in Path(os.path.realpath(csv)).parents:
+        raise QDebugError(
+            f"--csv {csv} is inside {artifacts_dir(output)}, where the report keeps its models",
+            "write the CSV elsewhere",
+            ExitCode.USAGE,
         )

@@ -251,6 +251,16 @@ def _file_dataset(
         has_labels = has_labels and LABELS_KEY in header and not _labels_fed(specs)
         total += n
     labelled = [f.name for f, h in headers.items() if LABELS_KEY in h]
+    for f, header in headers.items():  # from the headers: strings had been found after the whole capture
+        if LABELS_KEY in header and not _labels_fed(specs):
+            shape, dtype = header[LABELS_KEY]
+            if dtype.kind not in "iuf" or len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
+                raise QDebugError(
+                    f"{what} {f}: labels have dtype {dtype} and shape {list(shape)}, expected one integer "
+                    "class index per sample",
+                    "save labels as a 1-D integer array (labels.astype(numpy.int64); argmax of one-hot rows)",
+                    ExitCode.DATA,
+                )
     if labelled and len(labelled) < len(headers) and not _labels_fed(specs):
         raise QDebugError(
             f"{what} {source}: {len(labelled)} of {len(headers)} files have labels (e.g. {labelled[0]}), the "

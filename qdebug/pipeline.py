@@ -33,7 +33,7 @@ from qdebug.analysis import (
 )
 from qdebug.calibrate import Ranges, calibrate
 from qdebug.capture import SessionConfig, check_providers
-from qdebug.data import DataSet, data_notes, ignored_note, model_input_specs, open_data
+from qdebug.data import DataSet, data_notes, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluate import Evaluator
 from qdebug.graph.load import (
@@ -308,9 +308,21 @@ def _analyze(
 ) -> Report:
     """The body of :func:`analyze` (which cleans up after it on failure)."""
     config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
-    prep = prepare(model, calib, workdir, options, need_ranges=quantized is None, progress=progress)
+    opened: list[DataSet] = []
+
+    def open_eval(normalized: onnx.ModelProto) -> None:
+        # before calibration (headers and first item checked): bad evaluation data had been found only
+        # after calibration, the fake-quant view and the whole capture had run
+        if eval_data is not None:
+            specs = model_input_specs(normalized)
+            opened.append(open_data(eval_data, specs, batch_size=options.batch_size, what="evaluation data"))
+
+    prep = prepare(
+        model, calib, workdir, options, need_ranges=quantized is None, progress=progress, check=open_eval
+    )
+    eval_set = opened[0] if opened else None
     notes = list(prep.notes)
-    notes.extend(data_notes(prep.calib, None))
+    notes.extend(data_notes(prep.calib, eval_set))
 
     if quantized is None:
         assert prep.ranges is not None
@@ -432,11 +444,7 @@ def _analyze(
     notes.extend(collapsed_range_notes(layers.tensors, nodes))
     notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 
-    if eval_data is not None:
-        eval_set = open_data(
-            eval_data, prep.calib.specs, batch_size=options.batch_size, what="evaluation data"
-        )
-        notes.extend(n for n in [ignored_note(eval_set, "evaluation data")] if n)  # calibration's: above
+    if eval_set is not None:
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
         result = evaluator.score(qproto)
         fakequant_value = (

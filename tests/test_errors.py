@@ -334,7 +334,7 @@ def test_a_fixed_batch_takes_only_full_batches(tmp_path, capsys):
     "labels, needle",
     [
         (lambda y: y[:, None], None),  # [N, 1] is read as [N] (it had broadcast: top-1 of 244 %)
-        (lambda y: np.zeros((len(y), 3), np.int64), "labels have shape"),
+        (lambda y: np.zeros((len(y), 3), np.int64), "shape [40, 3], expected one integer class index"),
         (lambda y: y + 100, "run from"),
         (lambda y: y + 0.5, "expected integer class indices"),
     ],
@@ -697,3 +697,18 @@ def test_file_hooks_import_their_neighbours_and_folders_name_their_subfolders(tm
     code, err = run_cli(["analyze", model, "--calib", data, "-q", "-o", tmp_path / "r.json", "--csv", csv], capsys)
     assert code == ExitCode.USAGE
     assert_one_line(err, "where the report keeps its models")
+
+
+def test_bad_eval_labels_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """String or one-hot labels in the evaluation data had been found after calibration, the fake-quant view
+    and the whole capture had run."""
+    monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp_path / "cache"))
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz", n=8)
+    x = np.load(calib)["input"]
+    np.savez(tmp_path / "onehot.npz", input=x, labels=np.eye(4)[np.arange(8) % 4])
+    args = ["analyze", model, "--calib", calib, "--eval", tmp_path / "onehot.npz", "-q", "-o", tmp_path / "r.json"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "labels have dtype float64 and shape [8, 4], expected one integer class index")
+    assert not list((tmp_path / "cache").rglob("*.json"))  # refused before calibrating

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.formatting import fmt_db, fmt_metric
+from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 from qdebug.records import SCHEMA_VERSION, Proposal, Report, TensorOverride
 
 if TYPE_CHECKING:
@@ -104,6 +104,8 @@ class VerifyResult:
     seconds: float
     notes: tuple[str, ...] = ()
     """What the user should know (e.g. a calibration that differs from the proposal's)."""
+    target_drop: float = math.nan
+    """The allowed drop vs FP32 when judged by it (``--target-drop``); ``nan`` when judged by recovery."""
 
     def variant(self, name: str) -> VariantResult:
         """The ``fp32``/``static``/``selective`` column."""
@@ -246,6 +248,9 @@ class VerifyOptions:
 
     min_recovery: float = DEFAULT_MIN_RECOVERY
     target_sqnr: float | None = None
+    target_drop: float | None = None
+    """Judge as ``propose --target-drop`` does instead of by recovery: the selective model may lose at most
+    this much against FP32 (points for top-1 style metrics). None: judge by ``min_recovery``."""
     metric: str | None = None
     method: str | None = None
     """Calibration method (None: the proposal's, else minmax)."""
@@ -521,6 +526,10 @@ def verify(
             "pass the required output SQNR in dB",
             ExitCode.USAGE,
         )
+    if options.target_drop is not None and not 0.0 <= options.target_drop < math.inf:
+        raise QDebugError(
+            f"--target-drop must be >= 0 (got {options.target_drop})", "pass the allowed drop", ExitCode.USAGE
+        )
     if not 0.0 <= options.min_recovery <= 1.5:
         raise QDebugError(
             f"--min-recovery must be within [0, 1.5] (got {options.min_recovery})",
@@ -677,6 +686,7 @@ def verify(
                 sel_res.output_sqnr_db,
                 options.min_recovery,
                 options.target_sqnr,
+                options.target_drop,
             )
             result = VerifyResult(
                 schema_version=SCHEMA_VERSION,
@@ -695,6 +705,7 @@ def verify(
                 verdict=verdict,
                 seconds=time.perf_counter() - start,
                 notes=tuple(ctx.data_notes + calibration_notes(proposal, ctx.prep.ranges)),
+                target_drop=math.nan if options.target_drop is None else float(options.target_drop),
             )
             if output is not None:
                 atomic_write_text(output, dumps(result))
@@ -712,12 +723,31 @@ def judge(
     selective_sqnr: float,
     min_recovery: float,
     target_sqnr: float | None,
+    target_drop: float | None = None,
 ) -> tuple[float, bool, str]:
-    """(recovered fraction, met, one-line verdict)."""
+    """(recovered fraction, met, one-line verdict).
+
+    ``target_drop`` judges the selective model against FP32 as ``propose --target-drop`` does (points for
+    accuracy metrics), so a CI gate can hold the proposal to the target it was searched for: by recovery,
+    a proposal propose had reported as missing its target could pass.
+    """
     parts = []
     met = True
     recovered = math.nan
-    if math.isfinite(fp32):
+    if math.isfinite(fp32) and math.isfinite(static) and fp32 - static > 1e-12:
+        recovered = (selective - static) / (fp32 - static)
+    if target_drop is not None and math.isfinite(fp32):
+        scale = 100.0 if metric in ACCURACY_METRICS else 1.0
+        drop = (fp32 - selective) * scale
+        ok = drop <= target_drop + 1e-9
+        met &= ok
+        unit = " points" if scale == 100.0 else ""
+        where = f"{drop:.2f}{unit} below" if drop >= 0 else f"{-drop:.2f}{unit} above"
+        parts.append(
+            f"the selective model is {where} FP32 on {metric} ({'<=' if ok else '>'} {target_drop:g}{unit} "
+            "drop allowed)"
+        )
+    elif math.isfinite(fp32):
         gap = fp32 - static
         if gap > 1e-12:
             recovered = (selective - static) / gap

@@ -210,6 +210,13 @@ def test_judge():
     verdict = judge("top1", 0.98, 0.836, 0.97, 10.0, 0.9306, None)[2]
     assert "recovered 93.06% of the top1" in verdict and "(< 93.06% required)" in verdict
     assert "(>= 0% required)" in judge("top1", 0.9, 0.5, 0.88, 10.0, -0.0, None)[2]
+    # judged like propose --target-drop: 94.6 % recovered passes by recovery, but 2.2 points lost fail a 1-point
+    # target (a proposal propose reported as missing its target had passed the CI gate)
+    assert judge("top1", 0.938, 0.532, 0.916, 10.0, 0.9, None)[1]
+    rec, met, verdict = judge("top1", 0.938, 0.532, 0.916, 10.0, 0.9, None, 1.0)
+    assert not met and "2.20 points below FP32 on top1 (> 1 points drop allowed)" in verdict
+    assert rec == pytest.approx((0.916 - 0.532) / (0.938 - 0.532))
+    assert judge("top1", 0.938, 0.532, 0.930, 10.0, 0.9, None, 1.0)[1]
 
 
 def test_time_sessions_is_fair_and_minimal(setup):

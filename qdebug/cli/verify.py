@@ -45,6 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="share of the lost metric the selective model must recover, 0 to 1.5 (default: 0.9)",
     )
     p.add_argument(
+        "--target-drop",
+        type=finite_float,
+        default=None,
+        metavar="POINTS",
+        help="judge as propose --target-drop does instead of by recovery: the selective model may lose at "
+        "most POINTS against FP32 (top1 points); use the value you gave propose",
+    )
+    p.add_argument(
         "--target-sqnr",
         type=finite_float,
         default=None,
@@ -76,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     options = VerifyOptions(
         min_recovery=args.min_recovery,
         target_sqnr=args.target_sqnr,
+        target_drop=args.target_drop,
         metric=args.metric,
         method=args.method,
         activation_type=args.activation_type,

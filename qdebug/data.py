@@ -441,7 +441,8 @@ def _check_fixed_batches(
         take = min(n, left)
         left -= take
         if take % batch:
-            usable = n_samples - n_samples % batch if len(counts) == 1 else None
+            whole_files = len(counts) == 1 or all(c % batch == 0 for c in counts)
+            usable = _usable_samples(counts, n_samples, batch) if whole_files else None
             if usable and limit_flag:
                 hint = f"pass {limit_flag} {usable}"
             elif usable:
@@ -454,6 +455,18 @@ def _check_fixed_batches(
                 f"{hint}, or export the model with a dynamic batch dimension",
                 ExitCode.DATA,
             )
+
+
+def _usable_samples(counts: list[int], limit: int, batch: int) -> int:
+    """The most samples, at most ``limit``, whose share of every file fills whole batches (files read in
+    order): a limit falling inside a file is rounded down to a whole batch there."""
+    usable = 0
+    for n in counts:
+        take = min(n, limit)
+        if take % batch:  # the first file whose share does not fill batches: round down there, stop
+            return usable + take - take % batch
+        usable, limit = usable + take, limit - take
+    return usable
 
 
 def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str) -> int | None:
@@ -490,8 +503,16 @@ def _class_indices(labels: np.ndarray, n: int, origin: str) -> np.ndarray:
         )
     if labels.dtype.kind in "iu":
         return labels
-    if labels.dtype.kind == "f" and np.isfinite(labels).all() and np.array_equal(labels, np.round(labels)):
-        return labels.astype(np.int64)
+    if labels.dtype.kind == "f":
+        bad = ~np.isfinite(labels) | (labels != np.round(labels)) | (np.abs(labels) > 2**53)
+        if not bad.any():
+            return labels.astype(np.int64)
+        first = float(labels[bad][0])  # NaN, 1.5 or 4e20: say which, not just the dtype float labels pass
+        raise QDebugError(
+            f"{origin}: labels hold {first!r}, which is not a class index ({int(bad.sum())} such value(s))",
+            "give one integer class index per sample",
+            ExitCode.DATA,
+        )
     raise QDebugError(
         f"{origin}: labels have dtype {labels.dtype}, expected integer class indices",
         "convert them with labels.astype(numpy.int64) (one class index per sample)",

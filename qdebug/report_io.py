@@ -359,9 +359,12 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
             ExitCode.INPUT,
         )
     if data.get("schema_version") != schema_version:
+        found = data.get("schema_version")
+        what = f"{found!r} (a {type(found).__name__}, not the integer {schema_version})" if found == str(
+            schema_version
+        ) else repr(found)
         raise QDebugError(
-            f"{path} has {kind} schema version {data.get('schema_version')!r}, "
-            f"this qdebug reads version {schema_version}",
+            f"{path} has {kind} schema version {what}, this qdebug reads version {schema_version}",
             "re-create it with this version of qdebug",
             ExitCode.INPUT,
         )

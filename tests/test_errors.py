@@ -328,6 +328,16 @@ def test_a_fixed_batch_takes_only_full_batches(tmp_path, capsys):
     code, err = run_cli([*verify_args, "-q"], capsys)
     assert code == ExitCode.DATA
     assert_one_line(err, "evaluation data", "--eval-max-samples 28")
+    # a folder of whole-batch files cut by --max-samples: the hint names the limit that fits (it had told
+    # the user to give each file a multiple of 4, which every file already was)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for i, n in enumerate((4, 8, 12)):
+        small_data(folder / f"p{i}.npz", n=n, seed=i)
+    args = ["analyze", model, "--calib", folder, "-o", tmp_path / "r3.json", "-q", "--max-samples", "10"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.DATA
+    assert_one_line(err, "pass --max-samples 8")
 
 
 @pytest.mark.parametrize(
@@ -336,7 +346,9 @@ def test_a_fixed_batch_takes_only_full_batches(tmp_path, capsys):
         (lambda y: y[:, None], None),  # [N, 1] is read as [N] (it had broadcast: top-1 of 244 %)
         (lambda y: np.zeros((len(y), 3), np.int64), "shape [40, 3], expected one integer class index"),
         (lambda y: y + 100, "run from"),
-        (lambda y: y + 0.5, "expected integer class indices"),
+        (lambda y: y + 0.5, "which is not a class index"),
+        (lambda y: np.where(np.arange(len(y)) == 3, np.nan, y.astype(float)), "labels hold nan"),
+        (lambda y: y * 0.0 + 4e20, "labels hold 4e+20"),
     ],
 )
 def test_labels_are_one_class_index_per_sample(tmp_path, capsys, labels, needle):

@@ -196,9 +196,13 @@ def removed_on_failure(
     try:
         for target in targets:
             aside = target.with_name(f".{target.name}.qdebug-previous")
-            if not target.exists() and not target.is_symlink() and aside.exists():
-                # a run killed outright (SIGKILL, power) left the earlier output aside: it is the output
+            if aside.exists() or aside.is_symlink():
+                # only a run killed outright (SIGKILL, power) leaves an output aside: it is the last good
+                # output, and what stands at the target is that run's partial work (its _files/ had been
+                # kept and the earlier models deleted, so a report and another run's models got paired)
                 with contextlib.suppress(OSError):
+                    if target.exists() or target.is_symlink():
+                        _remove(target)
                     aside.rename(target)
             if not target.exists() and not target.is_symlink():
                 continue

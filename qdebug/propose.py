@@ -872,7 +872,7 @@ def run_search(
         answered = met is not None and search.fits(met)
         if not answered or len(plan.nodes()) > 1:
             # smaller than the answer (a region of an unblamed tensor can hold several nodes), within the cap
-            room = len(plan.nodes()) - 1 if answered else cap
+            room = len(met.nodes) - 1 if answered and met is not None else cap
             blamed = {u.nodes for u in initial}
             unblamed = [u for u in widened if u.nodes not in blamed][:SINGLE_TRIES]
             single = _single_unit(search, unblamed, room)
@@ -926,7 +926,8 @@ def _single_unit(search: Search, ranking: list[Unit], cap: int | None) -> tuple[
             continue
         plan = Plan().with_units([u], "fp32")
         trial = _evaluate_plan(search, "single", plan)
-        if trial is not None and trial.met and search.fits(trial):
+        # the nodes scored, not the unit's: closing a leak can add a consumer to the unit's list
+        if trial is not None and trial.met and search.fits(trial) and (cap is None or len(trial.nodes) <= cap):
             return plan, trial
     return None
 

@@ -581,6 +581,12 @@ def verify(
             evaluator = ctx.evaluator
             metric = evaluator.metric_name
             fp32_value = evaluator.fp32_value
+            if not math.isfinite(fp32_value) and options.target_drop is not None:
+                raise QDebugError(  # it had been skipped, yet recorded in verify.json as applied
+                    f"--target-drop needs a metric with an FP32 value; {metric} has none",
+                    "pass --target-sqnr DB to judge the selective model's output SQNR",
+                    ExitCode.USAGE,
+                )
             if not math.isfinite(fp32_value) and options.target_sqnr is None:
                 raise QDebugError(
                     f"metric {metric} has no finite FP32 value, so a recovered fraction is undefined",
@@ -736,7 +742,10 @@ def judge(
     recovered = math.nan
     if math.isfinite(fp32) and math.isfinite(static) and fp32 - static > 1e-12:
         recovered = (selective - static) / (fp32 - static)
-    if target_drop is not None and math.isfinite(fp32):
+    if target_drop is not None and not math.isfinite(fp32):
+        met = False
+        parts.append(f"no FP32 value of {metric} to measure a drop from")
+    elif target_drop is not None:
         scale = 100.0 if metric in ACCURACY_METRICS else 1.0
         drop = (fp32 - selective) * scale
         ok = drop <= target_drop + 1e-9

@@ -417,3 +417,21 @@ def test_an_output_symlink_is_written_through(tmp_path):
     link.symlink_to(target)
     assert main(["analyze", str(model), "--calib", str(calib), "-o", str(link), "-q"]) == 0
     assert link.is_symlink() and load_report(target).samples == 8
+
+
+def test_an_output_left_aside_by_a_killed_run_comes_back_whole(tmp_path):
+    """A run killed outright leaves the earlier report and _files/ aside and its own partial _files/ in
+    place. The next run takes the earlier pair back first, also when it then fails itself: it had kept the
+    partial folder and deleted the earlier models, and a failure then paired the earlier report with them."""
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=8)
+    out, files = tmp_path / "r.json", tmp_path / "r_files"
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q"]) == 0
+    report, quantized = out.read_bytes(), (files / "quantized.onnx").read_bytes()
+    out.rename(tmp_path / ".r.json.qdebug-previous")  # what a SIGKILL mid-run leaves
+    files.rename(tmp_path / ".r_files.qdebug-previous")
+    files.mkdir()
+    (files / "normalized.onnx").write_bytes(b"partial")
+    np.savez(tmp_path / "bad.npz", wrong=np.zeros((4, 2), np.float32))
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "bad.npz"), "-o", str(out), "-q"]) == ExitCode.DATA
+    assert out.read_bytes() == report and (files / "quantized.onnx").read_bytes() == quantized
+    assert not list(tmp_path.glob(".*qdebug-previous"))

@@ -217,6 +217,9 @@ def test_judge():
     assert not met and "2.20 points below FP32 on top1 (> 1 points drop allowed)" in verdict
     assert rec == pytest.approx((0.916 - 0.532) / (0.938 - 0.532))
     assert judge("top1", 0.938, 0.532, 0.930, 10.0, 0.9, None, 1.0)[1]
+    # no FP32 value to drop from: never an empty PASS (it had returned 'PASS: ')
+    met, verdict = judge("output_sqnr_db", math.inf, 5.0, 30.0, 30.0, 0.9, None, 1.0)[1:]
+    assert not met and "no FP32 value" in verdict
 
 
 def test_time_sessions_is_fair_and_minimal(setup):

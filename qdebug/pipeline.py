@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import math
+import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -182,6 +183,57 @@ def removed_on_failure(
     holding one of the run's ``inputs`` is not moved (the run reads it).
     """
     files = [Path(o) for o in outputs if o]  # "" would be "." (and has no name to move aside)
+    lock = _lock_outputs(files[0] if files else workdir)
+    try:
+        yield from _replaced_whole(workdir, files, inputs)
+    finally:
+        _unlock_outputs(lock)
+
+
+def _lock_outputs(output: Path | None) -> tuple[int, Path] | None:
+    """Take ``.<name>.qdebug-lock`` next to ``output`` for the run, or fail at once (exit 7).
+
+    Two runs writing the same ``-o`` had mixed their files (one run's report, the other's models), and the
+    second would now take the first's outputs set aside for a killed run's. An advisory ``flock``: the
+    system drops it when a process dies, so a killed run never blocks the next. Where ``fcntl`` is missing
+    (Windows) or the folder does not exist yet, no lock is taken.
+    """
+    if output is None or not output.absolute().parent.is_dir():
+        return None
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    path = output.absolute().parent / f".{output.name}.qdebug-lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None  # a read-only folder: the writability checks name the problem
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise QDebugError(
+            f"another qdebug run is writing {output} (lock {path.name})",
+            "wait for it to finish, or choose another output path",
+            ExitCode.OUTPUT,
+        ) from None
+    return fd, path
+
+
+def _unlock_outputs(lock: tuple[int, Path] | None) -> None:
+    if lock is None:
+        return
+    fd, path = lock
+    with contextlib.suppress(OSError):
+        path.unlink()  # before the unlock: a run waiting on it finds it gone and takes a new one
+    os.close(fd)
+
+
+def _replaced_whole(
+    workdir: Path | None, files: list[Path], inputs: Sequence[str | Path | None]
+) -> Iterator[None]:
+    """The body of :func:`removed_on_failure` (under the output lock)."""
     held = [Path(str(i)).resolve() for i in inputs if i and Path(str(i)).exists()]
     new_parents = []  # the directories above the outputs that the run creates, removed if left empty
     for out in ([workdir] if workdir is not None else []) + files:

@@ -435,3 +435,20 @@ def test_an_output_left_aside_by_a_killed_run_comes_back_whole(tmp_path):
     assert main(["analyze", str(model), "--calib", str(tmp_path / "bad.npz"), "-o", str(out), "-q"]) == ExitCode.DATA
     assert out.read_bytes() == report and (files / "quantized.onnx").read_bytes() == quantized
     assert not list(tmp_path.glob(".*qdebug-previous"))
+
+
+def test_a_second_run_to_the_same_output_is_refused_while_the_first_writes(tmp_path):
+    """Two runs into one -o had mixed their files (one's report, the other's models); the second now stops at
+    once (exit 7) while the first holds the output's lock, and the lock goes with the first run."""
+    fcntl = pytest.importorskip("fcntl")
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=8)
+    out = tmp_path / "r.json"
+    lock = tmp_path / ".r.json.qdebug-lock"
+    with open(lock, "w") as held:  # what a running qdebug holds
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code, err = _cli(["analyze", model, "--calib", calib, "-o", out, "-q"])
+        assert code == ExitCode.OUTPUT and "another qdebug run is writing" in err and err.count("\n") == 1
+        assert not out.exists()
+    code, err = _cli(["analyze", model, "--calib", calib, "-o", out, "-q"])
+    assert code == 0, err
+    assert out.is_file() and not lock.exists()

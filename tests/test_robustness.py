@@ -1166,13 +1166,9 @@ def test_model_with_nothing_to_quantize_is_noted_and_ort_stays_quiet(tmp_path, c
     assert any("inserted no QuantizeLinear" in n for n in load_report(out).notes)
 
 
-def test_settings_of_a_given_quantized_model_are_recorded(tmp_path, capsys):
-    """A user's own model quantized per-channel with int8 activations: the report had recorded the flags'
-    defaults (per-tensor, QUInt8), and propose then rebuilt and judged another model without a word."""
+def _ort_per_channel_s8s8(model: Path, calib: Path, out: Path, **extra) -> Path:
+    """ORT's own quantize_static of ``model``: QDQ, per-channel, int8 activations and weights."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    model = small_cnn(tmp_path / "m.onnx")
-    calib = small_data(tmp_path / "c.npz", n=16)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -1181,11 +1177,19 @@ def test_settings_of_a_given_quantized_model_are_recorded(tmp_path, capsys):
         def get_next(self):
             return next(self.batches, None)
 
-    own = tmp_path / "own.onnx"
     quantize_static(
-        str(model), str(own), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        str(model), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, extra_options=extra,
     )
+    return out
+
+
+def test_settings_of_a_given_quantized_model_are_recorded(tmp_path, capsys):
+    """A user's own model quantized per-channel with int8 activations: the report had recorded the flags'
+    defaults (per-tensor, QUInt8), and propose then rebuilt and judged another model without a word."""
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz", n=16)
+    own = _ort_per_channel_s8s8(model, calib, tmp_path / "own.onnx")
     out = tmp_path / "r.json"
     assert main(["analyze", str(model), "--calib", str(calib), "--quantized", str(own), "-o", str(out), "-q"]) == 0
     report = load_report(out)
@@ -1222,25 +1226,11 @@ def test_settings_of_a_tensorrt_style_qdq_model_are_read_from_its_weight_quantiz
     """pytorch-quantization / modelopt exports keep float weights behind QuantizeLinear(axis=0) ->
     DequantizeLinear: per-channel had been missed (only integer weights were looked at), and an explicit
     --per-channel overridden."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     from qdebug.graph.match import qdq_settings
 
     model = small_cnn(tmp_path / "m.onnx")
     calib = small_data(tmp_path / "c.npz", n=16)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{"input": np.load(calib)["input"]}])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    ort_style = tmp_path / "ort.onnx"
-    quantize_static(
-        str(model), str(ort_style), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, extra_options={"QuantizeBias": False},
-    )
+    ort_style = _ort_per_channel_s8s8(model, calib, tmp_path / "ort.onnx", QuantizeBias=False)
     proto = onnx.load(str(ort_style))
     inits = {t.name: t for t in proto.graph.initializer}
     nodes = []

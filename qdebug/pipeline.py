@@ -226,7 +226,7 @@ def _unlock_outputs(lock: tuple[int, Path] | None) -> None:
         return
     fd, path = lock
     with contextlib.suppress(OSError):
-        path.unlink()  # before the unlock: a run waiting on it finds it gone and takes a new one
+        path.unlink()  # no hidden file left next to the output once the run is done
     os.close(fd)
 
 
@@ -266,9 +266,7 @@ def _replaced_whole(
             if _works_in_place(target, held):
                 kept.append(target)
                 continue
-            aside = target.with_name(f".{target.name}.qdebug-previous")
             try:
-                _remove(aside)  # left by a run that was killed outright
                 target.rename(aside)
             except OSError:  # not movable: replaced in place, as before
                 kept.append(target)

@@ -96,7 +96,7 @@ class Harness:
         if not batches:
             raise ValueError("no batches to time")
         self.session = session
-        self.input_names = [i.name for i in session.get_inputs()]
+        self.input_names = [i.name for i in session.get_inputs() if i.name in batches[0]]
         self.output_names = [o.name for o in session.get_outputs()]
         self.notes: list[str] = []
         sizes = [len(b[self.input_names[0]]) for b in batches]

@@ -239,7 +239,8 @@ def run_session(
     :class:`QDebugError` line instead of a pybind traceback.
     """
     try:
-        values = session.run(list(names), {i.name: feeds[i.name] for i in session.get_inputs()})
+        # an optional input the data does not feed is left out: ORT runs without it
+        values = session.run(list(names), {i.name: feeds[i.name] for i in session.get_inputs() if i.name in feeds})
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         raise QDebugError(

@@ -65,14 +65,15 @@ class Batch:
 
 
 def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
-    """The real inputs of an ONNX model (graph inputs that are not initializers)."""
+    """The inputs the data must feed: graph inputs that are neither initializers (a default the model
+    carries) nor ``optional`` (ORT runs without them; they had been demanded, as float32)."""
     from onnx import helper
 
     inits = {i.name for i in model.graph.initializer}
     rows = _gather_rows(model)
     specs = []
     for vi in model.graph.input:
-        if vi.name in inits:
+        if vi.name in inits or vi.type.WhichOneof("value") == "optional_type":
             continue
         tt = vi.type.tensor_type
         dtype = (

@@ -108,8 +108,9 @@ class Evaluator:
         self.data = data
         session = make_session(fp32, config, what="FP32 model")
         self.output_names = [o.name for o in session.get_outputs()]
-        self.input_names = [i.name for i in session.get_inputs()]
-        """The model inputs, in session order (bench writes its input file in this order)."""
+        fed = {s.name for s in data.specs}  # not an optional input the data leaves out
+        self.input_names = [i.name for i in session.get_inputs() if i.name in fed]
+        """The model inputs the data feeds, in session order (bench writes its input file in this order)."""
         self.batches = list(data.batches())
         if not self.batches:
             raise QDebugError(

@@ -1307,3 +1307,35 @@ def test_hook_keys_that_are_no_input_are_dropped_and_named(tmp_path, capsys, mon
     monkeypatch.chdir(tmp_path)
     exec(compile(json.loads((tmp_path / "p.json").read_text())["snippet"], "snippet", "exec"), {})
     assert (tmp_path / "model.selective.onnx").is_file()
+
+
+def test_an_optional_input_the_data_leaves_out(tmp_path):
+    """An `optional(tensor)` input ORT runs without had been demanded (exit 5, as float32), and once not
+    demanded the sessions still asked the data for it."""
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])
+    bias = helper.make_value_info(
+        "bias", helper.make_optional_type_proto(helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, [4]))
+    )
+    y = helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["N", 5])
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    then = helper.make_graph(
+        [helper.make_node("OptionalGetElement", ["bias"], ["bt"])], "then", [],
+        [helper.make_tensor_value_info("bt", onnx.TensorProto.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Mul", ["x", "zero"], ["be"])], "else", [],
+        [helper.make_tensor_value_info("be", onnx.TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("OptionalHasElement", ["bias"], ["has"], name="has"),
+        helper.make_node("If", ["has"], ["b"], name="if", then_branch=then, else_branch=other),
+        helper.make_node("Add", ["x", "b"], ["xb"], name="add"),
+        helper.make_node("MatMul", ["xb", "w"], ["out"], name="mm"),
+    ]
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32), "w")
+    graph = helper.make_graph(nodes, "optin", [x, bias], [y], [w, zero])
+    model = save_graph(graph, tmp_path / "m.onnx", opsets={"": 18})
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32))
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "d.npz"), "-o", str(out), "-q"]) == 0
+    assert load_report(out).samples == 16

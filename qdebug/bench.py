@@ -866,7 +866,7 @@ def _run_bench(
     else:
         eval_set = open_data(calib, prep.calib.specs, batch_size=options.batch_size)
         notes.append("no --eval data: the metric and the timings use the calibration data")
-    notes.extend(data_notes(prep.calib, eval_set if eval_data is not None else None))
+    notes.extend(data_notes(prep.calib, eval_set if eval_data is not None else None, prep.normalized))
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
     batch_sizes = [b.size for b in evaluator.batches]
     full_size = max(batch_sizes)

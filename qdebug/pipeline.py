@@ -376,7 +376,7 @@ def _analyze(
     )
     eval_set = opened[0] if opened else None
     notes = list(prep.notes)
-    notes.extend(data_notes(prep.calib, eval_set))
+    notes.extend(data_notes(prep.calib, eval_set, prep.normalized))
 
     if quantized is None:
         assert prep.ranges is not None

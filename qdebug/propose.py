@@ -1365,7 +1365,7 @@ def _propose(
         limit_flag="--eval-max-samples",
     )
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric or cfg.metric)
-    input_notes = data_notes(prep.calib, eval_set)
+    input_notes = data_notes(prep.calib, eval_set, prep.normalized)
     target = make_target(evaluator.metric_name, evaluator.fp32_value, evaluator.samples, options)
 
     structure = Structure(prep.normalized, report.nodes)

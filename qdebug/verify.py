@@ -441,7 +441,9 @@ class _Context:
                 what="evaluation data",
                 limit_flag="--eval-max-samples",
             )
-        self.data_notes = data_notes(self.prep.calib, eval_set if eval_set is not self.prep.calib else None)
+        self.data_notes = data_notes(
+            self.prep.calib, eval_set if eval_set is not self.prep.calib else None, self.prep.normalized
+        )
         self.evaluator = Evaluator(self.prep.normalized, eval_set, self.config, options.metric)
         self.feeds = dict(self.evaluator.batches[0].feeds)
         self.static_cache: dict[tuple, tuple[Any, Any, set[str]]] = {}

@@ -1339,3 +1339,19 @@ def test_an_optional_input_the_data_leaves_out(tmp_path):
     out = tmp_path / "r.json"
     assert main(["analyze", str(model), "--calib", str(tmp_path / "d.npz"), "-o", str(out), "-q"]) == 0
     assert load_report(out).samples == 16
+
+
+def test_data_for_an_input_with_a_default_is_named_as_such(tmp_path):
+    """Data for an input the model gives a default (an initializer listed as an input) was called 'neither a
+    model input nor labels'; the note now says the model's own value is used."""
+    model = small_cnn(tmp_path / "m.onnx")
+    proto = onnx.load(str(model))
+    weight = proto.graph.initializer[0]
+    proto.graph.input.append(helper.make_tensor_value_info(weight.name, weight.data_type, list(weight.dims)))
+    onnx.save(proto, str(model))
+    with np.load(small_data(tmp_path / "d.npz", n=8)) as z:
+        np.savez(tmp_path / "e.npz", **{k: z[k] for k in z.files}, **{weight.name: numpy_helper.to_array(weight)})
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "e.npz"), "-o", str(out), "-q"]) == 0
+    note = next(n for n in load_report(out).notes if "ignored" in n)
+    assert f"'{weight.name}': the model holds these values itself" in note and "neither" not in note

@@ -24,6 +24,7 @@ _API: dict[str, str | tuple[str, str]] = {
     "QDebugError": "qdebug.errors",
     "ExitCode": "qdebug.errors",
     "Report": "qdebug.records",
+    "rank_nodes": "qdebug.records",
     "Proposal": "qdebug.records",
 }
 

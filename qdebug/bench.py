@@ -460,10 +460,9 @@ def _build_variants(
                     op_types=options.dynamic_ops or None,
                     per_channel=options.per_channel,
                 )
-                ops = ",".join(options.dynamic_ops) if options.dynamic_ops else "ORT's default op types"
-                built.append(
-                    _Built(name, kind, "", "dynamic", options.per_channel, path, notes=(f"op types: {ops}",))
-                )
+                # the op types only when --dynamic-ops chose them ("ORT's default op types" told nothing)
+                notes = (f"op types: {','.join(options.dynamic_ops)}",) if options.dynamic_ops else ()
+                built.append(_Built(name, kind, "", "dynamic", options.per_channel, path, notes=notes))
             elif kind in ("static", "qoperator"):
                 spec = QuantSpec(
                     per_channel=options.per_channel,

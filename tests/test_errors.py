@@ -724,3 +724,21 @@ def test_bad_eval_labels_are_refused_before_any_work(tmp_path, capsys, monkeypat
     assert code == ExitCode.DATA
     assert_one_line(err, "labels have dtype float64 and shape [8, 4], expected one integer class index")
     assert not list((tmp_path / "cache").rglob("*.json"))  # refused before calibrating
+
+
+def test_the_readme_api_example_uses_only_exported_names():
+    """The README's Python example is the API's documentation: it must compile and name only what qdebug
+    exports (it had ranked nodes with a sort that NaN and -inf break, where qdebug.rank_nodes is the
+    summary's ranking)."""
+    import re
+
+    import qdebug
+    from tests.conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("import qdebug\n") :]
+    block = block[: block.index("```")]
+    compile(block, "README", "exec")
+    used = set(re.findall(r"qdebug\.(\w+)", block))
+    assert used and used <= set(qdebug.__all__), used - set(qdebug.__all__)
+    assert "rank_nodes" in used

@@ -1107,6 +1107,34 @@ COLLAPSE_INTRODUCED_DB = 20.0
 """...when a consumer then introduces at least this much error (the damage shows downstream)."""
 
 
+FOLDED_NOTE = "ORT folded the following"
+"""How :func:`qdebug.graph.match.pair_models` marks a tensor whose Relu/Clip ORT folded into its Q/DQ."""
+
+
+def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[TensorRecord, ...]) -> list[str]:
+    """One note for the activations ORT folded into their producer's output quantization.
+
+    The error of that Q/DQ then shows at the activation (ranked by the summary, but not excludable
+    itself), while the producer shows no numbers at all: a walk-through saw a Relu ranked worst and
+    propose keep a LayerNormalization the summary never named.
+    """
+    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
+    producer = {o: n for n in nodes for o in n.outputs if o}
+    pairs = []
+    for node in nodes:
+        src = next((i for i in node.inputs if i in folded), None)
+        if src is not None and src in producer:
+            pairs.append(f"{producer[src].name} -> {node.name}")
+    if not pairs:
+        return []
+    shown = ", ".join(pairs[:4]) + ("..." if len(pairs) > 4 else "")
+    return [
+        f"ORT folded {len(pairs)} activation(s) into the quantization of their producer's output ({shown}): "
+        "that Q/DQ's error shows at the activation, which cannot be kept FP32 by itself; keep the producer FP32 "
+        "to remove it"
+    ]
+
+
 def collapsed_range_notes(tensors: tuple[TensorRecord, ...], nodes: tuple[NodeRecord, ...]) -> list[str]:
     """Notes naming tensors whose range is set by a few huge values (an additive mask of -1e9): most values
     share one quantization step, which SQNR hides (the huge values carry nearly all the energy), and the

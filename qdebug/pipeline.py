@@ -25,6 +25,7 @@ from qdebug.analysis import (
     DEFAULT_FAKEQUANT_SAMPLES,
     collapsed_range_notes,
     concat_range_notes,
+    folded_activation_notes,
     kernel_gap_notes,
     measure_layers,
     node_records,
@@ -496,6 +497,7 @@ def _analyze(
     notes.extend(kernel_gap_notes(layers.tensors, layers.deployed_head, skip=layers.aliases))
     notes.extend(concat_range_notes(prep.normalized, layers.tensors))
     notes.extend(collapsed_range_notes(layers.tensors, nodes))
+    notes.extend(folded_activation_notes(nodes, layers.tensors))
     notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 
     if eval_set is not None:

@@ -110,6 +110,11 @@ def test_folded_relu_is_paired_with_its_producer(analyzed):
     assert r1.accumulated is not None and r1.local is not None
     # local error of r1 (the FP32 Relu output against its own Q/DQ) is rounding only, not the negative half
     assert r1.local.sqnr_db > 30
+    # the report says where the folded activation's error comes from (the producer, which propose may keep)
+    producer = next(n.name for n in report.nodes if "c1" in n.outputs)
+    relu = next(n.name for n in report.nodes if "r1" in n.outputs)
+    note = next(n for n in report.notes if n.startswith("ORT folded"))
+    assert f"{producer} -> {relu}" in note and "keep the producer FP32" in note
 
 
 def test_nodes_have_introduced_error(analyzed):

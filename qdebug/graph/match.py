@@ -216,7 +216,7 @@ def pair_models(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> Pairing:
             tensor_map[node.output[0]] = tensor_map.pop(src)
             folded[node.output[0]] = _activation_bounds(node, fi)
             notes[src] = (
-                f"no counterpart in the quantized model: ORT folded the following {node.op_type} "
+                f"no counterpart in the quantized model: ORT folded the following {node.op_type} "  # FOLDED_NOTE
                 f"({node.name}) into the quantization range of its output"
             )
             continue

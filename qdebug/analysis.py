@@ -1332,7 +1332,9 @@ def node_records(
             introduced = _nsr_db(acc_out) - _nsr_db(in_db)
             delta = 10 ** (_nsr_db(acc_out) / 10) - 10 ** (_nsr_db(in_db) / 10)
             added = 10 * math.log10(delta) if delta > 0 else -math.inf
-        kls = [t.local.kl for t in outs if t.local and not math.isnan(t.local.kl)]
+        # accumulated, not local: binned by level, a tensor's own Q/DQ leaves KL at ~0 unless it clips, and
+        # the column read 0 everywhere; the shift from FP32 at the node's output is what KL should show here
+        kls = [t.accumulated.kl for t in outs if t.accumulated and not math.isnan(t.accumulated.kl)]
         out.append(
             NodeRecord(
                 name=node.name,

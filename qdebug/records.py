@@ -139,6 +139,7 @@ class NodeRecord:
     nodes merely downstream of a bad one are not blamed.
     """
     kl: float
+    """Largest accumulated KL (FP32 vs quantized distribution) over the node's float outputs."""
     domain: str = ""
     added_noise_db: float = float("nan")
     """Noise the node adds, relative to the signal: ``10*log10(NSR_out - NSR_in)`` (``NSR = 10**(-SQNR/10)``).

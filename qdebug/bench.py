@@ -1280,12 +1280,18 @@ def dynamic_layer_report(
 
 
 def worst_layers(report: Any, top: int = 5) -> tuple[WorstLayer, ...]:
-    """The ``top`` nodes of a report by the noise they add, as the analysis summary ranks them."""
+    """The ``top`` quantized nodes of a report by the noise they add, as the analysis summary ranks them.
+
+    Only nodes the variant quantized: a LayerNormalization after a quantized MatMul amplifies the error it
+    receives and "adds" noise by that measure, but nothing about it can be changed in that variant (a
+    walk-through saw bench name one that dynamic quantization never touches).
+    """
     from qdebug.records import rank_nodes
 
+    ranked = [n for n in rank_nodes(report.nodes) if n.quantized]
     return tuple(
         WorstLayer(n.name, n.op_type, n.introduced_db, n.accumulated_sqnr_db, n.added_noise_db)
-        for n in rank_nodes(report.nodes)[:top]
+        for n in ranked[:top]
     )
 
 

@@ -403,10 +403,10 @@ def _read_npz(f: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _check_same_rows(arrays: Mapping[str, np.ndarray], specs: tuple[InputSpec, ...], origin: str) -> None:
-    """Every input (and the labels) of one item has the same number of samples on axis 0 (only the first
-    input's had been used: the others were cut to it, or ORT failed with a raw message)."""
-    rows = {k: v.shape[0] for k, v in arrays.items() if v.ndim and (k == LABELS_KEY or k in {s.name for s in specs})}
+def _check_same_rows(arrays: Mapping[str, np.ndarray], used: set[str], origin: str) -> None:
+    """Every input (and the labels: ``used``) of one item has the same number of samples on axis 0 (only
+    the first input's had been used: the others were cut to it, or ORT failed with a raw message)."""
+    rows = {k: v.shape[0] for k, v in arrays.items() if v.ndim and k in used}
     if len(set(rows.values())) > 1:
         raise QDebugError(
             f"{origin}: arrays disagree on the number of samples (axis 0): {rows}",
@@ -613,6 +613,9 @@ def _hook_dataset(
     ignored: set[str] = set()
     labelled: set[bool] = set()  # whether the items carry labels (all must agree)
 
+    used = {s.name for s in specs} | {LABELS_KEY}
+    fed = _labels_fed(specs)
+
     def make_iter() -> Iterator[tuple[dict[str, np.ndarray], int, str]]:
         produced = 0
         for i, item in enumerate(_iterate_hook(func, spec)):
@@ -624,7 +627,6 @@ def _hook_dataset(
                 )
             # only the model's inputs and the labels: another key (a file name, metadata) had reached ORT
             # ("Invalid input name", exit 4) or crashed the batching when it was not an array
-            used = {s.name for s in specs} | {LABELS_KEY}
             ignored.update(str(k) for k in item if k not in used)
             try:
                 arrays = {k: np.asarray(v) for k, v in item.items() if k in used}
@@ -644,7 +646,7 @@ def _hook_dataset(
             for s in specs:
                 _check_array_meta(s, arrays[s.name].shape, arrays[s.name].dtype, f"{spec} item {i}")
             _check_finite(arrays, f"{spec} item {i}")
-            _check_same_rows(arrays, specs, f"{what} hook {spec} item {i}")
+            _check_same_rows(arrays, used, f"{what} hook {spec} item {i}")
             n = len(arrays[specs[0].name]) if specs and arrays[specs[0].name].ndim else 1
             if n == 0:  # an empty item is skipped, like an empty file (it had ended the data there, silently)
                 continue
@@ -653,7 +655,7 @@ def _hook_dataset(
             if n <= 0:
                 break
             produced += n
-            has = LABELS_KEY in arrays and not _labels_fed(specs)
+            has = LABELS_KEY in arrays and not fed
             if labelled and has not in labelled:
                 raise QDebugError(
                     f"{what} hook {spec}: item {i} {'has' if has else 'has no'} labels, the items before it "
@@ -665,7 +667,6 @@ def _hook_dataset(
             yield arrays, n, f"{spec} item {i}"
 
     def make_batches() -> Iterator[Batch]:
-        fed = _labels_fed(specs)
         items = make_iter()
         if fixed_batch(specs) > 1:
             items = _fill_fixed_batches(items, fixed_batch(specs), spec, what)

@@ -611,11 +611,7 @@ def _check_same_inputs(
 ) -> None:
     """Both models take the same inputs (names), or the quantized one was not made from this model: ORT had
     failed to load the merged models ("Node input 'x16' is not a graph input", exit 4)."""
-    def inputs(m: onnx.ModelProto) -> list[str]:  # an initializer listed as an input is no input
-        inits = {t.name for t in m.graph.initializer}
-        return [i.name for i in m.graph.input if i.name not in inits]
-
-    want, have = inputs(fp32), inputs(qproto)
+    want, have = ([s.name for s in model_input_specs(m)] for m in (fp32, qproto))
     if set(want) != set(have):
         raise QDebugError(
             f"the quantized model {quantized} does not derive from {model}: its inputs {have} are not the FP32 "

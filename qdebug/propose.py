@@ -1408,7 +1408,9 @@ def _propose(
     plan, final = _final(search, plan, met)
     spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel)
     if spec.per_channel and not report.config.per_channel:
-        final = _without_per_channel(search, final, _has_per_channel_weight(selective))
+        from qdebug.graph.match import qdq_settings
+
+        final = _without_per_channel(search, final, bool(qdq_settings(selective).per_channel))
         if not final.per_channel:
             spec, selective, _ = search.build(final.nodes, final.overrides, False)
     static = search.trials[0]
@@ -1519,18 +1521,6 @@ def _without_per_channel(search: Search, final: Trial, in_effect: bool) -> Trial
     if (plain.met and final.met) or (plain.met, search.score(plain)) >= (final.met, search.score(final)):
         return plain
     return final
-
-
-def _has_per_channel_weight(model: onnx.ModelProto) -> bool:
-    """Whether a weight's DequantizeLinear (in any graph) has more than one scale: per-channel in effect."""
-    from qdebug.graph.load import iter_graphs
-
-    for graph in iter_graphs(model.graph):
-        sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
-        for node in graph.node:
-            if node.op_type == "DequantizeLinear" and node.input[0] in sizes and sizes.get(node.input[1], 1) > 1:
-                return True
-    return False
 
 
 def _final(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:

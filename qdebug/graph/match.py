@@ -345,7 +345,10 @@ def qdq_settings(model: onnx.ModelProto) -> QDQSettings:
     """
     from collections import Counter
 
-    inits = {t.name: t for t in model.graph.initializer}
+    from qdebug.graph.load import iter_graphs
+
+    graphs = list(iter_graphs(model.graph))
+    inits = {t.name: t for g in graphs for t in g.initializer}
     acts: Counter[str] = Counter()
     weights: Counter[str] = Counter()
     scales: list[bool] = []  # per weight: more than one scale
@@ -358,7 +361,7 @@ def qdq_settings(model: onnx.ModelProto) -> QDQSettings:
         zp = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         return _QTYPE_OF.get(zp.data_type, "") if zp is not None else "QUInt8"
 
-    for node in model.graph.node:
+    for node in (n for g in graphs for n in g.node):
         if node.op_type in DQ_OPS and node.input[0] in inits:  # ORT's own: the integer weight is stored
             weight = inits[node.input[0]]
             if weight.data_type in _QTYPE_OF:

@@ -45,7 +45,7 @@ from qdebug.capture import (
     release_freed_memory,
     run_session,
 )
-from qdebug.data import Batch, DataSet
+from qdebug.data import Batch, DataSet, feed_rows, take_rows
 from qdebug.graph.load import save_model
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.reduce import (
@@ -359,7 +359,7 @@ def _stream(
             rows = min(batch.size, getattr(path, "chunk", None) or batch.size)
             plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
             if rows < batch.size:  # chunked: outputs are batch-major (checked by _chunkable)
-                first = {k: v[:rows] for k, v in batch.feeds.items()}
+                first = take_rows(batch.feeds, 0, rows)
                 dep_first = {k: v[:rows] for k, v in dep_out.items()}
             else:
                 first, dep_first = batch.feeds, dep_out
@@ -838,12 +838,12 @@ class _GraphPath:
         if not self._settled:
             # one sample measures the model; a batch that cannot be cut runs whole
             rows = 1 if self.splittable else n
-            first = {k: v[:rows] for k, v in feeds.items()}
+            first = take_rows(feeds, 0, rows)
             done.append(use(start, first, run(first)))
             self._settle(n)
             if rows == n:
                 return done, []
-            feeds, n = {k: v[rows:] for k, v in feeds.items()}, n - rows
+            feeds, n = take_rows(feeds, rows), n - rows
         return done, list(_split(feeds, self._piece_rows(n)))
 
     def _settle(self, n: int) -> None:
@@ -880,7 +880,7 @@ class _GraphPath:
         return self._pool
 
     def _note_size(self, counts: list[float], feeds) -> None:
-        rows = next(iter(feeds.values())).shape[0] if feeds else 1
+        rows = feed_rows(feeds)
         self._largest = -(-int(max(counts, default=0)) // max(rows, 1))
 
     def _use_main(self, feeds, out, accs, numpy_path, skipped, head=False):
@@ -953,7 +953,7 @@ def _with_dq_types(model: onnx.ModelProto, types: dict[str, int]) -> dict[str, i
 
 
 def _with_subsample(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    rows = next(iter(feeds.values())).shape[0] if feeds else 1
+    rows = feed_rows(feeds)
     target = SUBSAMPLE_PER_SAMPLE * max(int(rows), 1)
     return {**feeds, SUBSAMPLE_INPUT: np.array(target, dtype=np.int64)}
 
@@ -966,9 +966,10 @@ def _chunkable(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> bool:
     tensor of the FP32 model is a scalar or has a fixed first dimension (a
     reduction over the batch, e.g. a mean used as a branch condition, would
     see a chunk instead of the batch). Unknown shapes count as not chunkable.
+    Rank-0 inputs are one value for the whole batch, fed whole to every chunk.
     """
     inits = {i.name for i in fp32.graph.initializer}
-    inputs = [v for v in fp32.graph.input if v.name not in inits]
+    inputs = [v for v in fp32.graph.input if v.name not in inits and not _rank0(v)]
     batch = {_first_dim(v) for v in inputs}
     if not inputs or len(batch) != 1 or not next(iter(batch)):
         return False
@@ -985,6 +986,12 @@ def _chunkable(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> bool:
     return True
 
 
+def _rank0(value: onnx.ValueInfoProto) -> bool:
+    """Whether a value is declared a scalar (a shape with no dimensions; no shape is an unknown rank)."""
+    t = value.type.tensor_type
+    return value.type.HasField("tensor_type") and t.HasField("shape") and not t.shape.dim
+
+
 def _first_dim(value: onnx.ValueInfoProto) -> str:
     """The symbolic name of a value's first dimension ("" when static, unnamed or unknown)."""
     t = value.type.tensor_type
@@ -995,12 +1002,12 @@ def _first_dim(value: onnx.ValueInfoProto) -> str:
 
 
 def _split(feeds: dict[str, np.ndarray], size: int):
-    n = next(iter(feeds.values())).shape[0] if feeds else 0
+    n = feed_rows(feeds)
     if n <= size:
         yield feeds
         return
     for start in range(0, n, size):
-        yield {k: v[start : start + size] for k, v in feeds.items()}
+        yield take_rows(feeds, start, start + size)
 
 
 def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

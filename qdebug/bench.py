@@ -521,7 +521,7 @@ def _build_variants(
 def write_batches(batches: Sequence[Any], input_names: Sequence[str], path: Path) -> None:
     """Write the evaluation batches once, for every variant's process to read back identically."""
     arrays = {
-        f"b{i}_{j}": np.ascontiguousarray(b.feeds[n])
+        f"b{i}_{j}": np.asarray(b.feeds[n], order="C")
         for i, b in enumerate(batches)
         for j, n in enumerate(input_names)
     }

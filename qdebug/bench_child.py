@@ -113,7 +113,7 @@ class Harness:
                     np.copyto(buf, b[n])
                 by_shape[key] = (bufs, *self._bind(bufs, use_iobinding))
             bufs, run, _ = by_shape[key]
-            srcs = (np.ascontiguousarray(b[n]) for n in self.input_names)
+            srcs = (np.asarray(b[n], order="C") for n in self.input_names)
             copies = tuple(zip(bufs, srcs, strict=True))
             steps.append(Step(copies, run, len(b[self.input_names[0]])))
             keys.append(key)
@@ -351,7 +351,7 @@ def load_batches(path: str, input_names: Sequence[str], count: int) -> list[dict
     """The batches the parent wrote: arrays ``b{i}_{j}`` (batch i, input j) in one .npz."""
     with np.load(path, allow_pickle=False) as z:
         return [
-            {name: np.ascontiguousarray(z[f"b{i}_{j}"]) for j, name in enumerate(input_names)}
+            {name: np.asarray(z[f"b{i}_{j}"], order="C") for j, name in enumerate(input_names)}
             for i in range(count)
         ]
 

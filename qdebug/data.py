@@ -46,6 +46,9 @@ class InputSpec:
     index_rows: tuple[int, str] | None = None
     """For integer ids read by a Gather from a weight table: (rows of the table, the Gather's name). Ids
     outside it made ORT fail mid-calibration ("indices element out of data bounds", exit 4)."""
+    scalar: bool = False
+    """The model declares rank 0 (a threshold, a temperature): one value per file or hook item, fed whole
+    with every batch cut from it, never split or stacked on an axis 0 it does not have."""
 
     def describe(self) -> str:
         """``name: float32[N,3,224,224]`` for messages."""
@@ -86,7 +89,9 @@ def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
                     dims.append(int(d.dim_value))
                 else:
                     dims.append(d.dim_param or None)
-        specs.append(InputSpec(vi.name, dtype, tuple(dims), rows.get(vi.name) if dtype.kind in "iu" else None))
+        scalar = tt.HasField("shape") and not dims  # an input without a shape has an unknown rank, not 0
+        index = rows.get(vi.name) if dtype.kind in "iu" else None
+        specs.append(InputSpec(vi.name, dtype, tuple(dims), index, scalar))
     return tuple(specs)
 
 
@@ -105,6 +110,16 @@ def _gather_rows(model: Any) -> dict[str, tuple[int, str]]:
         if node.input[1] not in out or n < out[node.input[1]][0]:
             out[node.input[1]] = (n, node.name or "Gather")
     return out
+
+
+def feed_rows(feeds: Mapping[str, np.ndarray]) -> int:
+    """Samples in one feed dict: axis 0 of its batched arrays (1 when every input is a scalar)."""
+    return next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
+
+
+def take_rows(feeds: Mapping[str, np.ndarray], start: int, stop: int | None = None) -> dict[str, np.ndarray]:
+    """Samples ``start:stop`` of a feed dict; rank-0 inputs (one value for the whole batch) are kept whole."""
+    return {k: v[start:stop] if v.ndim else v for k, v in feeds.items()}
 
 
 class DataSet:
@@ -245,12 +260,12 @@ def _file_dataset(
     limit_flag: str | None = "--max-samples",
 ) -> DataSet:
     headers = {f: _npz_header(f) for f in files}
-    total = 0
+    counts = []  # samples per file (its inputs and labels agree on axis 0: checked here)
     has_labels = True
     for f, header in headers.items():
-        n = _check_header(f, header, specs, what)
+        counts.append(_check_header(f, header, specs, what))
         has_labels = has_labels and LABELS_KEY in header and not _labels_fed(specs)
-        total += n
+    total = sum(counts)
     labelled = [f.name for f, h in headers.items() if LABELS_KEY in h]
     for f, header in headers.items():  # from the headers: strings had been found after the whole capture
         if LABELS_KEY in header and not _labels_fed(specs):
@@ -273,7 +288,6 @@ def _file_dataset(
         raise QDebugError(f"{what} {source} holds no samples", "give at least one sample", ExitCode.DATA)
     n_samples = min(total, max_samples) if max_samples else total
     bsize = _batch_size(specs, batch_size, source)
-    counts = [_npz_count(h) for h in headers.values()]
     _check_fixed_batches(specs, counts, n_samples, source, what, limit_flag)
 
     def make_iter() -> Iterator[Batch]:
@@ -282,7 +296,7 @@ def _file_dataset(
             if left <= 0:
                 return
             arrays = _read_npz(f, specs)
-            n = len(next(iter(arrays.values())))
+            n = feed_rows({s.name: arrays[s.name] for s in specs})
             _check_finite(arrays, str(f))
             take = min(n, left)
             left -= take
@@ -352,9 +366,12 @@ def _check_header(
     for s in specs:
         shape, dtype = header[s.name]
         _check_array_meta(s, shape, dtype, str(f))
-        counts.add(shape[0] if shape else 1)
+        if not s.scalar:
+            counts.add(shape[0] if shape else 1)
     if LABELS_KEY in header:
         counts.add(header[LABELS_KEY][0][0] if header[LABELS_KEY][0] else 1)
+    if not counts:  # scalar inputs only: the file is one sample
+        return 1
     if len(counts) != 1:
         raise QDebugError(
             f"{what} {f}: arrays disagree on the number of samples (axis 0 sizes {sorted(counts)})",
@@ -369,6 +386,12 @@ def _check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, 
         raise QDebugError(
             f"{origin}: input {spec.name!r} has dtype {np.dtype(dtype)}, the model expects {spec.dtype}",
             f"convert it with array.astype(numpy.{spec.dtype})",
+            ExitCode.DATA,
+        )
+    if spec.scalar and shape:
+        raise QDebugError(
+            f"{origin}: input {spec.name!r} has shape {list(shape)}, the model expects a scalar (rank 0)",
+            f"save one value per file (numpy.{spec.dtype}(value)): it is fed with every batch of that file",
             ExitCode.DATA,
         )
     if spec.shape and len(shape) != len(spec.shape):
@@ -393,7 +416,7 @@ def _check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, 
 def _read_npz(f: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
     try:
         with np.load(f, allow_pickle=False) as z:
-            arrays = {s.name: np.ascontiguousarray(z[s.name]) for s in specs}
+            arrays = {s.name: np.asarray(z[s.name], order="C") for s in specs}
             if LABELS_KEY in z.files:
                 arrays[LABELS_KEY] = np.asarray(z[LABELS_KEY])
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
@@ -426,12 +449,6 @@ def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
                 "clean the data (NaN/Inf make every error metric meaningless)",
                 ExitCode.DATA,
             )
-
-
-def _npz_count(header: Mapping[str, tuple]) -> int:
-    """Samples in one file (its arrays agree: checked by :func:`_check_header`)."""
-    shape = next(iter(v[0] for k, v in header.items() if k != LABELS_KEY), ())
-    return shape[0] if shape else 1
 
 
 def fixed_batch(specs: Sequence[InputSpec]) -> int:
@@ -555,7 +572,7 @@ def _split(
     step = bsize or n
     for start in range(0, n, step):
         stop = min(n, start + step)
-        feeds = {k: v[start:stop] for k, v in arrays.items() if labels_fed or k != LABELS_KEY}
+        feeds = take_rows({k: v for k, v in arrays.items() if labels_fed or k != LABELS_KEY}, start, stop)
         labels = arrays[LABELS_KEY][start:stop] if has_labels and LABELS_KEY in arrays else None
         if labels is not None:
             labels = _class_indices(labels, stop - start, origin)
@@ -647,7 +664,7 @@ def _hook_dataset(
                 _check_array_meta(s, arrays[s.name].shape, arrays[s.name].dtype, f"{spec} item {i}")
             _check_finite(arrays, f"{spec} item {i}")
             _check_same_rows(arrays, used, f"{what} hook {spec} item {i}")
-            n = len(arrays[specs[0].name]) if specs and arrays[specs[0].name].ndim else 1
+            n = feed_rows({s.name: arrays[s.name] for s in specs})
             if n == 0:  # an empty item is skipped, like an empty file (it had ended the data there, silently)
                 continue
             if max_samples is not None:
@@ -696,12 +713,13 @@ def _fill_fixed_batches(
     rows = 0
     first_origin = ""
     for arrays, n, origin in items:
-        arrays = {k: v[:n] if v.ndim else v for k, v in arrays.items()}
+        arrays = take_rows(arrays, 0, n)
         if pending and not _stackable(pending[0], arrays):
             raise QDebugError(
-                f"{what} hook {spec}: {origin} cannot be stacked with the {rows} sample(s) before it (other keys "
-                f"or shapes), and the model's batch dimension is fixed at {batch}",
-                f"yield batches of {batch} samples, or samples of one shape until each batch of {batch} is full",
+                f"{what} hook {spec}: {origin} cannot be stacked with the {rows} sample(s) before it (other keys, "
+                f"shapes or scalar values), and the model's batch dimension is fixed at {batch}",
+                f"yield batches of {batch} samples, or samples of one shape (and one value of each scalar input) "
+                f"until each batch of {batch} is full",
                 ExitCode.DATA,
             )
         if not pending:
@@ -710,10 +728,10 @@ def _fill_fixed_batches(
         rows += n
         if rows < batch:
             continue
-        joined = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+        joined = {k: np.concatenate([p[k] for p in pending]) if v.ndim else v for k, v in pending[0].items()}
         whole = rows - rows % batch
-        yield {k: v[:whole] for k, v in joined.items()}, whole, f"{first_origin}..{origin}"
-        pending, rows = ([{k: v[whole:] for k, v in joined.items()}], rows - whole) if rows > whole else ([], 0)
+        yield take_rows(joined, 0, whole), whole, f"{first_origin}..{origin}"
+        pending, rows = ([take_rows(joined, whole)], rows - whole) if rows > whole else ([], 0)
         first_origin = origin
     if rows:
         raise QDebugError(
@@ -726,8 +744,15 @@ def _fill_fixed_batches(
 
 
 def _stackable(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
-    """Whether two items have the same keys and the same dimensions after the batch axis."""
-    return a.keys() == b.keys() and all(a[k].ndim and a[k].shape[1:] == b[k].shape[1:] for k in a)
+    """Whether two items have the same keys, the same dimensions after the batch axis and the same scalars
+    (a rank-0 input is one value for the whole batch: items that disagree on it cannot share one)."""
+
+    def same(x: np.ndarray, y: np.ndarray) -> bool:
+        if x.ndim and y.ndim:
+            return x.shape[1:] == y.shape[1:]
+        return not x.ndim and not y.ndim and np.array_equal(x, y)
+
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
 
 
 def _iterate_hook(func: Callable[..., Any], spec: str) -> Iterator[Any]:
@@ -799,7 +824,7 @@ class ReaderAdapter:
         for batch in self._data.batches():
             if self._single and batch.size > 1:
                 for i in range(batch.size):
-                    yield {k: v[i : i + 1] for k, v in batch.feeds.items()}
+                    yield take_rows(batch.feeds, i, i + 1)
                     if self._on_batch:
                         self._on_batch(1)
             else:

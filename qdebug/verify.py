@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qdebug.data import feed_rows
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 from qdebug.records import SCHEMA_VERSION, Proposal, Report, TensorOverride
@@ -189,7 +190,7 @@ def time_sessions(
         io = session.io_binding()
         for i in session.get_inputs():
             if i.name in feeds:  # an optional input the data leaves out: ORT runs without it
-                io.bind_cpu_input(i.name, np.ascontiguousarray(feeds[i.name]))
+                io.bind_cpu_input(i.name, np.asarray(feeds[i.name], order="C"))
         for o in session.get_outputs():
             io.bind_output(o.name)
         bound[name] = (session, io)
@@ -208,7 +209,7 @@ def time_sessions(
                 session.run_with_iobinding(io)
                 samples[name].append(time.perf_counter() - t0)
         done += chunk
-    batch = int(next(iter(feeds.values())).shape[0]) if feeds else 1
+    batch = feed_rows(feeds)
     provider = config.providers[0] if config.providers else "CPUExecutionProvider"
     out = {}
     for name, xs in samples.items():

@@ -1355,3 +1355,71 @@ def test_data_for_an_input_with_a_default_is_named_as_such(tmp_path):
     assert main(["analyze", str(model), "--calib", str(tmp_path / "e.npz"), "-o", str(out), "-q"]) == 0
     note = next(n for n in load_report(out).notes if "ignored" in n)
     assert f"'{weight.name}': the model holds these values itself" in note and "neither" not in note
+
+
+def _scaled_classifier(path: Path) -> Path:
+    """logits = MatMul(Relu(x * gain), w): ``gain`` is a rank-0 input (one value per file or hook item)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Mul", ["x", "gain"], ["xg"], name="scale"),
+        helper.make_node("Relu", ["xg"], ["h"], name="relu"),
+        helper.make_node("MatMul", ["h", "w"], ["logits"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scalar_in",
+        [
+            helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8]),
+            helper.make_tensor_value_info("gain", onnx.TensorProto.FLOAT, []),
+        ],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w")],
+    )
+    return save_graph(graph, path, opsets={"": 17})
+
+
+def test_a_scalar_model_input_is_fed_whole_with_every_batch(tmp_path, monkeypatch, capsys):
+    """A rank-0 input (a gain, a threshold) was refused as disagreeing on axis 0 ("sizes [1, 32]"), and
+    numpy's ascontiguousarray made it 1-D, which ORT then sliced to zero rows. One value per file is fed
+    with every batch cut from that file: the report's output SQNR equals one computed here with plain ORT
+    on whole files, the batches are cut (capture chunks included), and propose's snippet runs."""
+    model = _scaled_classifier(tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    files = {}
+    for i, gain in enumerate((0.5, 3.0)):  # two gains: a file's batches must all get its own
+        x = rng.standard_normal((40, 8)).astype(np.float32)
+        files[folder / f"b{i}.npz"] = (x, np.float32(gain))
+        np.savez(folder / f"b{i}.npz", x=x, gain=np.float32(gain))
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(folder), "--batch-size", "16", "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    assert report.samples == 80
+    fp32 = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    qdq = ort.InferenceSession(str(tmp_path / "r_files" / "quantized.onnx"), providers=["CPUExecutionProvider"])
+    signal = noise = 0.0
+    for x, gain in files.values():
+        feeds = {"x": x, "gain": np.array(gain)}
+        ref = fp32.run(None, feeds)[0].astype(np.float64)
+        cand = qdq.run(None, feeds)[0].astype(np.float64)
+        signal += float((ref**2).sum())
+        noise += float(((ref - cand) ** 2).sum())
+    logits = next(t for t in report.tensors if t.name == "logits")
+    assert logits.accumulated.sqnr_db == pytest.approx(10 * math.log10(signal / noise), abs=1e-3)
+    # the scale of Relu's output was calibrated over both gains: its range reaches the larger one's values
+    relu_max = max(float((np.maximum(x * g, 0)).max()) for x, g in files.values())
+    h = next(t for t in report.tensors if t.name == "h")
+    assert h.summary.max == pytest.approx(relu_max, rel=1e-6)
+    # propose's snippet reads the scalar whole too
+    assert main(["propose", str(out), "--target-drop", "100", "-o", str(tmp_path / "p.json"), "-q"]) == 0
+    monkeypatch.chdir(tmp_path)
+    exec(compile(json.loads((tmp_path / "p.json").read_text())["snippet"], "snippet", "exec"), {})
+    assert (tmp_path / "model.selective.onnx").is_file()
+    # a scalar saved with a batch axis is one clear line, exit 5
+    np.savez(tmp_path / "bad.npz", x=files[folder / "b0.npz"][0], gain=np.full(40, 0.5, np.float32))
+    capsys.readouterr()
+    code = main(["analyze", str(model), "--calib", str(tmp_path / "bad.npz"), "-o", str(tmp_path / "b.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == ExitCode.DATA
+    assert "'gain' has shape [40], the model expects a scalar (rank 0)" in err[-1]

@@ -427,7 +427,12 @@ def _settings_of(options: BenchOptions, proposal: Any, notes: list[str]) -> Benc
                 f"the selective model is built with {', '.join(differ)}: its scales differ from the "
                 "proposal's model"
             )
-    return replace(options, methods=methods, activation_type=activation, weight_type=weight)
+    # the report's per-channel setting is the base of every variant, as its types are (a per-channel
+    # report's static variants had been built per-tensor, and the selective one credited with the gap)
+    per_channel = options.per_channel or bool(recorded and proposal.base_per_channel)
+    return replace(
+        options, methods=methods, activation_type=activation, weight_type=weight, per_channel=per_channel
+    )
 
 
 def _build_variants(

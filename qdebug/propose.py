@@ -1442,6 +1442,7 @@ def _propose(
         method=cfg.method,
         activation_type=cfg.activation_type,
         weight_type=cfg.weight_type,
+        base_per_channel=cfg.per_channel,
         calibration_key=prep.ranges.key if prep.ranges is not None else "",
         calib_max_samples=cfg.max_samples,
         eval_samples=search.evaluator.samples,

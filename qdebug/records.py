@@ -363,6 +363,11 @@ class Proposal:
     """Activation quantization type of the base quantization (``""``: not recorded)."""
     weight_type: str = ""
     """Weight quantization type of the base quantization (``""``: not recorded)."""
+    base_per_channel: bool | None = None
+    """Per-channel weights in the base quantization -- the report's setting, what verify's and bench's
+    static variants use; ``per_channel`` is the selective model's, which propose may have turned on
+    (``None``: not recorded; the flags decide). A per-channel report's static baseline had been rebuilt
+    per-tensor, crediting an empty proposal with 98.7 % recovery."""
     calibration_key: str = ""
     """Key of the calibration ranges the proposal was made with (a hash of the normalized model, the
     calibration data's content and sample count, the method and ORT's version; ``""``: not recorded).

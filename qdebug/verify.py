@@ -597,7 +597,8 @@ def verify(
                     "pass --target-sqnr DB to judge the selective model's output SQNR",
                     ExitCode.USAGE,
                 )
-            base = QuantSpec(per_channel=options.per_channel, activation_type=activation, weight_type=weight)
+            base_pc = options.per_channel or bool(proposal.base_per_channel)
+            base = QuantSpec(per_channel=base_pc, activation_type=activation, weight_type=weight)
             progress("static", 0, 3)
             static_model, static_res, quantizable = ctx.static(base)
             if cancelled():

@@ -314,3 +314,27 @@ def test_stored_size_counts_external_weights(tmp_path):
     assert data_bytes > 0
     assert stored_size(tmp_path / "ext.onnx") == onnx_bytes + data_bytes
     assert stored_size(tmp_path / "m.onnx") == (tmp_path / "m.onnx").stat().st_size
+
+
+def test_a_per_channel_reports_static_baseline_is_per_channel(tmp_path, capsys):
+    """analyze --per-channel -> propose -> verify/bench without the flag: the static baseline had been
+    rebuilt per-tensor while the selective model was per-channel, so an empty proposal was credited with
+    the whole per-tensor/per-channel gap (98.7 % "recovered", PASS). The proposal now records the report's
+    setting (base_per_channel) and every static variant follows it."""
+    from qdebug.graph.match import qdq_settings
+    from tests.models import small_cnn, small_data
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=32)
+    proposal = analyze_then_propose(model, calib, tmp_path, "--per-channel")
+    assert proposal["base_per_channel"] is True and proposal["per_channel"] is True
+    base = [str(model), "--calib", str(calib), "--proposal", str(tmp_path / "p.json"), "-q"]
+    assert main(["verify", *base, "--runs", "0", "--min-recovery", "0", "-o", str(tmp_path / "v.json")]) == 0
+    for name in ("static", "selective"):
+        assert qdq_settings(onnx.load(str(tmp_path / "v_files" / f"{name}.onnx"))).per_channel, name
+    bench = ["bench", *base, "--variants", "static,selective", "--runs", "1", "--warmup", "0"]
+    assert main([*bench, "--no-dynamic-layers", "-o", str(tmp_path / "b.json")]) == 0
+    assert qdq_settings(onnx.load(str(tmp_path / "b_files" / "static.onnx"))).per_channel
+    assert "per-channel weights as in the proposal" not in capsys.readouterr().out
+    # a per-tensor report keeps a per-tensor baseline (the flag still turns it on)
+    (tmp_path / "pt").mkdir()
+    assert analyze_then_propose(model, calib, tmp_path / "pt")["base_per_channel"] is False

@@ -608,6 +608,7 @@ class LayerModel:
             method=report.config.method,
             activation_type=report.config.activation_type,
             weight_type=report.config.weight_type,
+            base_per_channel=report.config.per_channel,
             # the cache file is named by the ranges' key
             calibration_key=Path(report.calibration_cache).stem if report.calibration_cache else "",
             calib_max_samples=report.config.max_samples,

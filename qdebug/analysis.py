@@ -1026,36 +1026,68 @@ def kernel_gap_notes(
     same_samples: dict[str, ErrorStats] | None = None,
     limit: int = 3,
     skip: Collection[str] = (),
+    nodes: Sequence[NodeRecord] = (),
 ) -> list[str]:
-    """Notes naming tensors where ORT's deployed integer kernels lose much more than fake-quant.
+    """Notes naming where ORT's deployed integer kernels start to lose much more than fake-quant.
 
     ``same_samples`` holds the deployed error over the samples the fake-quant
     view saw (:attr:`LayerErrors.deployed_head`), so both sides of the gap
     cover the same data; without it the full-run ``accumulated`` is used.
     ``skip``: tensors not to count (e.g. a Reshape of a tensor already counted).
+    With ``nodes``, a gap its producer's inputs already carry is inherited, not
+    started there: the note names the nodes where the gap first opens (it had
+    named a LeakyRelu and a Split three nodes below the Conv whose u8s8 kernel
+    lost the precision, and told the user to keep those out of INT8).
     """
-    gaps = []
+    gaps: dict[str, tuple[float, TensorRecord, ErrorStats]] = {}
+    measured: dict[str, float] = {}
     for t in tensors:
-        if t.name in skip:
-            continue
         deployed = (same_samples or {}).get(t.name, t.accumulated)
         if deployed is None or t.accumulated_fakequant is None:
             continue
         gap = t.accumulated_fakequant.sqnr_db - deployed.sqnr_db
-        if math.isfinite(gap) and gap > KERNEL_GAP_DB:
-            gaps.append((gap, t, deployed))
+        if not math.isfinite(gap):
+            continue
+        measured[t.name] = gap
+        if gap > KERNEL_GAP_DB and t.name not in skip:
+            gaps[t.name] = (gap, t, deployed)
     if not gaps:
         return []
-    gaps.sort(key=lambda g: -g[0])
-    worst = ", ".join(
-        f"{t.name} ({d.sqnr_db:.1f} dB deployed vs {t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant)"
-        for _, t, d in gaps[:limit]
+    inputs_of = {n.name: n.inputs for n in nodes}
+    producer_of = {o: n.name for n in nodes for o in n.outputs}
+
+    def upstream(name: str, hops: int = 6) -> float:
+        """The gap a tensor carries; through tensors without both views (an activation ORT folded into its
+        producer), the largest of the nearest ones above it."""
+        if name in measured:
+            return measured[name]
+        if hops == 0 or name not in producer_of:
+            return 0.0
+        return max((upstream(i, hops - 1) for i in inputs_of[producer_of[name]]), default=0.0)
+
+    def opened(gap: float, t: TensorRecord) -> float:
+        """The part of ``t``'s gap its producer adds (all of it without node records)."""
+        before = [upstream(i) for i in inputs_of.get(t.producer or "", ())]
+        return gap - max(before, default=0.0)
+
+    starts = sorted(
+        ((opened(g, t), g, t, d) for g, t, d in gaps.values() if opened(g, t) > KERNEL_GAP_DB),
+        key=lambda s: -s[0],
+    ) or sorted(((g, g, t, d) for g, t, d in gaps.values()), key=lambda s: -s[0])
+    shown = starts[:limit]
+    where = ", ".join(
+        f"{t.name}{f' (from {t.producer})' if t.producer else ''}: {d.sqnr_db:.1f} dB deployed vs "
+        f"{t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant"
+        for _, _, t, d in shown
     )
+    inherited = len(gaps) - len(starts)
+    rest = f"; {inherited} tensor(s) downstream inherit it" if nodes and inherited > 0 else ""
+    producers = ", ".join(dict.fromkeys(t.producer for _, _, t, _ in shown if t.producer)) or "those nodes"
     return [
-        f"deployed INT8 kernels lose more than the QDQ graph's own rounding explains at {len(gaps)} tensor(s), "
-        f"worst: {worst}. On x86 CPUs without VNNI, u8s8 MatMul/Conv kernels can saturate 16-bit "
-        "intermediates (ORT's documented U8S8 saturation): re-quantize with --weight-type QUInt8 (U8U8) or "
-        "keep those nodes out of INT8"
+        f"deployed INT8 kernels lose more than the QDQ graph's own rounding explains at {len(gaps)} tensor(s); "
+        f"the gap opens at {where}{rest}. On x86 CPUs without VNNI, u8s8 MatMul/Conv kernels can saturate "
+        f"16-bit intermediates (ORT's documented U8S8 saturation): re-quantize with --weight-type QUInt8 "
+        f"(U8U8) or keep {producers} out of INT8"
     ]
 
 
@@ -1387,7 +1419,19 @@ def _upstream_sqnr(tensor: str, by_name: dict[str, TensorRecord], index: GraphIn
 
 
 def quantized_node_names(qdq: onnx.ModelProto, pairing: Pairing) -> set[str]:
-    """FP32 nodes whose QDQ counterpart reads or writes a Q/DQ tensor."""
+    """FP32 nodes whose QDQ counterpart computes on quantized values.
+
+    Reading or writing a Q/DQ tensor is not enough: a float LSTM or Cast reads
+    the DQ output its quantized producer left, and its output is quantized for
+    a quantized consumer. Such a node counts when ORT quantizes its op type, or
+    -- for a ``--quantized`` model made by another tool -- when every input it
+    computes on (not an initializer) comes from a DequantizeLinear and its
+    output goes to a QuantizeLinear. (Every node touching Q/DQ had counted: an
+    LSTM showed as quantized and the recurrent-op note was never written.)
+    """
+    from qdebug.calibrate import op_types_to_quantize
+
+    ops = set(op_types_to_quantize())
     qi = GraphIndex(qdq)
     qnodes = {n.name: n for n in qdq.graph.node}
     out = set()
@@ -1395,9 +1439,12 @@ def quantized_node_names(qdq: onnx.ModelProto, pairing: Pairing) -> set[str]:
         node = qnodes.get(qname)
         if node is None:
             continue
-        reads = any(qi.producer.get(i) is not None and qi.is_dq(qi.producer[i]) for i in node.input if i)
+        dq_in = [qi.producer.get(i) is not None and qi.is_dq(qi.producer[i]) for i in node.input if i]
+        live = [d for d, i in zip(dq_in, [i for i in node.input if i], strict=True) if i not in qi.inits]
         writes = any(any(qi.is_q(c) for c in qi.consumers.get(o, [])) for o in node.output if o)
-        if reads or writes:
+        if not (any(dq_in) or writes):
+            continue
+        if node.op_type in ops or (writes and live and all(live)):
             out.add(fname)
     return out
 

@@ -502,7 +502,10 @@ class Structure:
     """Everything about the normalized model the units need (computed once)."""
 
     def __init__(self, model: onnx.ModelProto, report_nodes: Sequence[NodeRecord]) -> None:
+        from onnx import TensorProto
+
         from qdebug.graph.match import GraphIndex
+        from qdebug.graph.reduce import elem_types
 
         self.model = model
         self.graph = model_graph(model)
@@ -514,11 +517,15 @@ class Structure:
         for k, (_, nodes) in enumerate(self.patterns):
             for n in nodes:
                 self.pattern_of.setdefault(n, k)
+        # float tensors only: ORT never quantizes token ids or shapes, and a unit keyed by one had
+        # explained a Gather kept FP32 as "keeps ids float" (an int64 input)
+        types = elem_types(model)  # a tensor of unknown type is assumed float
+        floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
         self.activations = {
             t
             for n in model.graph.node
             for t in list(n.input) + list(n.output)
-            if t and t not in self.index.inits
+            if t and t not in self.index.inits and types.get(t, TensorProto.FLOAT) in floats
         }
         self.producers = {o: n.name for n in model.graph.node for o in n.output if o}
 

@@ -327,6 +327,30 @@ def test_kernel_gap_compares_the_same_samples(analyzed):
     assert kernel_gap_notes((bad_overall,), same) == [], "on the same samples there is no gap"
 
 
+def test_kernel_gap_note_names_where_the_gap_opens(analyzed):
+    """A gap the producer's inputs already carry is inherited: the note names the node where it opens (it
+    had named the tensors with the largest gap, three nodes downstream, and advised keeping those FP32)."""
+    import dataclasses
+
+    from qdebug.analysis import kernel_gap_notes
+
+    report = analyzed[3]
+
+    def with_gap(name: str, gap: float):
+        rec = report.tensor(name)
+        fq = rec.accumulated_fakequant.sqnr_db
+        return dataclasses.replace(rec, accumulated=dataclasses.replace(rec.accumulated, sqnr_db=fq - gap))
+
+    # conv2 opens a 6 dB gap on c2; bn2 and the rest only carry it on (a little wider)
+    tensors = (with_gap("r1", 0.0), with_gap("c2", 6.0), with_gap("bn2", 8.0))
+    (note,) = kernel_gap_notes(tensors, nodes=report.nodes)
+    assert "the gap opens at c2 (from conv2)" in note and "keep conv2 out of INT8" in note
+    assert "bn2 (from" not in note and "1 tensor(s) downstream inherit it" in note
+    # without node records every tensor counts as its own start, largest first
+    (plain,) = kernel_gap_notes(tensors)
+    assert plain.index("bn2 (from bn2)") < plain.index("c2 (from conv2)")
+
+
 def test_demo_runs_the_whole_loop(tmp_path, capsys):
     """`qdebug demo` is the Quick start's main job: analyze, propose and verify the bundled model."""
     from qdebug.report_io import load_report

@@ -25,6 +25,7 @@ from qdebug.report_io import load_report
 from tests.conftest import ROOT, analyze_args, analyze_with_both_engines, fixture_path
 from tests.models import (
     branch_reads_outer_weight,
+    embedding_classifier,
     masked_attention,
     save_graph,
     sequence_split,
@@ -1423,3 +1424,51 @@ def test_a_scalar_model_input_is_fed_whole_with_every_batch(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert code == ExitCode.DATA
     assert "'gain' has shape [40], the model expects a scalar (rank 0)" in err[-1]
+
+
+def test_a_float_lstm_after_a_quantized_matmul_is_not_called_quantized(tmp_path, capsys):
+    """An LSTM reads the DQ output its quantized producer (a MatMul) leaves, and its output is quantized for
+    the Gemm after it, yet it computes in float: it had been reported quantized, so the recurrent-op note
+    was not written and the TUI showed it as a quantized node."""
+    rng = np.random.default_rng(8)
+    f32 = lambda *s: rng.normal(0, 0.3, s).astype(np.float32)  # noqa: E731
+    inits = [
+        numpy_helper.from_array(a, n)
+        for n, a in [("W", f32(1, 32, 6)), ("R", f32(1, 32, 8)), ("wi", f32(6, 6)), ("wf", f32(3, 8))]
+    ]
+    inits.append(numpy_helper.from_array(np.array([0], np.int64), "ax0"))
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], name="to_seq_first", perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["xt", "wi"], ["xin"], name="in_proj"),
+        helper.make_node("LSTM", ["xin", "W", "R"], ["Y", "Y_h"], name="lstm", hidden_size=8),
+        helper.make_node("Squeeze", ["Y_h", "ax0"], ["hn"], name="squeeze"),
+        helper.make_node("Gemm", ["hn", "wf"], ["logits"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lstm_after_matmul",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 5, 6])],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 3])],
+        inits,
+    )
+    model = save_graph(graph, tmp_path / "m.onnx", opsets={"": 17})
+    np.savez(tmp_path / "c.npz", x=rng.standard_normal((16, 5, 6)).astype(np.float32))
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    qdq = onnx.load(report.quantized_model.path)
+    lstm_in = next(n for n in qdq.graph.node if n.op_type == "LSTM").input[0]
+    assert any(n.op_type == "DequantizeLinear" and lstm_in in n.output for n in qdq.graph.node)  # the premise
+    assert not report.node("lstm").quantized and not report.node("lstm").excludable
+    assert report.node("in_proj").quantized and report.node("fc").quantized
+    assert any("lstm (LSTM) stay FP32" in n for n in report.notes)
+
+
+def test_proposals_never_blame_an_integer_tensor(tmp_path):
+    """A Gather kept FP32 had been explained as "keeps input_ids float": a unit keyed by the int64 ids ORT
+    never quantizes. Units are built over float tensors only."""
+    from qdebug.propose import Structure
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(embedding_classifier(tmp_path / "m.onnx"))))
+    structure = Structure(model, [])
+    assert "input_ids" not in structure.activations and {"e", "ln", "pooled"} <= structure.activations

@@ -1468,7 +1468,19 @@ def _propose(
         max_evaluations=budget,
         seconds=seconds,
         proposal_path=str(output) if output is not None else None,
-        notes=(*input_notes, *_notes(report)),
+        notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static)),
+    )
+
+
+def _nothing_quantized(final: Trial, static: Trial) -> tuple[str, ...]:
+    """A note when the selective model keeps no Q/DQ pair: "MET" then means "do not quantize" (a proposal
+    keeping every quantizable node FP32 had been reported as met without a word)."""
+    if final.qdq_pairs > 0 or static.qdq_pairs == 0:
+        return ()
+    return (
+        "the selective model has no quantization left (0 Q/DQ pairs, static has "
+        f"{static.qdq_pairs}): on this target, quantizing this model does not pay; try a looser "
+        "--target-drop or 16-bit activations (--allow fp32,int16), or keep the model FP32",
     )
 
 

@@ -703,3 +703,46 @@ def test_a_head_after_an_average_is_tried_alone(tmp_path, max_nodes):
     assert main(["propose", str(report), "--target-sqnr", "43", *cap, "-o", str(out), "-q"]) == 0
     proposal = load_record(Proposal, out, "proposal")
     assert proposal.nodes_to_exclude == ("fc",) and proposal.expected_metric >= 43
+
+
+def test_a_proposal_that_leaves_nothing_quantized_says_so(tmp_path, capsys):
+    """Both Gemms of a small MLP must stay FP32 to keep every top-1 answer: propose had reported MET with
+    0 Q/DQ pairs left and not a word that the 'selective' model is simply the FP32 one."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdebug.cli.main import main
+    from tests.models import save_graph
+
+    rng = np.random.default_rng(5)
+    weights = {"w1": (64, 128), "b1": (128,), "w2": (128, 10), "b2": (10,)}
+    inits = [numpy_helper.from_array(rng.normal(0, 0.2, s).astype(np.float32), n) for n, s in weights.items()]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["g1"], name="fc1"),
+        helper.make_node("Relu", ["g1"], ["r1"], name="relu1"),
+        helper.make_node("Gemm", ["r1", "w2", "b2"], ["logits"], name="fc2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    model = save_graph(graph, tmp_path / "m.onnx", opsets={"": 17})
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (64, 64)).astype(np.float32))
+    x = rng.normal(0, 1, (200, 64)).astype(np.float32)
+    labels = ort.InferenceSession(str(model)).run(None, {"x": x})[0].argmax(1)
+    np.savez(tmp_path / "e.npz", x=x, labels=labels)
+    report, prop = tmp_path / "r.json", tmp_path / "p.json"
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--eval", str(tmp_path / "e.npz")]
+    assert main([*args, "-o", str(report), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop)]) == 0
+    out = "".join(capsys.readouterr())
+    selective = onnx.load(str(tmp_path / "p.selective.onnx"))
+    assert not any(n.op_type == "QuantizeLinear" for n in selective.graph.node)  # the premise
+    assert "note: the selective model has no quantization left (0 Q/DQ pairs, static has 3)" in out
+    # a proposal that keeps some quantization says nothing of the kind
+    capsys.readouterr()
+    assert main(["propose", str(report), "--target-drop", "100", "-o", str(tmp_path / "p2.json")]) == 0
+    assert "no quantization left" not in "".join(capsys.readouterr())

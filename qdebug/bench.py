@@ -764,7 +764,7 @@ def _run_bench(
     from qdebug.calibrate import calibrate
     from qdebug.capture import SessionConfig, check_providers
     from qdebug.data import data_notes, open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluate import Evaluator, metric_scope_note
     from qdebug.graph.load import sha256_file
     from qdebug.pipeline import AnalyzeOptions, artifacts_dir, prepare
     from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
@@ -872,6 +872,7 @@ def _run_bench(
         notes.append("no --eval data: the metric and the timings use the calibration data")
     notes.extend(data_notes(prep.calib, eval_set if eval_data is not None else None, prep.normalized))
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
+    notes.extend(n for n in [metric_scope_note(evaluator)] if n)
     batch_sizes = [b.size for b in evaluator.batches]
     full_size = max(batch_sizes)
     if options.batch_size is not None and full_size < options.batch_size:

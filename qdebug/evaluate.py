@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +33,7 @@ from qdebug.capture import SessionConfig, make_session, run_session
 from qdebug.data import DataSet, load_hook
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.metrics import ErrorAccumulator
-from qdebug.records import OutputMetric
+from qdebug.records import OutputMetric, TensorRecord
 
 BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
 
@@ -316,3 +316,63 @@ class Evaluator:
             outputs.append(OutputMetric(k, acc.result()))
         elapsed = seconds + time.perf_counter() - start
         return EvalResult(self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, elapsed)
+
+
+def metric_scope_note(evaluator: Evaluator) -> str | None:
+    """A note when the task metric reads the first output only and the model has other float outputs.
+
+    top1 and top1_agreement judge ``argmax`` of the first output; a second head (a box regression next
+    to class scores) could lose all its precision while propose reports the target met.
+    """
+    if evaluator.metric_name not in ("top1", "top1_agreement") or evaluator._user is not None:
+        return None
+    first = evaluator.reference[0]
+    others = [n for n in evaluator.output_names[1:] if first[n].dtype.kind == "f"]
+    if not others:
+        return None
+    return (
+        f"the task metric ({evaluator.metric_name}) reads the first output {evaluator.output_names[0]!r} "
+        f"only; {', '.join(map(repr, others))} {'counts' if len(others) == 1 else 'count'} only through "
+        "the output SQNR (judge every head with "
+        "--metric output_sqnr_db, or a module:function metric that scores every head)"
+    )
+
+
+def eval_range_notes(evaluator: Evaluator, tensors: Sequence[TensorRecord], limit: int = 3) -> list[str]:
+    """Notes naming model outputs whose evaluation values fall outside what quantization can represent
+    *and* outside everything calibration saw: the calibration set does not cover the evaluation data, and
+    those values are clipped (a regression head reached 2x its calibrated range on 5 of 160 samples, its
+    error was 20x, and nothing said why; the report's per-tensor numbers are measured on calibration data).
+    """
+    by_name = {t.name: t for t in tensors}
+    found = []
+    for name in evaluator.output_names:
+        rec = by_name.get(name)
+        if rec is None or rec.quant is None or rec.summary is None or rec.quant.axis is not None:
+            continue
+        try:
+            info = np.iinfo(np.dtype(rec.quant.qtype))
+        except TypeError:  # float8 and other non-integer types
+            continue
+        lo = min((info.min - rec.quant.zero_point) * rec.quant.scale, rec.summary.min)
+        hi = max((info.max - rec.quant.zero_point) * rec.quant.scale, rec.summary.max)
+        outside = far = 0
+        for batch in evaluator.reference:
+            arr = batch[name]
+            if arr.dtype.kind != "f" or arr.size == 0:
+                continue
+            rows = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(1, -1)
+            beyond = (rows < lo) | (rows > hi)
+            outside += int(beyond.any(axis=1).sum())
+            if beyond.any():
+                far = max(far, float(np.max(np.abs(rows[beyond]))))
+        if outside:
+            found.append((outside, name, lo, hi, far, rec.producer))
+    found.sort(key=lambda f: -f[0])
+    return [
+        f"evaluation data drives output {name!r} outside its calibrated range [{lo:.4g}, {hi:.4g}] on "
+        f"{n} of {evaluator.samples} samples (|value| up to {far:.4g}): quantization clips those values, "
+        "and the report's per-tensor numbers, measured on the calibration data, do not show it; calibrate "
+        f"on data that covers the evaluation range, or keep {producer or 'its producer'} FP32"
+        for n, name, lo, hi, far, producer in found[:limit]
+    ]

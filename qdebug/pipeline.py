@@ -37,7 +37,7 @@ from qdebug.calibrate import Ranges, calibrate
 from qdebug.capture import SessionConfig, check_providers
 from qdebug.data import DataSet, data_notes, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import Evaluator
+from qdebug.evaluate import Evaluator, eval_range_notes, metric_scope_note
 from qdebug.graph.load import (
     PER_CHANNEL_OPSET,
     default_opset,
@@ -502,6 +502,7 @@ def _analyze(
 
     if eval_set is not None:
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
+        notes.extend(eval_range_notes(evaluator, layers.tensors))
         result = evaluator.score(qproto)
         fakequant_value = (
             evaluator.score(qproto, fake_quant=True).value
@@ -537,6 +538,9 @@ def _analyze(
             )
             same_value = head.score_outputs(outs.deployed[:k]).value
         eval_label = "calib"
+    scope = metric_scope_note(evaluator)
+    if scope:
+        notes.append(scope)
     task = TaskMetric(
         result.metric,
         result.fp32_value,

@@ -1329,7 +1329,7 @@ def _propose(
 ) -> ProposeResult:
     from qdebug.capture import SessionConfig
     from qdebug.data import data_notes, open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluate import Evaluator, metric_scope_note
     from qdebug.graph.load import save_model
     from qdebug.pipeline import AnalyzeOptions, prepare
     from qdebug.quantize import QuantSpec
@@ -1373,6 +1373,7 @@ def _propose(
     )
     evaluator = Evaluator(prep.normalized, eval_set, config, options.metric or cfg.metric)
     input_notes = data_notes(prep.calib, eval_set, prep.normalized)
+    input_notes += [n for n in [metric_scope_note(evaluator)] if n]
     target = make_target(evaluator.metric_name, evaluator.fp32_value, evaluator.samples, options)
 
     structure = Structure(prep.normalized, report.nodes)

@@ -406,7 +406,7 @@ class _Context:
         from qdebug.calibrate import op_types_to_quantize
         from qdebug.capture import SessionConfig
         from qdebug.data import data_notes, open_data
-        from qdebug.evaluate import Evaluator
+        from qdebug.evaluate import Evaluator, metric_scope_note
         from qdebug.graph.match import pair_models
         from qdebug.pipeline import AnalyzeOptions, prepare
 
@@ -446,6 +446,7 @@ class _Context:
             self.prep.calib, eval_set if eval_set is not self.prep.calib else None, self.prep.normalized
         )
         self.evaluator = Evaluator(self.prep.normalized, eval_set, self.config, options.metric)
+        self.data_notes += [n for n in [metric_scope_note(self.evaluator)] if n]
         self.feeds = dict(self.evaluator.batches[0].feeds)
         self.static_cache: dict[tuple, tuple[Any, Any, set[str]]] = {}
         self._pair_models = pair_models

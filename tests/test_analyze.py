@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -363,3 +364,59 @@ def test_demo_runs_the_whole_loop(tmp_path, capsys):
     assert (out / "proposal.json").is_file() and (out / "verify.json").is_file()
     verdict = json.loads((out / "verify.json").read_text())["verdict"]
     assert verdict in stdout and "Explore it interactively:  qdebug tui" in stdout
+
+
+def _two_heads(path: Path) -> Path:
+    """x -> Gemm -> Relu -> {class scores (~1), box regression (~1e3)}: two float outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.models import save_graph
+
+    rng = np.random.default_rng(6)
+    shapes = {"w1": (16, 32), "wr": (32, 2), "wc": (32, 7)}
+    scale = {"w1": 0.3, "wr": 300.0, "wc": 0.3}
+    inits = [numpy_helper.from_array(rng.normal(0, scale[n], s).astype(np.float32), n) for n, s in shapes.items()]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["g1"], name="trunk"),
+        helper.make_node("Relu", ["g1"], ["feat"], name="relu"),
+        helper.make_node("MatMul", ["feat", "wc"], ["scores"], name="cls_head"),
+        helper.make_node("MatMul", ["feat", "wr"], ["box"], name="reg_head"),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 7]),
+        helper.make_tensor_value_info("box", TensorProto.FLOAT, ["N", 2]),
+    ]
+    graph = helper.make_graph(
+        nodes, "two_heads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])], outputs, inits
+    )
+    return save_graph(graph, path, opsets={"": 17})
+
+
+def test_eval_values_beyond_the_calibrated_range_and_unscored_heads_are_named(tmp_path):
+    """Evaluation samples that drive an output past everything calibration saw are clipped, and the
+    report's per-tensor numbers (calibration data) do not show it: a note names the output, how many
+    samples and its producer. The default top1_agreement reads the first head only: a note says so."""
+    model = _two_heads(tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (64, 16)).astype(np.float32))
+    x = rng.normal(0, 1, (40, 16)).astype(np.float32)
+    x[:3] *= 6.0  # three samples far outside the calibration data
+    np.savez(tmp_path / "e.npz", x=x)
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--eval", str(tmp_path / "e.npz")]
+    assert main([*args, "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    # an independent count: eval samples whose FP32 box leaves [calibrated min, max] (MinMax: the same range)
+    box = ort.InferenceSession(str(model)).run(["box"], {"x": x})[0]
+    lo, hi = report.tensor("box").summary.min, report.tensor("box").summary.max
+    beyond = int(((box < lo) | (box > hi)).any(axis=1).sum())
+    assert beyond >= 3  # the premise
+    note = next(n for n in report.notes if n.startswith("evaluation data drives output 'box'"))
+    assert f"on {beyond} of 40 samples" in note and "keep reg_head FP32" in note
+    scope = next(n for n in report.notes if n.startswith("the task metric (top1_agreement)"))
+    assert "reads the first output 'scores' only; 'box' counts only through the output SQNR" in scope
+    # evaluation data inside the calibrated range: no range note
+    np.savez(tmp_path / "e2.npz", x=x[3:] * 0.5)
+    args[-1] = str(tmp_path / "e2.npz")
+    assert main([*args, "-o", str(out), "-q"]) == 0
+    assert not any(n.startswith("evaluation data drives") for n in load_report(out).notes)

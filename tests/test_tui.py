@@ -35,6 +35,7 @@ from qdebug.tui.model import (
     HAND_REASON,
     KERNEL_GAP_DB,
     LayerModel,
+    column,
     fmt_db,
     fmt_metric,
     fmt_small,
@@ -43,7 +44,7 @@ from qdebug.tui.model import (
     short_op,
     table_layout,
 )
-from tests.tui_report import added_noise_db, make_proposal, make_report
+from tests.tui_report import added_noise_db, make_large_report, make_proposal, make_report
 
 REPORT = make_report()
 ROOT = Path(__file__).resolve().parent.parent
@@ -564,6 +565,7 @@ from qdebug.tui.widgets import (  # noqa: E402
     NodeTable,
     VerifyPanel,
     node_detail_text,
+    row_cells,
     summary_text,
 )
 
@@ -1273,3 +1275,60 @@ def test_export_spares_the_data_and_foreign_files_and_keeps_the_proposals_per_ch
     assert any("exists and is not a qdebug proposal" in n for n in notes)
     assert any("no such user's home directory" in n for n in notes)
     assert all(" -o " not in n for n in notes)  # the hints named a flag the TUI does not have
+
+
+def test_large_report_sorts_filters_and_marks_rows_in_place():
+    """Sorting a 2,000-node table took about 1 s: it was cleared and refilled, and Textual's DataTable
+    measured every cell although every column has a fixed width. Sorts now reorder the rows in place and
+    refills skip the measuring (timings: benchmarks/bench_tui.py); order, cells, header arrow, selection,
+    exclusion marks and the table's scroll height must stay what a rebuild gives (checked on 300 nodes,
+    several screens' worth, to keep the suite's time)."""
+    from textual.widgets import DataTable
+
+    assert "_update_dimensions" in vars(DataTable)  # the DataTable method NodeTable skips the measuring of
+    report = make_large_report(300)
+    assert len(report.nodes) >= 300
+
+    async def main():
+        app = QDebugApp(report)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            screen, table, model = app.main_screen, app.main_screen.table, app.model
+
+            def check() -> None:
+                rows = model.rows()
+                assert table_order(app) == [n.name for n in rows]
+                assert table.virtual_size.height == len(rows) + 1  # the header row
+                assert table.virtual_size.width <= table.scrollable_content_region.width
+                for i in {0, len(rows) // 2, len(rows) - 1} if rows else ():
+                    n = rows[i]
+                    want = row_cells(n, model.is_excluded(n.name), table.column_layout)
+                    assert [c.plain for c in table.get_row_at(i)] == [c.plain for c in want]
+                    assert [c.style for c in table.get_row_at(i)] == [c.style for c in want]
+                arrows = [str(c.label) for c in table.columns.values() if str(c.label)[-1] in "▲▼"]
+                assert arrows == [column(model.sort_key).label + ("▼" if model.descending else "▲")]
+
+            selected = screen.selected
+            for key in [*"12345678", "8"]:  # every column, then X reversed
+                await pilot.press(key)
+                await pilot.pause()
+                check()
+                assert screen.selected == table.current == selected
+            await pilot.press("x")  # sorted by X: the excluded node moves, its mark and colour change
+            await pilot.pause()
+            check()
+            assert model.is_excluded(selected) and table.get_row(selected)[-1].plain == "✗"
+            await pilot.press("5", "x")  # back to Added; include it again in place
+            await pilot.pause()
+            check()
+            assert not model.excluded and table.get_row(selected)[-1].plain == ""
+            await pilot.press("slash", *"layer1/attn/soft", "enter")  # a filter, then clearing it
+            await pilot.pause()
+            check()
+            assert 0 < len(table_order(app)) < len(report.nodes)
+            await pilot.press("slash", "ctrl+u", "enter")
+            await pilot.pause()
+            check()
+            assert len(table_order(app)) == len(report.nodes)
+
+    run(main())

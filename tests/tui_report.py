@@ -60,11 +60,11 @@ _UNQUANTIZED = {"layer0/ln1"}  # kept in FP32 by the quantizer: local nan, outpu
 _NAN_KL = {"layer1/mlp/gelu/mul"}
 
 
-def _graph() -> list[tuple[str, str, list[str], list[str]]]:
+def _graph(layers: int = 2) -> list[tuple[str, str, list[str], list[str]]]:
     """(name, op, inputs, outputs) in topological order; weights are ``*.weight`` initializers."""
     nodes: list[tuple[str, str, list[str], list[str]]] = []
     h = "embeddings"
-    for layer in range(2):
+    for layer in range(layers):
         p = f"layer{layer}"
 
         def add(name: str, op: str, inputs: list[str], p: str = p) -> str:
@@ -139,10 +139,18 @@ def added_noise_db(sqnr_in: float, sqnr_out: float) -> float:
     return 10 * math.log10(delta) if delta > 0 else -math.inf
 
 
-def make_report(model_path: str = "models/tiny_transformer.onnx") -> Report:
-    """The synthetic report; identical on every call."""
+def make_report(model_path: str = "models/tiny_transformer.onnx", layers: int = 2) -> Report:
+    """The synthetic report; identical on every call.
+
+    ``layers``: encoder layers (15 nodes each, plus the final LayerNorm and the head): 2 for the tests'
+    32 nodes; :func:`make_large_report` stacks more for the performance checks.
+    """
     rng = random.Random(SEED)
-    graph = _graph()
+    graph = _graph(layers)
+    # a deeper stack gets proportionally quieter nodes and gentler amplification, so its accumulated
+    # SQNRs end where the 2-layer model's do (2 layers: no change)
+    depth_scale = layers / 2
+    local_offset_db = 10 * math.log10(depth_scale)
     producers = {out: name for name, _, _, outs in graph for out in outs}
     consumers: dict[str, list[str]] = {}
     for name, _, ins, _ in graph:
@@ -178,8 +186,9 @@ def make_report(model_path: str = "models/tiny_transformer.onnx") -> Report:
         worst_in = min(acc_of[i] for i in acts)
         quantized = name not in _UNQUANTIZED
         local = _BAD_LOCAL.get(name, round(34 + 14 * rng.random(), 2)) if quantized else math.nan
+        local += local_offset_db
         noise_in = _noise(worst_in)
-        gain = 1.25 if op in ("Softmax", "Erf") else 1.0
+        gain = 1.25 ** (1 / depth_scale) if op in ("Softmax", "Erf") else 1.0
         noise_out = noise_in * gain + (0.0 if not quantized else _noise(local))
         acc = _db(noise_out)
         fq_local = _KERNEL_LOSS.get(name, local)
@@ -290,6 +299,16 @@ def make_report(model_path: str = "models/tiny_transformer.onnx") -> Report:
         deployed_gap=0.0,
         notes=("named 1 unnamed node (final/ln)",),
     )
+
+
+def make_large_report(nodes: int = 2000) -> Report:
+    """The same encoder with enough layers for at least ``nodes`` nodes (BERT-base/ResNet-50 sized tables).
+
+    Deep layers' errors follow the same noise model, so accumulated SQNRs fall steadily with depth and
+    the columns hold the same mix of finite and non-finite values as the small report.
+    """
+    layers = max(2, -(-(nodes - 2) // 15))
+    return make_report("models/large_transformer.onnx", layers=layers)
 
 
 def make_proposal(report: Report | None = None) -> Proposal:

@@ -8,6 +8,7 @@ screen, which owns the model, acts on them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import DataTable, Input, Label, OptionList, ProgressBar, Select, Static
+from textual.widgets.data_table import ColumnKey, RowKey
 from textual.widgets.option_list import Option
 
 from qdebug.records import ErrorStats, NodeRecord, Report, TensorRecord
@@ -35,9 +37,11 @@ from qdebug.tui.benchview import (
 )
 from qdebug.tui.model import (
     CELL_TEXT,
+    COLUMN_KEYS,
     COLUMNS,
     HAND_REASON,
     KERNEL_GAP_DB,
+    Column,
     LayerModel,
     TableLayout,
     fmt_db,
@@ -277,6 +281,10 @@ class NodeTable(DataTable):
         self._shown: tuple[LayerModel, list[NodeRecord]] | None = None
         self.column_layout: TableLayout | None = None
         """The column layout the table was last drawn with."""
+        self._layout_key: tuple[LayerModel, int | None] | None = None
+        self._layout: TableLayout | None = None
+        self._cells: dict[str, tuple[bool, tuple[Text, ...]]] = {}
+        """Each node's (excluded, row cells) for :attr:`column_layout`: built once, not per sort or filter."""
 
     def _available(self) -> int | None:
         """Cells for the columns (the vertical scrollbar's share excluded); ``None`` before layout."""
@@ -285,41 +293,87 @@ class NodeTable(DataTable):
             return None
         return width - self.styles.scrollbar_size_vertical
 
+    def _table_layout(self, model: LayerModel) -> TableLayout:
+        """:func:`table_layout` of every node at the current width (measuring 5,000 names per sort: cached)."""
+        key = (model, self._available())
+        if self._layout is None or self._layout_key != key:
+            self._layout = table_layout(model.report.nodes, key[1])
+            self._layout_key = key
+        return self._layout
+
+    def _row(self, model: LayerModel, n: NodeRecord, layout: TableLayout) -> tuple[Text, ...]:
+        """The cells of node ``n`` (rebuilt when its exclusion changed since they were built)."""
+        excluded = model.is_excluded(n.name)
+        cached = self._cells.get(n.name)
+        if cached is None or cached[0] != excluded:
+            cached = self._cells[n.name] = (excluded, row_cells(n, excluded, layout))
+        return cached[1]
+
+    def _mark_row(self, n: NodeRecord, excluded: bool, layout: TableLayout) -> None:
+        """Redraw the cells of a shown row that show its exclusion (the mark, the name's colour)."""
+        cells = row_cells(n, excluded, layout)
+        self._cells[n.name] = (excluded, cells)
+        for key in ("excluded", "name"):
+            self.update_cell(n.name, key, cells[COLUMN_KEYS.index(key)])
+
     def show(self, model: LayerModel, rows: list[NodeRecord], selected: str | None) -> None:
-        """Rebuild the table from ``rows``, keeping the cursor on ``selected`` when shown."""
+        """Show ``rows`` in this order, keeping the cursor on ``selected`` when shown.
+
+        When only the order changed (a sort) the rows are reordered in place; otherwise (a filter, a new
+        layout) the table is refilled from cells built once per node and layout.
+        """
+        layout = self._table_layout(model)
+        previous = self._shown[0] if self._shown is not None else None
+        if layout != self.column_layout or model is not previous:
+            self._cells = {}
+        same_columns = layout == self.column_layout and model is previous and len(self.columns) == len(COLUMNS)
         self._shown = (model, rows)
-        layout = table_layout(model.report.nodes, self._available())
         self.column_layout = layout
-        self.clear(columns=True)
-        for col in COLUMNS:
-            label = Text(col.label)
-            if col.key == model.sort_key:
-                label.append("▼" if model.descending else "▲", style="bold")
-            label.justify = "right" if col.numeric or col.key == "excluded" else "left"
-            self.add_column(label, key=col.key, width=layout.widths[col.key])
-        for n in rows:
-            self.add_row(*row_cells(n, model.is_excluded(n.name), layout), key=n.name)
-        if selected is not None and any(n.name == selected for n in rows):
-            self.move_cursor(row=self.get_row_index(selected), scroll=True)
-        elif rows:
-            self.move_cursor(row=0)
+        if same_columns and len(rows) == self.row_count and all(n.name in self.rows for n in rows):
+            for col in COLUMNS:
+                self.columns[ColumnKey(col.key)].label = _header(model, col)
+            for n in rows:  # an exclusion changed since the row was drawn (sorted by X, say)
+                excluded = model.is_excluded(n.name)
+                if self._cells.get(n.name, (None,))[0] != excluded:
+                    self._mark_row(n, excluded, layout)
+            position = {n.name: i for i, n in enumerate(rows)}
+            self.sort("name", key=lambda cell: position[cell.node])  # refreshes the header too
+            # from the top, as after a refill: the cursor row is then scrolled into view
+            self.scroll_x = self.scroll_y = self.scroll_target_x = self.scroll_target_y = 0
+        else:
+            self.clear(columns=True)
+            for col in COLUMNS:
+                self.add_column(_header(model, col), key=col.key, width=layout.widths[col.key])
+            for n in rows:
+                self.add_row(*self._row(model, n, layout), key=n.name)
+        if rows:
+            row = self.get_row_index(selected) if selected is not None and selected in self.rows else 0
+            # move first, then scroll: move_cursor scrolls to the row the cursor is leaving (the cursor's
+            # watcher then scrolls only when the row index changed)
+            self.move_cursor(row=row, scroll=False)
+            self.move_cursor(row=row, scroll=True)
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        """Textual's DataTable measures every cell of each added row (8 measures per row, each asking the
+        terminal its size) to size auto-width columns; every column here has a fixed width and every row
+        one line, so that measuring changed nothing and took about 1 s per 2,000-node refill. The virtual
+        size is still computed from the columns and rows."""
+        if not any(c.auto_width for c in self.columns.values()):
+            new_rows = ()
+        super()._update_dimensions(new_rows)
 
     def on_resize(self) -> None:
         """Lay the columns out again when the width changes what fits."""
         if self._shown is None:
             return
         model, rows = self._shown
-        if table_layout(model.report.nodes, self._available()) != self.column_layout:
+        if self._table_layout(model) != self.column_layout:
             self.show(model, rows, self.current)
 
     def set_excluded(self, name: str, excluded: bool) -> None:
         """Update the exclusion mark of one row (no-op when the row is filtered out)."""
-        if name in self.rows:
-            self.update_cell(name, "excluded", _mark(excluded))
-            if self._shown is not None and self.column_layout is not None:
-                self.update_cell(
-                    name, "name", _name_cell(self._shown[0].node(name), excluded, self.column_layout)
-                )
+        if name in self.rows and self._shown is not None and self.column_layout is not None:
+            self._mark_row(self._shown[0].node(name), excluded, self.column_layout)
 
     @property
     def current(self) -> str | None:
@@ -343,13 +397,30 @@ class NodeTable(DataTable):
             self.post_message(self.SortRequested(str(event.column_key.value)))
 
 
+def _header(model: LayerModel, col: Column) -> Text:
+    """Column ``col``'s header label, with the sort arrow on the sort column."""
+    label = Text(col.label)
+    if col.key == model.sort_key:
+        label.append("▼" if model.descending else "▲", style="bold")
+    label.justify = "right" if col.numeric or col.key == "excluded" else "left"
+    return label
+
+
+class _NameCell(Text):
+    """A name cell that knows its node: :meth:`NodeTable.show` reorders the rows by it."""
+
+    def __init__(self, text: str, node: str, style: str) -> None:
+        super().__init__(text, style=style)
+        self.node = node
+
+
 def _mark(excluded: bool) -> Text:
     return Text(EXCLUDED_MARK if excluded else "", style="bold magenta", justify="right")
 
 
 def _name_cell(n: NodeRecord, excluded: bool, layout: TableLayout) -> Text:
     style = "bold magenta" if excluded else ("" if n.quantized else "dim")
-    return Text(layout.name(n.name), style=style)
+    return _NameCell(layout.name(n.name), n.name, style)
 
 
 _CELL_STYLE = {
@@ -447,12 +518,19 @@ class NodeDetail(Widget):
     def __init__(self, model: LayerModel, **kwargs) -> None:
         super().__init__(**kwargs)
         self.model = model
+        self._text: tuple[tuple[str, int, bool], Text] | None = None
+        """The last text and what it was built for: Textual renders an auto-height widget several times
+        per change (its height, then its lines), each had rebuilt the text and its histograms."""
 
     def render(self) -> Text:
         """Everything about the node, laid out for the widget's width."""
         if self.node is None or not self.model.has_node(self.node):
             return Text("no node selected (the filter matches nothing?)", style="dim")
-        return node_detail_text(self.model, self.model.node(self.node), max(self.size.width, 20))
+        width = max(self.size.width, 20)
+        key = (self.node, width, self.model.is_excluded(self.node))  # the rest of the text never changes
+        if self._text is None or self._text[0] != key:
+            self._text = (key, node_detail_text(self.model, self.model.node(self.node), width))
+        return self._text[1].copy()
 
 
 def _stats_line(t: Text, label: str, s: ErrorStats | None) -> None:

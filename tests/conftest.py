@@ -90,3 +90,14 @@ def qdq_scales(path: Path | str) -> dict:
 
     graph = onnx.load(str(path)).graph
     return {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name.endswith("_scale")}
+
+
+def strict_json(text: str):
+    """``json.loads`` refusing NaN/Infinity literals (plain ``json.loads`` accepts them: a "strict JSON"
+    check made with it cannot fail)."""
+    import json
+
+    def refuse(literal: str):
+        raise ValueError(f"non-standard JSON literal {literal}")
+
+    return json.loads(text, parse_constant=refuse)

@@ -16,6 +16,7 @@ from qdebug.graph.instrument import with_outputs
 from qdebug.graph.load import load_model, normalize
 from qdebug.records import SCHEMA_VERSION
 from qdebug.report_io import load_report
+from tests.conftest import strict_json
 
 
 def _session(model: onnx.ModelProto, outputs: list[str], optimize: bool = True) -> ort.InferenceSession:
@@ -60,7 +61,7 @@ def analyzed(cnn, tmp_path):
 
 def test_report_is_strict_versioned_json(analyzed):
     _, _, out, report = analyzed
-    raw = json.loads(out.read_text())  # strict JSON: no NaN/Infinity literals
+    raw = strict_json(out.read_text())  # no NaN/Infinity literals
     assert raw["schema_version"] == SCHEMA_VERSION
     assert report.samples == 40
     assert {n.name for n in report.nodes} >= {"conv1", "conv2", "fc"}

@@ -742,3 +742,33 @@ def test_the_readme_api_example_uses_only_exported_names():
     used = set(re.findall(r"qdebug\.(\w+)", block))
     assert used and used <= set(qdebug.__all__), used - set(qdebug.__all__)
     assert "rank_nodes" in used
+
+
+# tests/test_errors.py::test_unwritable_output_checked_before_work skips when run as root (as here and in
+# most containers/CI): the read-only check then never runs. Simulating the permission keeps it running.
+def test_unwritable_output_checked_before_work_even_as_root(tmp_path, capsys, monkeypatch):
+    import qdebug.pipeline
+    import qdebug.report_io as rio
+
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_access = os.access
+
+    def access(path, mode, *args, **kwargs):
+        if os.path.realpath(path) == str(ro.resolve()) and mode & os.W_OK:
+            return False  # what a non-root user sees on a 0500 directory
+        return real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(rio.os, "access", access)
+
+    def no_calibration(*a, **k):
+        raise AssertionError("calibration started before the output path was checked")
+
+    monkeypatch.setattr(qdebug.pipeline, "calibrate", no_calibration)  # imported by name there
+    code = main(["analyze", str(model), "--calib", str(calib), "-o", str(ro / "r.json"), "-q"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.OUTPUT, err
+    assert "not writable" in err and len(err.strip().splitlines()) == 1
+    assert not (ro / "r.json").exists()

@@ -475,3 +475,22 @@ def test_level_bins_match_the_edges_away_from_ties() -> None:
         by_edges.update(x, x)
         np.testing.assert_array_equal(by_level.ref_counts, by_edges.ref_counts)
         assert by_level.ref_counts[0] > 0 and by_level.ref_counts[-1] > 0
+
+
+# ErrorAccumulator.add_sums (how the graph engine feeds in-ORT sums) had no direct test: keeping the last
+# batch's max-abs instead of the largest passed tests/test_metrics.py.
+def test_add_sums_per_batch_equals_update_per_batch():
+    rng = np.random.default_rng(0)
+    by_update, by_sums = ErrorAccumulator(), ErrorAccumulator()
+    for scale in (3.0, 0.5, 1.0):  # the largest error comes in the first batch
+        r = rng.normal(0, 1, 500)
+        c = r + rng.normal(0, 0.05 * scale, 500)
+        by_update.update(r, c)
+        d = r - c
+        by_sums.add_sums(float(r @ r), float(d @ d), float(c @ c), float(r @ c), float(np.abs(d).max()), r.size)
+    a, b = by_update.result(), by_sums.result()
+    assert b.count == a.count == 1500
+    assert b.max_abs == pytest.approx(a.max_abs, rel=1e-12)
+    assert b.sqnr_db == pytest.approx(a.sqnr_db, rel=1e-9)
+    assert b.mse == pytest.approx(a.mse, rel=1e-9)
+    assert b.cosine == pytest.approx(a.cosine, rel=1e-9)

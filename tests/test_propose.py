@@ -39,7 +39,7 @@ from qdebug.propose import (
 )
 from qdebug.records import SCHEMA_VERSION, ErrorStats, NodeRecord, Proposal, QuantParams, WeightRecord
 from qdebug.report_io import load_record, load_report
-from tests.conftest import analyze_then_propose, fixture_path, qdq_scales
+from tests.conftest import analyze_then_propose, fixture_path, qdq_scales, strict_json
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_proposal_meets_quality_bar(transformer, proposed):
 
 def test_proposal_records_reasons_snippet_and_cost(proposed):
     out, proposal = proposed
-    raw = json.loads(out.read_text())  # strict JSON
+    raw = strict_json(out.read_text())
     assert raw["kind"] == "proposal"
     assert proposal.evaluations >= 2 and proposal.search_seconds > 0
     assert {r.node for r in proposal.reasons if r.action == "fp32"} == set(proposal.nodes_to_exclude)
@@ -746,3 +746,22 @@ def test_a_proposal_that_leaves_nothing_quantized_says_so(tmp_path, capsys):
     capsys.readouterr()
     assert main(["propose", str(report), "--target-drop", "100", "-o", str(tmp_path / "p2.json")]) == 0
     assert "no quantization left" not in "".join(capsys.readouterr())
+
+
+# Proposal.qdq_pairs_delta had no check on a real proposal (the TUI tests only see None).
+def _q(path) -> int:
+    return sum(1 for n in onnx.load(str(path)).graph.node if n.op_type == "QuantizeLinear")
+
+
+def test_qdq_pairs_delta_is_selective_minus_static(cnn, tmp_path):
+    model, calib = cnn
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    # an output SQNR the full static model misses (32 dB on this CNN): nodes must be excluded
+    result = propose(report, output=tmp_path / "p.json", options=ProposeOptions(target_sqnr=40.0))
+    p = result.proposal
+    assert p.nodes_to_exclude, "precondition: the proposal excludes nodes"
+    static, selective = _q(tmp_path / "r_files" / "quantized.onnx"), _q(p.quantized_model)
+    assert selective < static
+    assert p.qdq_pairs_delta == selective - static

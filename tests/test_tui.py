@@ -6,7 +6,6 @@ Everything runs from the synthetic report in ``tui_report.py``; no model is run.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 import subprocess
@@ -1087,7 +1086,9 @@ def test_portable_svg_moves_edge_spaces_into_the_position():
 
 
 def test_report_json_is_strict():
-    json.loads(dumps(REPORT))  # inf/nan encoded as strings
+    from tests.conftest import strict_json
+
+    strict_json(dumps(REPORT))  # inf/nan encoded as strings
 
 
 # =========================================================================== snapshots

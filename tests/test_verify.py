@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
 from qdebug.capture import SessionConfig
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
+from qdebug.graph.load import load_model
 from qdebug.propose import ProposeOptions, propose
-from qdebug.records import SCHEMA_VERSION, Proposal
+from qdebug.records import SCHEMA_VERSION, Proposal, TensorOverride
 from qdebug.report_io import dumps, load_report
 from qdebug.verify import VerifyOptions, judge, make_tui_verify, time_sessions, verify
 from tests.conftest import analyze_then_propose, fixture_path, qdq_scales
@@ -338,3 +340,72 @@ def test_a_per_channel_reports_static_baseline_is_per_channel(tmp_path, capsys):
     # a per-tensor report keeps a per-tensor baseline (the flag still turns it on)
     (tmp_path / "pt").mkdir()
     assert analyze_then_propose(model, calib, tmp_path / "pt")["base_per_channel"] is False
+
+
+# verify must build the selective model the proposal describes (exclusions, 16-bit overrides, per-channel)
+# and count what it did. The suite's only real proposal (transformer) has no overrides, per_channel False and
+# only quantizable nodes, so ignoring overrides or per_channel, counting every named node, or reporting the
+# static model's Q/DQ count for the selective one all passed.
+def _q_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Activation tensor -> element type of its QuantizeLinear zero point (2 = uint8, 4 = uint16...)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and len(n.input) > 2:
+            out[n.input[0]] = inits[n.input[2]].data_type
+    return out
+
+
+def _weight_scale_sizes(model: onnx.ModelProto) -> list[int]:
+    inits = {i.name: i for i in model.graph.initializer}
+    return [
+        numpy_helper.to_array(inits[n.input[1]]).size
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear"
+        and n.input[0] in inits
+        and inits[n.input[0]].data_type == onnx.TensorProto.INT8
+    ]
+
+
+def test_verify_builds_and_counts_what_the_proposal_says(cnn, tmp_path):
+    model, calib = cnn
+    sha = load_model(model).sha256
+    proposal = Proposal(
+        SCHEMA_VERSION,
+        "proposal",
+        str(model),
+        sha,
+        "",
+        nodes_to_exclude=("conv2", "relu1"),  # relu1: ORT folds it into conv1's Q/DQ (not quantizable)
+        tensor_overrides=(TensorOverride("r1", "QUInt16"),),
+        per_channel=True,
+        method="minmax",
+    )
+    out = tmp_path / "v.json"
+    result = verify(model, calib, None, proposal, options=VerifyOptions(runs=0, min_recovery=0.0), output=out)
+    static = onnx.load(str(tmp_path / "v_files" / "static.onnx"))
+    selective = onnx.load(str(tmp_path / "v_files" / "selective.onnx"))
+
+    # exclusions: conv2 reads a float weight in the selective model, a quantized one in the static model
+    def conv2_weight_quantized(m: onnx.ModelProto) -> bool:
+        conv2 = next(n for n in m.graph.node if n.name == "conv2")
+        producers = {o: n for n in m.graph.node for o in n.output}
+        return conv2.input[1] in producers and producers[conv2.input[1]].op_type == "DequantizeLinear"
+
+    assert conv2_weight_quantized(static) and not conv2_weight_quantized(selective)
+    # the 16-bit override reached the model
+    assert _q_types(static).get("r1") == onnx.TensorProto.UINT8
+    assert _q_types(selective).get("r1") == onnx.TensorProto.UINT16
+    # per-channel weights in the selective model only
+    assert max(_weight_scale_sizes(static)) == 1 and max(_weight_scale_sizes(selective)) > 1
+    sel = result.variant("selective")
+    assert sel.nodes_excluded == 1  # relu1 is named but not quantizable
+    assert sel.excluded_share == 1 / result.quantizable_nodes
+    qdq = lambda m: sum(n.op_type == "QuantizeLinear" for n in m.graph.node)  # noqa: E731
+    assert sel.qdq_pairs == qdq(selective) and result.variant("static").qdq_pairs == qdq(static)
+
+
+def test_judge_an_undefined_output_sqnr_never_meets_a_target():
+    """A NaN output SQNR (no signal) must fail --target-sqnr, whatever the recovery."""
+    rec, met, verdict = judge("output_sqnr_db", math.inf, 5.0, math.nan, math.nan, 0.9, 25.0)
+    assert not met and verdict.startswith("FAIL")

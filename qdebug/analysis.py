@@ -1419,15 +1419,14 @@ def _upstream_sqnr(tensor: str, by_name: dict[str, TensorRecord], index: GraphIn
 
 
 def quantized_node_names(qdq: onnx.ModelProto, pairing: Pairing) -> set[str]:
-    """FP32 nodes whose QDQ counterpart computes on quantized values.
+    """FP32 nodes whose QDQ counterpart computes on quantized values: ORT quantizes their op type and they
+    read or write a Q/DQ tensor.
 
-    Reading or writing a Q/DQ tensor is not enough: a float LSTM or Cast reads
-    the DQ output its quantized producer left, and its output is quantized for
-    a quantized consumer. Such a node counts when ORT quantizes its op type, or
-    -- for a ``--quantized`` model made by another tool -- when every input it
-    computes on (not an initializer) comes from a DequantizeLinear and its
-    output goes to a QuantizeLinear. (Every node touching Q/DQ had counted: an
-    LSTM showed as quantized and the recurrent-op note was never written.)
+    Touching Q/DQ is not enough: a float LSTM, Cast, ReduceMean or contrib op reads the DQ output its
+    quantized producer left, and its output is quantized for a quantized consumer -- the same pattern a
+    quantized node has, so only the op type tells them apart (ORT runs no integer kernel for an op
+    outside its quantizer's registries). Every node touching Q/DQ had counted: an LSTM showed as quantized
+    and the recurrent-op note was never written.
     """
     from qdebug.calibrate import op_types_to_quantize
 
@@ -1437,14 +1436,11 @@ def quantized_node_names(qdq: onnx.ModelProto, pairing: Pairing) -> set[str]:
     out = set()
     for fname, qname in pairing.node_map:
         node = qnodes.get(qname)
-        if node is None:
+        if node is None or node.op_type not in ops:
             continue
-        dq_in = [qi.producer.get(i) is not None and qi.is_dq(qi.producer[i]) for i in node.input if i]
-        live = [d for d, i in zip(dq_in, [i for i in node.input if i], strict=True) if i not in qi.inits]
+        reads = any(qi.producer.get(i) is not None and qi.is_dq(qi.producer[i]) for i in node.input if i)
         writes = any(any(qi.is_q(c) for c in qi.consumers.get(o, [])) for o in node.output if o)
-        if not (any(dq_in) or writes):
-            continue
-        if node.op_type in ops or (writes and live and all(live)):
+        if reads or writes:
             out.add(fname)
     return out
 

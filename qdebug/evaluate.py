@@ -14,7 +14,7 @@ Metrics (higher is better):
 * ``exact_match`` -- share of samples whose non-float outputs (integers, bool,
   strings) all equal FP32's (the default when no output is float and the first
   is not one class index per sample: token ids, strings);
-* ``output_sqnr_db`` -- SQNR of all outputs vs FP32 (non-classifier outputs);
+* ``output_sqnr_db`` -- SQNR vs FP32 of the worst float output (each output over all its samples);
 * ``module:function`` -- ``function(reference, candidate, labels) -> float``
   where reference/candidate are lists (one per batch) of dicts output -> array.
 """
@@ -281,14 +281,18 @@ class Evaluator:
             rows = zip(candidate, self.reference, self.sizes, strict=True)
             hits = sum(_exact_rows(r, c, exact, n) for c, r, n in rows)
             return hits / self.samples
-        acc = ErrorAccumulator()
+        # the worst float output, as --target-sqnr judges it: pooled over all outputs, a box head in the
+        # thousands drowned the class scores' error, and the same name meant two numbers in one table
+        accs = {k: ErrorAccumulator() for k in self.output_names}
         for c, r in zip(candidate, self.reference, strict=True):
             for k in self.output_names:
                 # an output whose shape depends on the data (after NonZero, NonMaxSuppression) may keep
                 # other elements in the quantized model: those batches cannot be compared element-wise
                 if r[k].dtype.kind == "f" and r[k].shape == c[k].shape:
-                    acc.update(r[k], c[k])
-        return acc.result().sqnr_db
+                    accs[k].update(r[k], c[k])
+        values = [a.result().sqnr_db for a in accs.values() if a.count]
+        values = [v for v in values if not math.isnan(v)]
+        return min(values) if values else math.nan
 
     def score(
         self, model: onnx.ModelProto, what: str = "quantized model", *, fake_quant: bool = False
@@ -319,22 +323,38 @@ class Evaluator:
 
 
 def metric_scope_note(evaluator: Evaluator) -> str | None:
-    """A note when the task metric reads the first output only and the model has other float outputs.
+    """A note naming the model outputs the built-in task metric does not read.
 
-    top1 and top1_agreement judge ``argmax`` of the first output; a second head (a box regression next
-    to class scores) could lose all its precision while propose reports the target met.
+    top1 and top1_agreement judge the first output only, output_sqnr_db the float outputs only,
+    exact_match the non-float ones only: a second head (boxes next to class scores), TopK indices or an
+    NMS output could change completely while propose reports the target met and verify passes.
     """
-    if evaluator.metric_name not in ("top1", "top1_agreement") or evaluator._user is not None:
+    if evaluator._user is not None:
         return None
     first = evaluator.reference[0]
-    others = [n for n in evaluator.output_names[1:] if first[n].dtype.kind == "f"]
-    if not others:
+    names = evaluator.output_names
+    is_float = {n: first[n].dtype.kind in "fc" for n in names}
+    metric = evaluator.metric_name
+    if metric in ("top1", "top1_agreement"):
+        read, why = names[:1], f"reads the first output {names[0]!r} only"
+    elif metric == "output_sqnr_db":
+        read, why = [n for n in names if is_float[n]], "reads the float outputs only"
+    elif metric == "exact_match":
+        read, why = [n for n in names if not is_float[n]], "reads the non-float outputs only"
+    else:
         return None
+    floats = [n for n in names if n not in read and is_float[n]]
+    others = [n for n in names if n not in read and not is_float[n]]
+    if not floats and not others:
+        return None
+    parts = []
+    if floats:
+        parts.append(f"float output(s) {', '.join(map(repr, floats))} count only through the output SQNR")
+    if others:
+        parts.append(f"integer output(s) {', '.join(map(repr, others))} are not compared at all")
     return (
-        f"the task metric ({evaluator.metric_name}) reads the first output {evaluator.output_names[0]!r} "
-        f"only; {', '.join(map(repr, others))} {'counts' if len(others) == 1 else 'count'} only through "
-        "the output SQNR (judge every head with "
-        "--metric output_sqnr_db, or a module:function metric that scores every head)"
+        f"the task metric ({metric}) {why}: {'; '.join(parts)} (judge every head with a module:function "
+        "metric" + (", or --metric output_sqnr_db for the float ones" if floats else "") + ")"
     )
 
 

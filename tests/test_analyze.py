@@ -415,9 +415,53 @@ def test_eval_values_beyond_the_calibrated_range_and_unscored_heads_are_named(tm
     note = next(n for n in report.notes if n.startswith("evaluation data drives output 'box'"))
     assert f"on {beyond} of 40 samples" in note and "keep reg_head FP32" in note
     scope = next(n for n in report.notes if n.startswith("the task metric (top1_agreement)"))
-    assert "reads the first output 'scores' only; 'box' counts only through the output SQNR" in scope
+    assert "reads the first output 'scores' only: float output(s) 'box' count only through the output SQNR" in scope
     # evaluation data inside the calibrated range: no range note
     np.savez(tmp_path / "e2.npz", x=x[3:] * 0.5)
     args[-1] = str(tmp_path / "e2.npz")
     assert main([*args, "-o", str(out), "-q"]) == 0
     assert not any(n.startswith("evaluation data drives") for n in load_report(out).notes)
+
+
+def test_output_sqnr_metric_is_the_worst_heads_and_ints_are_named(tmp_path):
+    """output_sqnr_db pooled every output: the ~1e3 box head drowned the class scores' error, and the task
+    metric and verify's "output SQNR" row (the worst output) were two numbers under one name. It is the
+    worst float output's SQNR now, computed here independently with plain ORT."""
+    model = _two_heads(tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (64, 16)).astype(np.float32))
+    x = rng.normal(0, 1, (40, 16)).astype(np.float32) * 0.5
+    np.savez(tmp_path / "e.npz", x=x)
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--eval", str(tmp_path / "e.npz")]
+    assert main([*args, "--metric", "output_sqnr_db", "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    ref = ort.InferenceSession(str(model)).run(None, {"x": x})
+    cand = ort.InferenceSession(report.quantized_model.path).run(None, {"x": x})
+    sqnr = [
+        10 * math.log10(float((r.astype(np.float64) ** 2).sum()) / float(((r - c).astype(np.float64) ** 2).sum()))
+        for r, c in zip(ref, cand, strict=True)
+    ]
+    assert abs(sqnr[0] - sqnr[1]) > 0.5  # the premise: the heads differ (pooled, the box head would win)
+    assert report.task.quantized == pytest.approx(min(sqnr), abs=1e-6)
+    assert not any(n.startswith("the task metric") for n in report.notes)  # every output is float
+
+
+def test_float_ops_between_quantized_ones_are_not_quantized(tmp_path):
+    """ReduceMean reads the DQ output LayerNormalization's quantization left and its output is quantized
+    for the MatMul after it -- the pattern of a quantized node -- but ORT has no integer ReduceMean: it had
+    been reported quantized (as contrib ops like MultiHeadAttention were)."""
+    from tests.models import embedding_classifier
+
+    model = embedding_classifier(tmp_path / "m.onnx")
+    ids = np.random.default_rng(0).integers(0, 50, (16, 8)).astype(np.int64)
+    np.savez(tmp_path / "c.npz", input_ids=ids)
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    qdq = onnx.load(report.quantized_model.path)
+    pool = next(n for n in qdq.graph.node if n.op_type == "ReduceMean")
+    producers = {o: n.op_type for n in qdq.graph.node for o in n.output}
+    assert producers[pool.input[0]] == "DequantizeLinear"  # the premise
+    assert not report.node("pool").quantized
+    assert report.node("ln").quantized and report.node("cls").quantized

@@ -772,3 +772,21 @@ def test_unwritable_output_checked_before_work_even_as_root(tmp_path, capsys, mo
     assert code == ExitCode.OUTPUT, err
     assert "not writable" in err and len(err.strip().splitlines()) == 1
     assert not (ro / "r.json").exists()
+
+
+def test_a_closed_stdout_is_not_an_internal_error(tmp_path):
+    """`qdebug verify ... | head -1`: the reader leaves early. A print then raised BrokenPipeError (exit 1, a
+    traceback in verify); the command now finishes quietly with its own exit code. (`| true` closes the
+    pipe before analyze prints anything, so the error is certain, not a race.)."""
+    from pathlib import Path
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=16)
+    out = tmp_path / "r.json"
+    cmd = f"{sys.executable} -m qdebug analyze {model} --calib {calib} -o {out} | true"
+    proc = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+    assert out.is_file()

@@ -173,7 +173,7 @@ def print_summary(report, top: int = 10) -> None:
         kl = "-" if math.isnan(n.kl) else f"{n.kl:.3g}"
         table.add_row(
             n.name,
-            n.op_type,
+            n.op_type if n.quantized else f"{n.op_type} (float)",
             fmt_db(n.added_noise_db),
             fmt_db(n.introduced_db),
             fmt_db(n.local_sqnr_db),
@@ -181,6 +181,11 @@ def print_summary(report, top: int = 10) -> None:
             kl,
         )
     console.print(table)
+    if any(not n.quantized for n in ranked):
+        console.print(
+            "(float): not quantized; it passes on, and may amplify, the error it receives from the quantized "
+            "nodes upstream"
+        )
     for note in report.notes:
         console.print(f"note: {note}")
     if report.not_captured:

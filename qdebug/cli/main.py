@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
@@ -119,6 +121,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return int(ExitCode.USAGE)
+    stdout = sys.stdout
+    if getattr(args, "command", None) != "tui":  # the TUI owns the terminal
+        sys.stdout = _PipeSafe(stdout)
     try:
         return int(args._run(args))
     except QDebugError as e:
@@ -130,6 +135,59 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print("qdebug: interrupted; no partial output was written", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
+    finally:
+        sys.stdout = stdout
+
+
+class _PipeSafe(io.TextIOBase):
+    """Standard output that goes quiet when its reader leaves (``qdebug verify ... | head -1``).
+
+    The command then still finishes, writes its files and returns its own exit code; the closed pipe had
+    raised BrokenPipeError from a print (exit 1 with a traceback, the report not written). Once broken,
+    the descriptor is pointed at /dev/null so that Python's final flush does not fail either.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._silence()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._silence()
+
+    def _silence(self) -> None:
+        self.broken = True
+        try:
+            fd = self._stream.fileno()
+        except (AttributeError, OSError, ValueError):  # a test's capture has no descriptor
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def writable(self) -> bool:
+        return True
 
 
 def entry() -> None:

@@ -152,6 +152,8 @@ class LayerErrors:
     """Accumulated (deployed) error over the same first samples as the fake-quant view, per tensor."""
     aliases: dict[str, str] = dataclasses.field(default_factory=dict)
     """Tensors that share another tensor's statistics (:func:`permutation_aliases`): name -> source."""
+    first_batch_sqnr: tuple[float, float] | None = None
+    """Worst output SQNR against FP32 on the first rows, (un-instrumented, instrumented) quantized model."""
 
 
 class _TensorAcc:
@@ -294,7 +296,7 @@ def measure_layers(
         _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant) if use_graph else numpy_path
     )
     try:
-        outputs, samples, gap, fq_done = _stream(
+        outputs, samples, gap, fq_done, first_sqnr = _stream(
             path, numpy_path, data, accs, skipped, qdq, config, progress, fakequant, fakequant_samples
         )
     finally:  # sessions, capture workers and stashed models go on failure and Ctrl-C too
@@ -314,7 +316,16 @@ def measure_layers(
         if k not in aliases and a.head is not None and a.head.count
     }
     return LayerErrors(
-        tuple(records), tuple(not_captured), samples, gap, outputs, engine_used, fq_done, head, aliases
+        tuple(records),
+        tuple(not_captured),
+        samples,
+        gap,
+        outputs,
+        engine_used,
+        fq_done,
+        head,
+        aliases,
+        first_sqnr,
     )
 
 
@@ -334,6 +345,7 @@ def _stream(
     outputs = ModelOutputs([], [], [], [] if data.has_labels else None, [], [] if data.has_labels else None)
     samples = 0
     gap = 0.0
+    first_sqnr = None
     fq_done = 0
     # the fake-quant view first, on its own: its session is gone before the main one exists,
     # so the peak is the larger of the two, not their sum
@@ -361,10 +373,16 @@ def _stream(
             if rows < batch.size:  # chunked: outputs are batch-major (checked by _chunkable)
                 first = take_rows(batch.feeds, 0, rows)
                 dep_first = {k: v[:rows] for k, v in dep_out.items()}
+                ref_first = {k: v[:rows] for k, v in ref_out.items()}
             else:
-                first, dep_first = batch.feeds, dep_out
-            gap = _deployed_gap(plain.run(first), dep_first, plain.graph_outputs)
-            del plain, first, dep_first
+                first, dep_first, ref_first = batch.feeds, dep_out, ref_out
+            plain_out = plain.run(first)
+            gap = _deployed_gap(plain_out, dep_first, plain.graph_outputs)
+            first_sqnr = (
+                _worst_output_sqnr(ref_first, plain_out, plain.graph_outputs),
+                _worst_output_sqnr(ref_first, dep_first, plain.graph_outputs),
+            )
+            del plain, first, dep_first, ref_first, plain_out
             release_freed_memory()
         outputs.reference.append(ref_out)
         outputs.deployed.append(dep_out)
@@ -375,7 +393,7 @@ def _stream(
         if progress:
             progress("capture", samples, data.n_samples)
         del batch, ref_out, dep_out  # not held while the next batches run
-    return outputs, samples, gap, fq_done
+    return outputs, samples, gap, fq_done, first_sqnr
 
 
 def _first_samples(batches: Iterable[Batch], limit: int | None) -> Iterator[Batch]:
@@ -1258,6 +1276,46 @@ def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes
             "the error reaching them comes from upstream quantized nodes"
         )
     return notes
+
+
+def _worst_output_sqnr(
+    ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], outputs: list[str]
+) -> float:
+    """The worst SQNR (dB) of the float outputs ``cand`` gives against ``ref`` (nan: none to compare)."""
+    worst = math.nan
+    for name in outputs:
+        r, c = ref.get(name), cand.get(name)
+        if r is None or c is None or r.dtype.kind != "f" or r.shape != c.shape or not r.size:
+            continue
+        acc = ErrorAccumulator()
+        acc.update(r, c)
+        value = acc.result().sqnr_db
+        if not math.isnan(value):
+            worst = value if math.isnan(worst) else min(worst, value)
+    return worst
+
+
+def instrumentation_notes(layers: LayerErrors) -> list[str]:
+    """A note when instrumenting the quantized model changed how ORT runs it, not just what it exposes.
+
+    Exposing DequantizeLinear outputs keeps ORT's usual integer fusions, but not every one: with int8
+    activations (S8S8, ActivationSymmetric), ORT stops fusing a Conv whose DQ output is a graph output,
+    so the instrumented model computed in float what the deployed one computes in int8. The per-layer
+    numbers then miss the deployed loss (39.7 dB per layer against 13.0 dB at the deployed output, a
+    17.5-point drop no layer explained, and no note).
+    """
+    if layers.first_batch_sqnr is None:
+        return []
+    deployed, instrumented = layers.first_batch_sqnr
+    finite = math.isfinite(deployed) and math.isfinite(instrumented)
+    if not finite or instrumented - deployed <= KERNEL_GAP_DB:
+        return []
+    return [
+        f"the deployed quantized model's outputs are worse than the instrumented one's ({deployed:.1f} against "
+        f"{instrumented:.1f} dB SQNR on the first batch): exposing its tensors changed how ORT fuses its integer "
+        "kernels (int8 activations, S8S8, do this), so the per-layer numbers describe un-fused kernels and "
+        "miss part of the deployed loss (uint8 activations, ORT's default, keep the fusions)"
+    ]
 
 
 def _deployed_gap(

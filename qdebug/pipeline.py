@@ -26,6 +26,7 @@ from qdebug.analysis import (
     collapsed_range_notes,
     concat_range_notes,
     folded_activation_notes,
+    instrumentation_notes,
     kernel_gap_notes,
     measure_layers,
     node_records,
@@ -494,6 +495,7 @@ def _analyze(
     qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
+    notes.extend(instrumentation_notes(layers))
     notes.extend(kernel_gap_notes(layers.tensors, layers.deployed_head, skip=layers.aliases, nodes=nodes))
     notes.extend(concat_range_notes(prep.normalized, layers.tensors))
     notes.extend(collapsed_range_notes(layers.tensors, nodes))

@@ -465,3 +465,60 @@ def test_float_ops_between_quantized_ones_are_not_quantized(tmp_path):
     assert producers[pool.input[0]] == "DequantizeLinear"  # the premise
     assert not report.node("pool").quantized
     assert report.node("ln").quantized and report.node("cls").quantized
+
+
+def _conv_split_model(path: Path) -> Path:
+    """Conv -> Relu -> Split -> Conv on one half + the other half -> mean -> Gemm (int8 activations make
+    ORT's fusions here depend on which tensors are graph outputs)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.models import save_graph
+
+    rng = np.random.default_rng(13)
+    shapes = {"cw": (8, 3, 3, 3), "cb": (8,), "cw2": (4, 4, 3, 3), "cb2": (4,), "fw": (4, 10), "fb": (10,)}
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n) for n, s in shapes.items()]
+    inits += [
+        numpy_helper.from_array(np.array([4, 4], np.int64), "split"),
+        numpy_helper.from_array(np.array([2, 3], np.int64), "sax"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "cw", "cb"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Split", ["r1", "split"], ["s1", "s2"], name="split", axis=1),
+        helper.make_node("Conv", ["s1", "cw2", "cb2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "s2"], ["a"], name="add"),
+        helper.make_node("ReduceMean", ["a"], ["m"], name="gap", axes=[2, 3], keepdims=1),
+        helper.make_node("Squeeze", ["m", "sax"], ["sq"], name="squeeze"),
+        helper.make_node("Gemm", ["sq", "fw", "fb"], ["logits"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    return save_graph(graph, path, opsets={"": 13})
+
+
+def test_a_fusion_the_instrumentation_breaks_is_noted(tmp_path):
+    """With int8 activations ORT stops fusing a Conv whose DQ output is a graph output: the instrumented
+    model then computes in float what the deployed one computes in int8, and the per-layer numbers missed
+    the deployed loss (39.7 dB per layer against 13.0 dB at the output, no word). A note now gives both
+    output SQNRs of the first batch; the deployed one is checked here with plain ORT."""
+    model = _conv_split_model(tmp_path / "m.onnx")
+    x = np.random.default_rng(0).random((32, 3, 12, 12), dtype=np.float32)
+    np.savez(tmp_path / "c.npz", x=x)
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--batch-size", "16", "-o", str(out), "-q"]
+    assert main([*args, "--activation-type", "QInt8"]) == 0
+    report = load_report(out)
+    note = next(n for n in report.notes if n.startswith("the deployed quantized model's outputs are worse"))
+    ref = ort.InferenceSession(str(model)).run(None, {"x": x[:16]})[0].astype(np.float64)
+    dep = ort.InferenceSession(report.quantized_model.path).run(None, {"x": x[:16]})[0]
+    deployed = 10 * math.log10((ref**2).sum() / ((ref - dep) ** 2).sum())
+    assert f"({deployed:.1f} against" in note
+    instrumented = float(note.split(" against ")[1].split(" dB")[0])
+    assert instrumented > deployed + 3
+    assert main(args) == 0  # uint8 activations (the default) keep the fusions: no such note
+    assert not any(n.startswith("the deployed quantized model's") for n in load_report(out).notes)

@@ -218,6 +218,45 @@ def test_input_listed_as_output_is_normalized(tmp_path, capsys):
     assert {o.name for o in report.outputs} == {"y", "x__out"}
 
 
+def test_passed_through_inputs_and_weights_stay_exact(tmp_path):
+    """Two relatives of an initializer listed as an output: the user's own Identity of a weight a MatMul
+    reads too (anchors), and a graph input passed to an output (normalization's Identity). ORT rewires
+    every reader of a quantized tensor to its DequantizeLinear output, so both left the quantized model
+    quantized (56 and 54 dB); nothing is computed on those paths, and both stay exact now."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    anchors = rng.normal(0, 30, (8, 8)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "anchors"], ["y"], name="mm"),
+        helper.make_node("Identity", ["anchors"], ["anchors_out"], name="anchors_id"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+            helper.make_tensor_value_info("anchors_out", TensorProto.FLOAT, [8, 8]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+        ],
+        [numpy_helper.from_array(anchors, "anchors")],
+    )
+    save_graph(graph, tmp_path / "m.onnx")
+    x = rng.normal(0, 1, (32, 8)).astype(np.float32)
+    np.savez(tmp_path / "c.npz", x=x)
+    out = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    errors = {o.name: o.error for o in report.outputs}
+    assert errors["x__out"].max_abs == 0 and errors["anchors_out"].max_abs == 0
+    assert errors["y"].sqnr_db < 60  # the MatMul itself is still quantized
+    sess = ort.InferenceSession(str(tmp_path / "r_files" / "quantized.onnx"), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x}), strict=True))
+    np.testing.assert_array_equal(got["x__out"], x)
+    np.testing.assert_array_equal(got["anchors_out"], anchors)
+
+
 def test_initializer_outputs_stay_exact(tmp_path, capsys):
     """An initializer listed as a graph output is model data: it left the quantized model exact when nothing
     else read it, but quantized (45 dB) when a MatMul read it too -- ORT rewires every consumer of a quantized

@@ -421,6 +421,20 @@ def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
         return base
 
     passed, copied = [], []
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for name in set(n.input):
+            readers[name] = readers.get(name, 0) + 1
+    for n in graph.node:  # an output made by an Identity of a weight other nodes read too: the same
+        if n.op_type == "Identity" and n.input and n.input[0] in weights and readers[n.input[0]] > 1:
+            if n.output[0] in {o.name for o in graph.output}:
+                source = fresh(f"{n.input[0]}__out_value")
+                copy = onnx.TensorProto()
+                copy.CopyFrom(weights[n.input[0]])
+                copy.name = source
+                graph.initializer.append(copy)
+                copied.append(n.input[0])
+                n.input[0] = source
     for out in graph.output:
         if out.name not in real_inputs and out.name not in weights:
             continue

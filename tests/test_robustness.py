@@ -440,6 +440,36 @@ def test_opset9_refused_then_upgraded_end_to_end(tmp_path, capsys):
     assert code in (0, ExitCode.TARGET_NOT_MET), err
 
 
+def test_the_opset_converters_own_constants_are_not_reported_as_the_users(tmp_path, capsys):
+    """onnx.version_converter turns Split's and Squeeze's attributes into unnamed Constant inputs: the notes
+    had said "named 2 unnamed node(s)" and "turned 2 Constant node(s) into initializers so their weights
+    can be quantized" of a model with names everywhere and no Constant at all."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+        helper.make_node("Split", ["h"], ["a", "b"], name="split", axis=1, split=[4, 4]),
+        helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+        helper.make_node("Unsqueeze", ["s"], ["u"], name="unsq", axes=[1]),
+        helper.make_node("Squeeze", ["u"], ["y"], name="sq", axes=[1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "op9",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.standard_normal((6, 8)).astype(np.float32), "w")],
+    )
+    model = save_graph(graph, tmp_path / "m.onnx", opsets={"": 9})
+    np.savez(tmp_path / "c.npz", x=rng.standard_normal((16, 6)).astype(np.float32))
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--upgrade-opset", "-o", str(out), "-q"]
+    assert main(args) == 0
+    report = load_report(out)
+    assert any("from opset 9 to 13" in n for n in report.notes)
+    assert not any(n.startswith(("named ", "turned ")) for n in report.notes), report.notes
+    assert {n.name for n in report.nodes} == {"mm", "split", "add", "unsq", "sq"}
+
+
 def test_per_channel_below_opset13_gives_a_loadable_model(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx", opset=11)
     calib = small_data(tmp_path / "c.npz", n=16)

@@ -269,6 +269,11 @@ def _ensure_opset(
         ) from None
     notes.append(f"converted the model from opset {opset} to {target} with onnx.version_converter")
     _restore_replaced_names(model, converted)
+    # the converter's own Constants (the axes and split sizes that became inputs) are not the user's
+    # weights: folded here, quietly, so the notes below speak of the user's model only (they had said
+    # "named 4 unnamed node(s)" and "turned 4 Constant node(s) into initializers" of a model with neither)
+    ours = {o for n in model.graph.node for o in n.output}
+    _constants_to_initializers(converted.graph, [], skip=ours)
     return converted
 
 
@@ -355,14 +360,17 @@ def _collect_nodes(graph: onnx.GraphProto, prefix: str, out: list[tuple[str, onn
                     _collect_nodes(g, f"{prefix}{node.name or node.op_type}/{attr.name}{i}/", out)
 
 
-def _constants_to_initializers(graph: onnx.GraphProto, notes: list[str]) -> None:
-    """Move main-graph ``Constant(value=tensor)`` nodes into initializers."""
+def _constants_to_initializers(
+    graph: onnx.GraphProto, notes: list[str], skip: set[str] | frozenset[str] = frozenset()
+) -> None:
+    """Move main-graph ``Constant(value=tensor)`` nodes into initializers (not those making ``skip``)."""
     keep = []
     moved = 0
     existing = {init.name for init in graph.initializer}
     for node in graph.node:
         value = None
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+        constant = node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1
+        if constant and node.output[0] not in skip:
             for attr in node.attribute:
                 if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                     value = attr.t

@@ -1333,3 +1333,34 @@ def test_large_report_sorts_filters_and_marks_rows_in_place():
             assert len(table_order(app)) == len(report.nodes)
 
     run(main())
+
+
+# ----- LayerModel behaviour a mutation audit found unchecked (the KL sort, the excluded share when a node that
+# is not quantized is excluded, the depth profile where several nodes share a depth)
+
+
+def test_sort_by_kl_puts_the_largest_divergence_first():
+    nodes = tuple(_node(n, 1.0, kl=kl) for n, kl in (("a", 0.1), ("b", math.nan), ("c", 2.0), ("d", 0.5)))
+    m = LayerModel(replace(REPORT, nodes=nodes, tensors=()))
+    m.set_sort("kl", descending=True)
+    assert [n.name for n in m.rows()] == ["c", "d", "a", "b"]
+    m.set_sort("kl", descending=False)
+    assert [n.name for n in m.rows()] == ["a", "d", "c", "b"]
+
+
+def test_excluded_share_counts_only_quantizable_nodes():
+    m = LayerModel(REPORT)
+    assert not REPORT.node("layer0/ln1").quantized  # the report's one node that is not quantized
+    m.toggle("layer0/ln1")
+    m.toggle("layer1/attn/softmax")
+    assert m.excluded_share() == pytest.approx(1 / m.quantizable)
+
+
+def test_depth_profile_takes_the_worst_node_at_each_depth():
+    nodes = (
+        replace(_node("a", 1.0, acc=30.0), depth=0),
+        replace(_node("b", 1.0, acc=10.0), depth=0),
+        _node("c", 1.0, acc=25.0),
+    )
+    m = LayerModel(replace(REPORT, nodes=nodes, tensors=()))
+    assert m.depth_profile() == [10.0, 25.0]

@@ -1093,14 +1093,22 @@ def kernel_gap_notes(
         key=lambda s: -s[0],
     ) or sorted(((g, g, t, d) for g, t, d in gaps.values()), key=lambda s: -s[0])
     shown = starts[:limit]
+    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
+
+    def origin(t: TensorRecord) -> tuple[str | None, str]:
+        """The node whose kernel made ``t`` (the producer an activation was folded into), and how to say it."""
+        src = next((i for i in inputs_of.get(t.producer or "", ()) if i in folded and i in producer_of), None)
+        if src is not None:  # a Relu ORT folded into its producer's output Q: the producer's kernel
+            return producer_of[src], f" (from {producer_of[src]}, {t.producer} folded into it)"
+        return t.producer, f" (from {t.producer})" if t.producer else ""
+
     where = ", ".join(
-        f"{t.name}{f' (from {t.producer})' if t.producer else ''}: {d.sqnr_db:.1f} dB deployed vs "
-        f"{t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant"
+        f"{t.name}{origin(t)[1]}: {d.sqnr_db:.1f} dB deployed vs {t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant"
         for _, _, t, d in shown
     )
     inherited = len(gaps) - len(starts)
     rest = f"; {inherited} tensor(s) downstream inherit it" if nodes and inherited > 0 else ""
-    producers = ", ".join(dict.fromkeys(t.producer for _, _, t, _ in shown if t.producer)) or "those nodes"
+    producers = ", ".join(dict.fromkeys(o for o in (origin(t)[0] for _, _, t, _ in shown) if o)) or "those nodes"
     return [
         f"deployed INT8 kernels lose more than the QDQ graph's own rounding explains at {len(gaps)} tensor(s); "
         f"the gap opens at {where}{rest}. On x86 CPUs without VNNI, u8s8 MatMul/Conv kernels can saturate "

@@ -80,6 +80,11 @@ class Step:
     """Samples in the batch."""
 
 
+def _rows(batch: dict[str, np.ndarray], names: list[str]) -> int:
+    """Samples in one batch: axis 0 of its first batched input (a rank-0 input has none; 1 if all are)."""
+    return next((len(batch[n]) for n in names if batch[n].ndim), 1)
+
+
 class Harness:
     """The timed loop over one session (see the module docstring).
 
@@ -99,7 +104,7 @@ class Harness:
         self.input_names = [i.name for i in session.get_inputs() if i.name in batches[0]]
         self.output_names = [o.name for o in session.get_outputs()]
         self.notes: list[str] = []
-        sizes = [len(b[self.input_names[0]]) for b in batches]
+        sizes = [_rows(b, self.input_names) for b in batches]
         self.full_size = max(sizes)
         by_shape: dict[tuple, tuple[tuple[np.ndarray, ...], Callable[[], Any], str]] = {}
         steps = []
@@ -115,7 +120,7 @@ class Harness:
             bufs, run, _ = by_shape[key]
             srcs = (np.asarray(b[n], order="C") for n in self.input_names)
             copies = tuple(zip(bufs, srcs, strict=True))
-            steps.append(Step(copies, run, len(b[self.input_names[0]])))
+            steps.append(Step(copies, run, _rows(b, self.input_names)))
             keys.append(key)
             if len(first) < len(by_shape):
                 first.append(steps[-1])

@@ -377,15 +377,18 @@ def eval_range_notes(evaluator: Evaluator, tensors: Sequence[TensorRecord], limi
         lo = min((info.min - rec.quant.zero_point) * rec.quant.scale, rec.summary.min)
         hi = max((info.max - rec.quant.zero_point) * rec.quant.scale, rec.summary.max)
         outside = far = 0
-        for batch in evaluator.reference:
+        for batch, size in zip(evaluator.reference, evaluator.sizes, strict=True):
             arr = batch[name]
             if arr.dtype.kind != "f" or arr.size == 0:
                 continue
-            rows = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(1, -1)
-            beyond = (rows < lo) | (rows > hi)
-            outside += int(beyond.any(axis=1).sum())
-            if beyond.any():
-                far = max(far, float(np.max(np.abs(rows[beyond]))))
+            beyond = (arr < lo) | (arr > hi)
+            if not beyond.any():
+                continue
+            far = max(far, float(np.max(np.abs(arr[beyond]))))
+            if arr.ndim and arr.shape[0] == size:  # batch-major: count the samples
+                outside += int(beyond.reshape(size, -1).any(axis=1).sum())
+            else:  # no batch axis to read samples from (a fixed batch reshaped away): the whole batch
+                outside += size
         if outside:
             found.append((outside, name, lo, hi, far, rec.producer))
     found.sort(key=lambda f: -f[0])

@@ -351,6 +351,11 @@ def test_kernel_gap_note_names_where_the_gap_opens(analyzed):
     # without node records every tensor counts as its own start, largest first
     (plain,) = kernel_gap_notes(tensors)
     assert plain.index("bn2 (from bn2)") < plain.index("c2 (from conv2)")
+    # a gap first seen after a Relu ORT folded into conv1's output Q is conv1's kernel, not the Relu's
+    assert "folded" in report.tensor("c1").note  # the premise: c1 has no views of its own
+    relu1 = report.tensor("r1").producer
+    (folded,) = kernel_gap_notes((report.tensor("c1"), with_gap("r1", 6.0), with_gap("c2", 6.0)), nodes=report.nodes)
+    assert f"r1 (from conv1, {relu1} folded into it)" in folded and "keep conv1 out of INT8" in folded
 
 
 def test_demo_runs_the_whole_loop(tmp_path, capsys):

@@ -1438,9 +1438,9 @@ def _scaled_classifier(path: Path) -> Path:
     graph = helper.make_graph(
         nodes,
         "scalar_in",
-        [
-            helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8]),
+        [  # the scalar first: bench's measuring process had read the batch size off the first input
             helper.make_tensor_value_info("gain", onnx.TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 8]),
         ],
         [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 4])],
         [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w")],
@@ -1486,6 +1486,8 @@ def test_a_scalar_model_input_is_fed_whole_with_every_batch(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     exec(compile(json.loads((tmp_path / "p.json").read_text())["snippet"], "snippet", "exec"), {})
     assert (tmp_path / "model.selective.onnx").is_file()
+    bench = ["bench", str(model), "--calib", str(folder), "--variants", "fp32,static", "--runs", "1"]
+    assert main([*bench, "--warmup", "0", "--no-dynamic-layers", "-o", str(tmp_path / "b.json"), "-q"]) == 0
     # a scalar saved with a batch axis is one clear line, exit 5
     np.savez(tmp_path / "bad.npz", x=files[folder / "b0.npz"][0], gain=np.full(40, 0.5, np.float32))
     capsys.readouterr()

@@ -129,6 +129,8 @@ def print_summary(report, top: int = 10) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from qdebug.analysis import FOLDED_NOTE
+
     # names and notes come from the model: printed as they are, never read as Rich markup
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
     task = report.task
@@ -166,6 +168,8 @@ def print_summary(report, top: int = 10) -> None:
     if report.deployed_gap > 0:
         console.print(f"instrumented vs deployed quantized outputs differ by up to {report.deployed_gap:.3g}")
     ranked = rank_nodes(report)[:top]
+    folded_out = {t.name for t in report.tensors if FOLDED_NOTE in t.note}
+    folded = {n.name for n in report.nodes if any(i in folded_out for i in n.inputs)}
     table = Table(title=f"worst {len(ranked)} nodes by the noise they add ({report.samples} samples)")
     for col in ("node", "op", "added noise dB", "introduced dB", "local SQNR", "accum. SQNR", "KL"):
         table.add_column(col, justify="left" if col in ("node", "op") else "right")
@@ -173,7 +177,7 @@ def print_summary(report, top: int = 10) -> None:
         kl = "-" if math.isnan(n.kl) else f"{n.kl:.3g}"
         table.add_row(
             n.name,
-            n.op_type if n.quantized else f"{n.op_type} (float)",
+            n.op_type if n.quantized else f"{n.op_type} ({'folded' if n.name in folded else 'float'})",
             fmt_db(n.added_noise_db),
             fmt_db(n.introduced_db),
             fmt_db(n.local_sqnr_db),
@@ -181,7 +185,7 @@ def print_summary(report, top: int = 10) -> None:
             kl,
         )
     console.print(table)
-    if any(not n.quantized for n in ranked):
+    if any(not n.quantized and n.name not in folded for n in ranked):
         console.print(
             "(float): not quantized; it passes on, and may amplify, the error it receives from the quantized "
             "nodes upstream"

@@ -1074,14 +1074,19 @@ def kernel_gap_notes(
     inputs_of = {n.name: n.inputs for n in nodes}
     producer_of = {o: n.name for n in nodes for o in n.outputs}
 
+    seen: dict[tuple[str, int], float] = {}
+
     def upstream(name: str, hops: int = 6) -> float:
         """The gap a tensor carries; through tensors without both views (an activation ORT folded into its
-        producer), the largest of the nearest ones above it."""
+        producer), the largest of the nearest ones above it (memoized: wide fan-in would be exponential)."""
         if name in measured:
             return measured[name]
         if hops == 0 or name not in producer_of:
             return 0.0
-        return max((upstream(i, hops - 1) for i in inputs_of[producer_of[name]]), default=0.0)
+        key = (name, hops)
+        if key not in seen:
+            seen[key] = max((upstream(i, hops - 1) for i in inputs_of[producer_of[name]]), default=0.0)
+        return seen[key]
 
     def opened(gap: float, t: TensorRecord) -> float:
         """The part of ``t``'s gap its producer adds (all of it without node records)."""

@@ -848,6 +848,10 @@ def _run_bench(
         from qdebug.verify import calibration_notes
 
         notes.extend(calibration_notes(prop, prep.ranges))
+    if prop is not None:
+        from qdebug.verify import base_setting_notes
+
+        notes.extend(base_setting_notes(prop, options.per_channel))
     ranges: dict[str, Any] = {}
     if needs_ranges:
         ranges[options.methods[0]] = prep.ranges

@@ -357,6 +357,18 @@ def calibration_notes(proposal: Proposal, ranges: Any) -> list[str]:
     ]
 
 
+def base_setting_notes(proposal: Proposal, per_channel_flag: bool) -> list[str]:
+    """A note when a proposal made before ``base_per_channel`` was recorded has per-channel weights: the
+    static baseline is then per-tensor unless ``--per-channel`` says otherwise, and the selective model
+    differs from it by more than its exclusions (silent before)."""
+    if proposal.base_per_channel is not None or not proposal.per_channel or per_channel_flag:
+        return []
+    return [
+        "the proposal has per-channel weights but does not record the report's own setting (an older "
+        "qdebug): the static baseline is per-tensor; pass --per-channel if the report was per-channel"
+    ]
+
+
 def check_proposal(
     proposal: Proposal, model_sha256: str, model_path: str | Path, normalized: onnx.ModelProto
 ) -> None:
@@ -716,7 +728,11 @@ def verify(
                 met=met,
                 verdict=verdict,
                 seconds=time.perf_counter() - start,
-                notes=tuple(ctx.data_notes + calibration_notes(proposal, ctx.prep.ranges)),
+                notes=tuple(
+                    ctx.data_notes
+                    + calibration_notes(proposal, ctx.prep.ranges)
+                    + base_setting_notes(proposal, options.per_channel)
+                ),
                 target_drop=math.nan if options.target_drop is None else float(options.target_drop),
             )
             if output is not None:

@@ -337,6 +337,12 @@ def test_a_per_channel_reports_static_baseline_is_per_channel(tmp_path, capsys):
     assert main([*bench, "--no-dynamic-layers", "-o", str(tmp_path / "b.json")]) == 0
     assert qdq_settings(onnx.load(str(tmp_path / "b_files" / "static.onnx"))).per_channel
     assert "per-channel weights as in the proposal" not in capsys.readouterr().out
+    # a proposal from before the field: a per-tensor baseline, and a note that says so
+    old = {k: v for k, v in proposal.items() if k != "base_per_channel"}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    base[base.index(str(tmp_path / "p.json"))] = str(tmp_path / "old.json")
+    assert main(["verify", *base, "--runs", "0", "--min-recovery", "0"]) == 0
+    assert "does not record the report's own setting (an older qdebug)" in capsys.readouterr().out
     # a per-tensor report keeps a per-tensor baseline (the flag still turns it on)
     (tmp_path / "pt").mkdir()
     assert analyze_then_propose(model, calib, tmp_path / "pt")["base_per_channel"] is False

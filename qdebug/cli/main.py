@@ -136,6 +136,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print("qdebug: interrupted; no partial output was written", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
     finally:
+        if isinstance(sys.stdout, _PipeSafe):
+            sys.stdout.flush()  # now, while a closed pipe is still caught: not in Python's final flush
         sys.stdout = stdout
 
 

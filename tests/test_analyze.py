@@ -527,3 +527,42 @@ def test_a_fusion_the_instrumentation_breaks_is_noted(tmp_path):
     assert instrumented > deployed + 3
     assert main(args) == 0  # uint8 activations (the default) keep the fusions: no such note
     assert not any(n.startswith("the deployed quantized model's") for n in load_report(out).notes)
+
+
+def test_the_eval_range_note_counts_samples_not_values(tmp_path):
+    """An output without a batch axis (a fixed batch of 1 reshaped to [4]) had its values counted as samples:
+    "outside its calibrated range on 29 of 10 samples". Each evaluation batch counts as its samples."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.models import save_graph
+
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+        helper.make_node("Reshape", ["mm", "shp"], ["out"], name="flat"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "flat",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [4])],
+        [
+            numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array([4], np.int64), "shp"),
+        ],
+    )
+    model = save_graph(graph, tmp_path / "m.onnx", opsets={"": 17})
+    np.savez(tmp_path / "c.npz", x=rng.standard_normal((20, 8)).astype(np.float32))
+    x = (5 * rng.standard_normal((10, 8))).astype(np.float32)
+    np.savez(tmp_path / "e.npz", x=x)
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--eval", str(tmp_path / "e.npz")]
+    assert main([*args, "-o", str(out), "-q"]) == 0
+    report = load_report(out)
+    rec = report.tensor("out")
+    sess = ort.InferenceSession(str(model))
+    outputs = [sess.run(None, {"x": x[i : i + 1]})[0] for i in range(10)]
+    beyond = sum(bool(((o < rec.summary.min) | (o > rec.summary.max)).any()) for o in outputs)
+    assert beyond > 0  # the premise
+    note = next(n for n in report.notes if n.startswith("evaluation data drives output 'out'"))
+    assert f"on {beyond} of 10 samples" in note

@@ -33,7 +33,7 @@ from qdebug.capture import SessionConfig, make_session, run_session
 from qdebug.data import DataSet, load_hook
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.metrics import ErrorAccumulator
-from qdebug.records import OutputMetric, TensorRecord
+from qdebug.records import NodeRecord, OutputMetric, TensorRecord
 
 BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
 
@@ -358,13 +358,35 @@ def metric_scope_note(evaluator: Evaluator) -> str | None:
     )
 
 
-def eval_range_notes(evaluator: Evaluator, tensors: Sequence[TensorRecord], limit: int = 3) -> list[str]:
+def eval_range_notes(
+    evaluator: Evaluator,
+    tensors: Sequence[TensorRecord],
+    nodes: Sequence[NodeRecord] = (),
+    limit: int = 3,
+) -> list[str]:
     """Notes naming model outputs whose evaluation values fall outside what quantization can represent
     *and* outside everything calibration saw: the calibration set does not cover the evaluation data, and
     those values are clipped (a regression head reached 2x its calibrated range on 5 of 160 samples, its
     error was 20x, and nothing said why; the report's per-tensor numbers are measured on calibration data).
     """
+    from qdebug.analysis import PERMUTATION_OPS
+
     by_name = {t.name: t for t in tensors}
+    node_of = {n.name: n for n in nodes}
+    producer_of = {o: n.name for n in nodes for o in n.outputs}
+
+    def computing(name: str | None) -> str | None:
+        """The node that computes the values: through Reshape/Transpose/... (which only move them) to the
+        node above ("keep flat FP32" for a Reshape could not change what reached it)."""
+        for _ in range(8):
+            node = node_of.get(name or "")
+            if node is None or node.op_type not in PERMUTATION_OPS or not node.inputs:
+                break
+            name = producer_of.get(node.inputs[0], name)
+            if name == node.name:
+                break
+        return name
+
     found = []
     for name in evaluator.output_names:
         rec = by_name.get(name)
@@ -390,7 +412,7 @@ def eval_range_notes(evaluator: Evaluator, tensors: Sequence[TensorRecord], limi
             else:  # no batch axis to read samples from (a fixed batch reshaped away): the whole batch
                 outside += size
         if outside:
-            found.append((outside, name, lo, hi, far, rec.producer))
+            found.append((outside, name, lo, hi, far, computing(rec.producer)))
     found.sort(key=lambda f: -f[0])
     return [
         f"evaluation data drives output {name!r} outside its calibrated range [{lo:.4g}, {hi:.4g}] on "

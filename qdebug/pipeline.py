@@ -504,7 +504,7 @@ def _analyze(
 
     if eval_set is not None:
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
-        notes.extend(eval_range_notes(evaluator, layers.tensors))
+        notes.extend(eval_range_notes(evaluator, layers.tensors, nodes))
         result = evaluator.score(qproto)
         fakequant_value = (
             evaluator.score(qproto, fake_quant=True).value

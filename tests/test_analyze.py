@@ -566,3 +566,4 @@ def test_the_eval_range_note_counts_samples_not_values(tmp_path):
     assert beyond > 0  # the premise
     note = next(n for n in report.notes if n.startswith("evaluation data drives output 'out'"))
     assert f"on {beyond} of 10 samples" in note
+    assert "keep mm FP32" in note  # the MatMul that computes it, not the Reshape that only moves it

@@ -45,7 +45,8 @@ from qdebug.capture import (
     release_freed_memory,
     run_session,
 )
-from qdebug.data import Batch, DataSet, feed_rows, take_rows
+from qdebug.data import Batch, DataSet, feed_rows, model_input_specs, take_rows
+from qdebug.evaluate import worst_output_sqnr
 from qdebug.graph.load import save_model
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.reduce import (
@@ -379,8 +380,8 @@ def _stream(
             plain_out = plain.run(first)
             gap = _deployed_gap(plain_out, dep_first, plain.graph_outputs)
             first_sqnr = (
-                _worst_output_sqnr(ref_first, plain_out, plain.graph_outputs),
-                _worst_output_sqnr(ref_first, dep_first, plain.graph_outputs),
+                worst_output_sqnr([ref_first], [plain_out], plain.graph_outputs),
+                worst_output_sqnr([ref_first], [dep_first], plain.graph_outputs),
             )
             del plain, first, dep_first, ref_first, plain_out
             release_freed_memory()
@@ -987,7 +988,8 @@ def _chunkable(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> bool:
     Rank-0 inputs are one value for the whole batch, fed whole to every chunk.
     """
     inits = {i.name for i in fp32.graph.initializer}
-    inputs = [v for v in fp32.graph.input if v.name not in inits and not _rank0(v)]
+    scalars = {s.name for s in model_input_specs(fp32) if s.scalar}
+    inputs = [v for v in fp32.graph.input if v.name not in inits and v.name not in scalars]
     batch = {_first_dim(v) for v in inputs}
     if not inputs or len(batch) != 1 or not next(iter(batch)):
         return False
@@ -1002,12 +1004,6 @@ def _chunkable(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> bool:
             if not t.shape.dim or t.shape.dim[0].HasField("dim_value"):
                 return False
     return True
-
-
-def _rank0(value: onnx.ValueInfoProto) -> bool:
-    """Whether a value is declared a scalar (a shape with no dimensions; no shape is an unknown rank)."""
-    t = value.type.tensor_type
-    return value.type.HasField("tensor_type") and t.HasField("shape") and not t.shape.dim
 
 
 def _first_dim(value: onnx.ValueInfoProto) -> str:
@@ -1098,13 +1094,13 @@ def kernel_gap_notes(
         key=lambda s: -s[0],
     ) or sorted(((g, g, t, d) for g, t, d in gaps.values()), key=lambda s: -s[0])
     shown = starts[:limit]
-    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
+    folded = folded_into(nodes, tensors)
 
     def origin(t: TensorRecord) -> tuple[str | None, str]:
         """The node whose kernel made ``t`` (the producer an activation was folded into), and how to say it."""
-        src = next((i for i in inputs_of.get(t.producer or "", ()) if i in folded and i in producer_of), None)
+        src = folded.get(t.producer or "")
         if src is not None:  # a Relu ORT folded into its producer's output Q: the producer's kernel
-            return producer_of[src], f" (from {producer_of[src]}, {t.producer} folded into it)"
+            return src, f" (from {src}, {t.producer} folded into it)"
         return t.producer, f" (from {t.producer})" if t.producer else ""
 
     where = ", ".join(
@@ -1181,6 +1177,22 @@ FOLDED_NOTE = "ORT folded the following"
 """How :func:`qdebug.graph.match.pair_models` marks a tensor whose Relu/Clip ORT folded into its Q/DQ."""
 
 
+def folded_into(nodes: Sequence[NodeRecord], tensors: Sequence[TensorRecord]) -> dict[str, str]:
+    """Activation node -> the producer ORT folded it into (its input carries :data:`FOLDED_NOTE`).
+
+    The activation then shows that producer's Q/DQ error and is not quantized itself; the notes, the
+    kernel-gap attribution and the summary's labels all read this one map.
+    """
+    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
+    producer = {o: n.name for n in nodes for o in n.outputs if o}
+    out = {}
+    for node in nodes:
+        src = next((i for i in node.inputs if i in folded), None)
+        if src is not None and src in producer:
+            out[node.name] = producer[src]
+    return out
+
+
 def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[TensorRecord, ...]) -> list[str]:
     """One note for the activations ORT folded into their producer's output quantization.
 
@@ -1188,13 +1200,7 @@ def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[Tensor
     itself), while the producer shows no numbers at all: a walk-through saw a Relu ranked worst and
     propose keep a LayerNormalization the summary never named.
     """
-    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
-    producer = {o: n for n in nodes for o in n.outputs if o}
-    pairs = []
-    for node in nodes:
-        src = next((i for i in node.inputs if i in folded), None)
-        if src is not None and src in producer:
-            pairs.append(f"{producer[src].name} -> {node.name}")
+    pairs = [f"{src} -> {act}" for act, src in folded_into(nodes, tensors).items()]
     if not pairs:
         return []
     shown = ", ".join(pairs[:4]) + ("..." if len(pairs) > 4 else "")
@@ -1289,23 +1295,6 @@ def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes
             "the error reaching them comes from upstream quantized nodes"
         )
     return notes
-
-
-def _worst_output_sqnr(
-    ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], outputs: list[str]
-) -> float:
-    """The worst SQNR (dB) of the float outputs ``cand`` gives against ``ref`` (nan: none to compare)."""
-    worst = math.nan
-    for name in outputs:
-        r, c = ref.get(name), cand.get(name)
-        if r is None or c is None or r.dtype.kind != "f" or r.shape != c.shape or not r.size:
-            continue
-        acc = ErrorAccumulator()
-        acc.update(r, c)
-        value = acc.result().sqnr_db
-        if not math.isnan(value):
-            worst = value if math.isnan(worst) else min(worst, value)
-    return worst
 
 
 def instrumentation_notes(layers: LayerErrors) -> list[str]:

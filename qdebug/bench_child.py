@@ -80,9 +80,10 @@ class Step:
     """Samples in the batch."""
 
 
-def _rows(batch: dict[str, np.ndarray], names: list[str]) -> int:
-    """Samples in one batch: axis 0 of its first batched input (a rank-0 input has none; 1 if all are)."""
-    return next((len(batch[n]) for n in names if batch[n].ndim), 1)
+def _rows(batch: Mapping[str, np.ndarray]) -> int:
+    """Samples in one batch: :func:`qdebug.data.feed_rows`'s rule (axis 0 of the first batched input; 1
+    when every input is a scalar), restated because this module imports nothing of qdebug."""
+    return next((len(v) for v in batch.values() if v.ndim), 1)
 
 
 class Harness:
@@ -104,7 +105,7 @@ class Harness:
         self.input_names = [i.name for i in session.get_inputs() if i.name in batches[0]]
         self.output_names = [o.name for o in session.get_outputs()]
         self.notes: list[str] = []
-        sizes = [_rows(b, self.input_names) for b in batches]
+        sizes = [_rows(b) for b in batches]
         self.full_size = max(sizes)
         by_shape: dict[tuple, tuple[tuple[np.ndarray, ...], Callable[[], Any], str]] = {}
         steps = []
@@ -120,7 +121,7 @@ class Harness:
             bufs, run, _ = by_shape[key]
             srcs = (np.asarray(b[n], order="C") for n in self.input_names)
             copies = tuple(zip(bufs, srcs, strict=True))
-            steps.append(Step(copies, run, _rows(b, self.input_names)))
+            steps.append(Step(copies, run, _rows(b)))
             keys.append(key)
             if len(first) < len(by_shape):
                 first.append(steps[-1])

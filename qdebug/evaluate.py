@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -281,18 +281,7 @@ class Evaluator:
             rows = zip(candidate, self.reference, self.sizes, strict=True)
             hits = sum(_exact_rows(r, c, exact, n) for c, r, n in rows)
             return hits / self.samples
-        # the worst float output, as --target-sqnr judges it: pooled over all outputs, a box head in the
-        # thousands drowned the class scores' error, and the same name meant two numbers in one table
-        accs = {k: ErrorAccumulator() for k in self.output_names}
-        for c, r in zip(candidate, self.reference, strict=True):
-            for k in self.output_names:
-                # an output whose shape depends on the data (after NonZero, NonMaxSuppression) may keep
-                # other elements in the quantized model: those batches cannot be compared element-wise
-                if r[k].dtype.kind == "f" and r[k].shape == c[k].shape:
-                    accs[k].update(r[k], c[k])
-        values = [a.result().sqnr_db for a in accs.values() if a.count]
-        values = [v for v in values if not math.isnan(v)]
-        return min(values) if values else math.nan
+        return worst_output_sqnr(self.reference, candidate, self.output_names)
 
     def score(
         self, model: onnx.ModelProto, what: str = "quantized model", *, fake_quant: bool = False
@@ -320,6 +309,26 @@ class Evaluator:
             outputs.append(OutputMetric(k, acc.result()))
         elapsed = seconds + time.perf_counter() - start
         return EvalResult(self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, elapsed)
+
+
+def worst_output_sqnr(
+    reference: Sequence[Mapping[str, np.ndarray]], candidate: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+) -> float:
+    """SQNR (dB) of the worst float output, each output over all its batches (nan: nothing to compare).
+
+    The worst, as --target-sqnr judges it: pooled over all outputs, a box head in the thousands drowned the
+    class scores' error, and the same name meant two numbers in one table. An output whose shape depends on
+    the data (after NonZero, NonMaxSuppression) may keep other elements in the quantized model: those
+    batches cannot be compared element-wise and are left out.
+    """
+    accs = {k: ErrorAccumulator() for k in names}
+    for r, c in zip(reference, candidate, strict=True):
+        for k in names:
+            if k in r and k in c and r[k].dtype.kind == "f" and r[k].shape == c[k].shape and r[k].size:
+                accs[k].update(r[k], c[k])
+    values = [a.result().sqnr_db for a in accs.values() if a.count]
+    values = [v for v in values if not math.isnan(v)]
+    return min(values) if values else math.nan
 
 
 def metric_scope_note(evaluator: Evaluator) -> str | None:

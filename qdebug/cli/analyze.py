@@ -129,7 +129,7 @@ def print_summary(report, top: int = 10) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from qdebug.analysis import FOLDED_NOTE
+    from qdebug.analysis import folded_into
 
     # names and notes come from the model: printed as they are, never read as Rich markup
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
@@ -168,8 +168,7 @@ def print_summary(report, top: int = 10) -> None:
     if report.deployed_gap > 0:
         console.print(f"instrumented vs deployed quantized outputs differ by up to {report.deployed_gap:.3g}")
     ranked = rank_nodes(report)[:top]
-    folded_out = {t.name for t in report.tensors if FOLDED_NOTE in t.note}
-    folded = {n.name for n in report.nodes if any(i in folded_out for i in n.inputs)}
+    folded = folded_into(report.nodes, report.tensors)
     table = Table(title=f"worst {len(ranked)} nodes by the noise they add ({report.samples} samples)")
     for col in ("node", "op", "added noise dB", "introduced dB", "local SQNR", "accum. SQNR", "KL"):
         table.add_column(col, justify="left" if col in ("node", "op") else "right")

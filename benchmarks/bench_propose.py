@@ -79,7 +79,8 @@ def main() -> int:
     from qdebug.capture import SessionConfig
     from qdebug.data import open_data
     from qdebug.evaluate import Evaluator
-    from qdebug.pipeline import AnalyzeOptions, analyze, prepare
+    from qdebug.pipeline import analyze
+    from qdebug.prepare import AnalyzeOptions, prepare
     from qdebug.propose import ProposeOptions, excludable_nodes, propose
     from qdebug.quantize import QuantSpec, quantize_static_model, quiet_ort_logging
 

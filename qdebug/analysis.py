@@ -29,7 +29,7 @@ import math
 import os
 import tempfile
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +49,7 @@ from qdebug.data import Batch, DataSet, feed_rows, model_input_specs, take_rows
 from qdebug.evaluate import worst_output_sqnr
 from qdebug.graph.load import save_model
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
+from qdebug.graph.ops import DATA_SHAPED_OPS, PERMUTATION_OPS
 from qdebug.graph.reduce import (
     SUBSAMPLE_INPUT,
     FakeQuant,
@@ -69,7 +70,17 @@ from qdebug.metrics import (
     grid_for,
     range_edges,
 )
-from qdebug.records import ErrorStats, NodeRecord, NotCaptured, QuantParams, TensorRecord, WeightRecord
+from qdebug.progress import Progress
+from qdebug.records import (
+    KERNEL_GAP_DB,
+    ErrorStats,
+    NodeRecord,
+    NotCaptured,
+    QuantParams,
+    TensorRecord,
+    WeightRecord,
+    folded_into,
+)
 
 SQNR_CAP_DB = 120.0
 """SQNRs above this count as exact when computing the error a node introduces."""
@@ -108,8 +119,6 @@ so the capture's memory does not grow with the number of cores (one chunk of 4 M
 READ_AHEAD_BYTES = 1 << 20
 """The capture loads the next batch before the current one is read only if a batch's inputs are this small
 (or the batches are too small to keep the workers busy): the data is then not what sets the peak."""
-
-Progress = Callable[[str, int, int | None], None]
 
 
 def capture_workers(config: SessionConfig) -> int:
@@ -182,10 +191,6 @@ class _TensorAcc:
             lo, hi = float(finite.min()), float(finite.max())
         if math.isfinite(lo) and math.isfinite(hi) and self.acc.histogram is None:
             self.acc.histogram = HistogramAccumulator(range_edges(lo, hi))
-
-
-DATA_SHAPED_OPS = frozenset({"NonZero", "NonMaxSuppression", "Unique", "Compress"})
-"""Ops whose output shape depends on input *values*: quantization can change how many elements they keep."""
 
 
 def data_dependent_shapes(model: onnx.ModelProto) -> dict[str, str]:
@@ -413,10 +418,6 @@ _FLOAT_TYPES = {
     onnx.TensorProto.DOUBLE,
     onnx.TensorProto.BFLOAT16,
 }
-
-
-PERMUTATION_OPS = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-"""Ops whose output holds exactly their input's values (in another order or shape)."""
 
 
 def permutation_aliases(fp32: onnx.ModelProto, pairs: list[TensorPair]) -> dict[str, str]:
@@ -1031,10 +1032,6 @@ def _join(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
 
 
-KERNEL_GAP_DB = 3.0
-"""Deployed-vs-fake-quant SQNR difference above which the report calls out the kernels."""
-
-
 def kernel_gap_notes(
     tensors: tuple[TensorRecord, ...],
     same_samples: dict[str, ErrorStats] | None = None,
@@ -1171,26 +1168,6 @@ COLLAPSED_SHARE = 0.5
 
 COLLAPSE_INTRODUCED_DB = 20.0
 """...when a consumer then introduces at least this much error (the damage shows downstream)."""
-
-
-FOLDED_NOTE = "ORT folded the following"
-"""How :func:`qdebug.graph.match.pair_models` marks a tensor whose Relu/Clip ORT folded into its Q/DQ."""
-
-
-def folded_into(nodes: Sequence[NodeRecord], tensors: Sequence[TensorRecord]) -> dict[str, str]:
-    """Activation node -> the producer ORT folded it into (its input carries :data:`FOLDED_NOTE`).
-
-    The activation then shows that producer's Q/DQ error and is not quantized itself; the notes, the
-    kernel-gap attribution and the summary's labels all read this one map.
-    """
-    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
-    producer = {o: n.name for n in nodes for o in n.outputs if o}
-    out = {}
-    for node in nodes:
-        src = next((i for i in node.inputs if i in folded), None)
-        if src is not None and src in producer:
-            out[node.name] = producer[src]
-    return out
 
 
 def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[TensorRecord, ...]) -> list[str]:

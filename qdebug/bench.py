@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,10 @@ import numpy as np
 
 from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.files import record_path
 from qdebug.formatting import ACCURACY_METRICS
+from qdebug.graph.ops import DYNAMIC_Q, INTEGER_OPS
+from qdebug.progress import Progress, no_progress
 
 BENCH_SCHEMA_VERSION = 1
 """Version of the ``bench.json`` layout; :func:`load_bench` refuses others."""
@@ -59,12 +62,6 @@ X86_FAST = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 """x86 flags with an int8 dot-product instruction (VNNI) or matrix unit (AMX)."""
 ARM_INT8_FLAGS = ("asimddp", "i8mm", "sve", "sve2")
 ARM_FAST = frozenset({"asimddp", "i8mm"})
-
-Progress = Callable[[str, int, "int | None"], None]
-
-
-def _noop(stage: str, done: int, total: "int | None") -> None:
-    return None
 
 
 # ============================================================================ records
@@ -625,7 +622,7 @@ def run_children_interleaved(
     specs: dict[str, dict[str, Any]],
     workdir: Path,
     runs: int,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
     timeout: float = 600.0,
 ) -> dict[str, dict[str, Any]]:
     """Measure every variant in its own process, the timed passes handed out round robin.
@@ -725,7 +722,7 @@ def run_bench(
     output: str | Path = "qdebug-bench.json",
     chart: str | Path | None = None,
     options: BenchOptions | None = None,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
 ) -> BenchReport:
     """Build, evaluate and time every variant; write ``output`` (JSON) and ``chart`` (SVG); return the report.
 
@@ -733,7 +730,7 @@ def run_bench(
     build or run is kept in the report with its ``error``; the others go on.
     A run that fails as a whole (or is interrupted) leaves no ``_files/`` behind.
     """
-    from qdebug.pipeline import artifacts_dir, removed_on_failure
+    from qdebug.files import artifacts_dir, removed_on_failure
 
     inputs = [model, calib, eval_data, proposal]
     with removed_on_failure(artifacts_dir(Path(output)), [output, chart], inputs):
@@ -765,9 +762,9 @@ def _run_bench(
     from qdebug.capture import SessionConfig, check_providers
     from qdebug.data import data_notes, open_data
     from qdebug.evaluate import Evaluator, metric_scope_note
-    from qdebug.graph.load import sha256_file
-    from qdebug.pipeline import AnalyzeOptions, artifacts_dir, prepare
-    from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
+    from qdebug.files import artifacts_dir, atomic_write_text, check_outputs_spare_inputs, check_writable, sha256_file
+    from qdebug.prepare import AnalyzeOptions, prepare
+    from qdebug.report_io import dumps
 
     options = options or BenchOptions()
     if options.variants is None:
@@ -805,7 +802,7 @@ def _run_bench(
                 "pass --proposal proposal.json (from qdebug propose)",
                 ExitCode.USAGE,
             )
-        from qdebug.verify import load_proposal
+        from qdebug.report_io import load_proposal
 
         prop = load_proposal(proposal)
         model_sha = sha256_file(Path(model)) if Path(model).is_file() else ""
@@ -837,7 +834,7 @@ def _run_bench(
     )
     check = None
     if prop is not None:
-        from qdebug.verify import check_proposal
+        from qdebug.prepare import check_proposal
 
         def check(normalized: Any) -> None:  # before calibration: a wrong proposal costs no data pass
             check_proposal(prop, model_sha or prop.model_sha256, model, normalized)
@@ -845,11 +842,11 @@ def _run_bench(
     prep = prepare(model, calib, workdir, aopts, need_ranges=needs_ranges, progress=progress, check=check)
     notes.extend(prep.notes)
     if prop is not None and prep.ranges is not None and options.methods[0] == (prop.method or "minmax"):
-        from qdebug.verify import calibration_notes
+        from qdebug.prepare import calibration_notes
 
         notes.extend(calibration_notes(prop, prep.ranges))
     if prop is not None:
-        from qdebug.verify import base_setting_notes
+        from qdebug.prepare import base_setting_notes
 
         notes.extend(base_setting_notes(prop, options.per_channel))
     ranges: dict[str, Any] = {}
@@ -950,8 +947,8 @@ def _run_bench(
         model=prep.model.path,
         model_sha256=prep.model.sha256,
         normalized_model=str(prep.normalized_path.resolve()),
-        calib=_abs(calib),
-        eval=_abs(eval_data if eval_data is not None else calib),
+        calib=record_path(calib),
+        eval=record_path(eval_data if eval_data is not None else calib),
         metric=evaluator.metric_name,
         samples=evaluator.samples,
         batch_size=full_size,
@@ -959,18 +956,13 @@ def _run_bench(
         warmup=options.warmup,
         machine=machine,
         variants=tuple(variants),
-        proposal=_abs(proposal) if proposal is not None else None,
+        proposal=record_path(proposal) if proposal is not None else None,
         notes=tuple(notes),
     )
     atomic_write_text(out, dumps(report))
     if chart is not None:
         atomic_write_text(chart, chart_svg(report))
     return report
-
-
-def _abs(p: str | Path) -> str:
-    path = Path(p)
-    return str(path.resolve()) if path.exists() else str(p)
 
 
 def _replace_error(b: _Built, error: str) -> _Built:
@@ -1055,14 +1047,6 @@ def load_bench(path: str | Path) -> BenchReport:
 
 # ============================================================================ dynamic per-layer error
 
-INTEGER_OPS = {
-    "Conv": ("ConvInteger",),
-    "MatMul": ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"),
-    "Gemm": ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"),
-}
-"""FP32 op -> the integer ops ``quantize_dynamic`` replaces it with (a Gemm becomes MatMul + Add)."""
-_DYNAMIC_Q = "DynamicQuantizeLinear"
-
 
 def pair_dynamic(fp32: Any, dyn: Any) -> tuple[Any, set[str]]:
     """Pair FP32 tensors with a dynamic-quantized model's tensors by graph position.
@@ -1101,7 +1085,7 @@ def pair_dynamic(fp32: Any, dyn: Any) -> tuple[Any, set[str]]:
 
     def float_source(t: str) -> str:
         p = di.producer.get(t)
-        return p.input[0] if p is not None and p.op_type == _DYNAMIC_Q else t
+        return p.input[0] if p is not None and p.op_type == DYNAMIC_Q else t
 
     for node in fp32.graph.node:
         positions = [i for i, n in enumerate(node.input) if n and n not in fp_inits]
@@ -1233,7 +1217,7 @@ def dynamic_layer_report(
     config: Any,
     task: Any,
     outputs: tuple[Any, ...],
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
 ) -> Any:
     """Per-layer accumulated error of the dynamic model vs FP32, as an analysis :class:`Report`.
 
@@ -1245,7 +1229,7 @@ def dynamic_layer_report(
     import onnxruntime
 
     from qdebug.analysis import measure_layers, node_records, weight_records
-    from qdebug.pipeline import model_info
+    from qdebug.prepare import model_info
     from qdebug.records import SCHEMA_VERSION, AnalysisConfig, Report
     from qdebug.report_io import save_report
 
@@ -1272,7 +1256,7 @@ def dynamic_layer_report(
         model=prep.model,
         normalized_model=str(prep.normalized_path.resolve()),
         quantized_model=model_info(dyn_path, dyn),
-        config=AnalysisConfig(method="dynamic", calib=_abs(prep.calib.source)),
+        config=AnalysisConfig(method="dynamic", calib=record_path(prep.calib.source)),
         calibration_cache=None,
         samples=layers.samples,
         nodes=nodes,

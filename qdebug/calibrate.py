@@ -27,8 +27,8 @@ import numpy as np
 
 from qdebug.data import DataSet, ReaderAdapter
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.files import atomic_write_text
 from qdebug.records import METHODS
-from qdebug.report_io import atomic_write_text
 
 
 @dataclass(frozen=True, eq=False)

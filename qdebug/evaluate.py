@@ -378,7 +378,7 @@ def eval_range_notes(
     those values are clipped (a regression head reached 2x its calibrated range on 5 of 160 samples, its
     error was 20x, and nothing said why; the report's per-tensor numbers are measured on calibration data).
     """
-    from qdebug.analysis import PERMUTATION_OPS
+    from qdebug.graph.ops import PERMUTATION_OPS
 
     by_name = {t.name: t for t in tensors}
     node_of = {n.name: n for n in nodes}

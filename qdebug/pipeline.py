@@ -8,21 +8,15 @@ score the task metric on un-instrumented sessions and write the report.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import math
-import os
-import shutil
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from qdebug import __version__
 from qdebug.analysis import (
-    DEFAULT_FAKEQUANT_SAMPLES,
     collapsed_range_notes,
     concat_range_notes,
     folded_activation_notes,
@@ -34,279 +28,29 @@ from qdebug.analysis import (
     structure_notes,
     weight_records,
 )
-from qdebug.calibrate import Ranges, calibrate
-from qdebug.capture import SessionConfig, check_providers
+from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, data_notes, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluate import Evaluator, eval_range_notes, metric_scope_note
+from qdebug.files import (
+    artifacts_dir,
+    check_outputs_spare_inputs,
+    check_writable,
+    record_path,
+    removed_on_failure,
+)
 from qdebug.graph.load import (
     PER_CHANNEL_OPSET,
     default_opset,
-    is_large,
     load_model,
-    normalize,
-    save_model,
-    sha256_file,
 )
 from qdebug.graph.match import is_qdq_model, pair_models
+from qdebug.graph.ops import INTEGER_KERNEL_OPS
+from qdebug.prepare import AnalyzeOptions, Prepared, model_info, prepare  # noqa: F401 -- re-exported
+from qdebug.progress import Progress, no_progress
 from qdebug.quantize import QuantSpec, float16_exclusions, nonfinite_range_exclusions, quantize_static_model
-from qdebug.records import SCHEMA_VERSION, AnalysisConfig, ModelInfo, Report, TaskMetric
-from qdebug.report_io import check_outputs_spare_inputs, check_writable, save_report
-
-Progress = Callable[[str, int, int | None], None]
-
-
-def _noop(stage: str, done: int, total: int | None) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class AnalyzeOptions:
-    """Options of :func:`analyze` (the CLI flags of ``qdebug analyze``)."""
-
-    method: str = "minmax"
-    per_channel: bool = False
-    activation_type: str = "QUInt8"
-    weight_type: str = "QInt8"
-    batch_size: int | None = None
-    max_samples: int | None = None
-    metric: str | None = None
-    upgrade_opset: bool = False
-    inline_constant_if: bool = False
-    """Inline the taken branch of If nodes whose condition is a constant (ORT quantizes no subgraph)."""
-    use_cache: bool = True
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    threads: int = 0
-    engine: str = "auto"
-    """Capture engine: ``graph`` (reductions inside ORT), ``numpy`` (exact float64 copies), ``auto``."""
-    fakequant_samples: int | None = DEFAULT_FAKEQUANT_SAMPLES
-    """Run the fake-quant view on the first N samples only (None: all; 0: skip it)."""
-
-
-def artifacts_dir(report_path: Path) -> Path:
-    """Where the normalized and quantized models of a report live: ``<report stem>_files/``."""
-    return report_path.parent / f"{report_path.stem}_files"
-
-
-def model_info(path: Path, proto: onnx.ModelProto, sha: str | None = None) -> ModelInfo:
-    """Identify a model for the report."""
-    inits = {i.name for i in proto.graph.initializer}
-    return ModelInfo(
-        path=str(path.resolve()),
-        sha256=sha or sha256_file(path),
-        opset=default_opset(proto),
-        nodes=len(proto.graph.node),
-        inputs=tuple(i.name for i in proto.graph.input if i.name not in inits),
-        outputs=tuple(o.name for o in proto.graph.output),
-    )
-
-
-@dataclass(frozen=True, eq=False)
-class Prepared:
-    """A normalized model ready for quantization, with its data and calibration.
-
-    The user's model is kept only as its :class:`ModelInfo`: its proto would
-    double the weights held through the capture (22 MB on the BERT benchmark).
-    """
-
-    model: ModelInfo
-    normalized: onnx.ModelProto
-    normalized_path: Path
-    notes: tuple[str, ...]
-    name_map: dict[str, str]
-    calib: DataSet
-    ranges: Ranges | None
-
-
-def prepare(
-    model_path: str | Path,
-    calib: str | Path,
-    workdir: Path,
-    options: AnalyzeOptions,
-    *,
-    need_ranges: bool = True,
-    progress: Progress = _noop,
-    check: Callable[[onnx.ModelProto], None] | None = None,
-) -> Prepared:
-    """Load, normalize and save the model; open the calibration data; calibrate (cached).
-
-    ``check`` sees the normalized model before any data is read: a proposal
-    naming nodes the model lacks is refused before calibration, not after.
-    """
-    check_providers(options.providers)
-    loaded = load_model(model_path)
-    _refuse_quantized_base(loaded.proto, model_path)
-    norm = normalize(
-        loaded, upgrade_opset=options.upgrade_opset, inline_constant_if=options.inline_constant_if
-    )
-    if check is not None:
-        check(norm.proto)
-    normalized_path = workdir / "normalized.onnx"
-    save_model(norm.proto, normalized_path)
-    info = model_info(loaded.path, loaded.proto, loaded.sha256)
-    del loaded  # the normalized model is what the rest works on: not two copies of the weights
-    specs = model_input_specs(norm.proto)
-    data = open_data(calib, specs, batch_size=options.batch_size, max_samples=options.max_samples)
-    ranges = None
-    if need_ranges:
-        float16_exclusions(norm.proto)  # refuse an all-float16 model before calibrating
-        count = [0]
-
-        def on_batch(n: int) -> None:
-            count[0] += n
-            progress("calibrate", count[0], data.n_samples)
-
-        ranges = calibrate(
-            normalized_path,
-            sha256_file(normalized_path),
-            data,
-            options.method,
-            use_cache=options.use_cache,
-            on_batch=on_batch,
-            providers=options.providers,
-            large=is_large(norm.proto),
-        )
-    return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges)
-
-
-@contextlib.contextmanager
-def removed_on_failure(
-    workdir: Path | None,
-    outputs: Sequence[str | Path | None] = (),
-    inputs: Sequence[str | Path | None] = (),
-) -> Iterator[None]:
-    """A run's outputs appear whole or not at all: ``workdir`` (a ``<stem>_files/`` directory) and
-    ``outputs`` (the JSON, a chart) are removed if the block fails or is interrupted.
-
-    Outputs of an earlier run at those paths are moved aside first and put
-    back on failure, deleted on success: a failed or interrupted re-run had
-    replaced ``_files/*.onnx`` under the old report, and a Ctrl-C just after
-    the JSON was written left a JSON whose models were deleted. A directory
-    holding one of the run's ``inputs`` is not moved (the run reads it).
-    """
-    files = [Path(o) for o in outputs if o]  # "" would be "." (and has no name to move aside)
-    lock = _lock_outputs(files[0] if files else workdir)
-    try:
-        yield from _replaced_whole(workdir, files, inputs)
-    finally:
-        _unlock_outputs(lock)
-
-
-def _lock_outputs(output: Path | None) -> tuple[int, Path] | None:
-    """Take ``.<name>.qdebug-lock`` next to ``output`` for the run, or fail at once (exit 7).
-
-    Two runs writing the same ``-o`` had mixed their files (one run's report, the other's models), and the
-    second would now take the first's outputs set aside for a killed run's. An advisory ``flock``: the
-    system drops it when a process dies, so a killed run never blocks the next. Where ``fcntl`` is missing
-    (Windows) or the folder does not exist yet, no lock is taken.
-    """
-    if output is None or not output.absolute().parent.is_dir():
-        return None
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    path = output.absolute().parent / f".{output.name}.qdebug-lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        return None  # a read-only folder: the writability checks name the problem
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise QDebugError(
-            f"another qdebug run is writing {output} (lock {path.name})",
-            "wait for it to finish, or choose another output path",
-            ExitCode.OUTPUT,
-        ) from None
-    return fd, path
-
-
-def _unlock_outputs(lock: tuple[int, Path] | None) -> None:
-    if lock is None:
-        return
-    fd, path = lock
-    with contextlib.suppress(OSError):
-        path.unlink()  # no hidden file left next to the output once the run is done
-    os.close(fd)
-
-
-def _replaced_whole(
-    workdir: Path | None, files: list[Path], inputs: Sequence[str | Path | None]
-) -> Iterator[None]:
-    """The body of :func:`removed_on_failure` (under the output lock)."""
-    held = [Path(str(i)).resolve() for i in inputs if i and Path(str(i)).exists()]
-    new_parents = []  # the directories above the outputs that the run creates, removed if left empty
-    for out in ([workdir] if workdir is not None else []) + files:
-        parent = out.absolute().parent
-        while not parent.exists() and parent != parent.parent and parent not in new_parents:
-            new_parents.append(parent)
-            parent = parent.parent
-    new_parents.sort(key=lambda p: -len(p.parts))  # innermost first
-    targets = ([workdir] if workdir is not None else []) + files
-    kept: list[Path] = []  # earlier outputs the run works over in place
-    backups: list[tuple[Path, Path]] = []
-    try:
-        for target in targets:
-            aside = target.with_name(f".{target.name}.qdebug-previous")
-            if aside.exists() or aside.is_symlink():
-                # only a run killed outright (SIGKILL, power) leaves an output aside: it is the last good
-                # output, and what stands at the target is that run's partial work (its _files/ had been
-                # kept and the earlier models deleted, so a report and another run's models got paired)
-                with contextlib.suppress(OSError):
-                    if target.exists() or target.is_symlink():
-                        _remove(target)
-                    aside.rename(target)
-            if not target.exists() and not target.is_symlink():
-                continue
-            if target in files and target.is_dir() and not target.is_symlink():
-                # a directory named as an output *file* is the user's, not an earlier run's: it stays, and
-                # the writability check refuses it (bench -o DIR had moved it aside, then deleted it)
-                kept.append(target)
-                continue
-            if _works_in_place(target, held):
-                kept.append(target)
-                continue
-            try:
-                target.rename(aside)
-            except OSError:  # not movable: replaced in place, as before
-                kept.append(target)
-                continue
-            backups.append((target, aside))
-        yield
-    except BaseException:
-        for target in targets:
-            if target not in kept:
-                _remove(target)
-        for target, aside in backups:
-            with contextlib.suppress(OSError):
-                aside.rename(target)
-        for parent in new_parents:  # a directory holding anything stays
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-        raise
-    for _, aside in backups:
-        _remove(aside)
-
-
-def _works_in_place(target: Path, held: list[Path]) -> bool:
-    """An earlier output the run must not move: it is one of the run's inputs or holds one (the
-    overlap check then names it), or it is a symlink (moving it would replace the user's link to
-    another disk with a directory)."""
-    if target.is_symlink():
-        return True
-    real = target.resolve()
-    return any(h == real or (target.is_dir() and h.is_relative_to(real)) for h in held)
-
-
-def _remove(path: Path) -> None:
-    """Delete a file or directory tree if it exists."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        with contextlib.suppress(OSError):
-            path.unlink()
+from qdebug.records import SCHEMA_VERSION, AnalysisConfig, Report, TaskMetric
+from qdebug.report_io import save_report
 
 
 def analyze(
@@ -317,7 +61,7 @@ def analyze(
     quantized: str | Path | None = None,
     output: str | Path = "qdebug-report.json",
     options: AnalyzeOptions | None = None,
-    progress: Progress = _noop,
+    progress: Progress = no_progress,
 ) -> Report:
     """Analyze where quantization error enters ``model``; write and return the report.
 
@@ -571,9 +315,9 @@ def _analyze(
             weight_type=options.weight_type,
             batch_size=options.batch_size,
             max_samples=options.max_samples,
-            calib=_abs(calib),
-            eval=_abs(eval_data) if eval_data is not None else None,
-            metric=_abs(options.metric) if options.metric and ":" in options.metric else options.metric,
+            calib=record_path(calib),
+            eval=record_path(eval_data) if eval_data is not None else None,
+            metric=record_path(options.metric) if options.metric and ":" in options.metric else options.metric,
             quantized_given=quantized is not None,
             fakequant_samples=layers.fakequant_samples,
             upgrade_opset=options.upgrade_opset,
@@ -594,22 +338,6 @@ def _analyze(
     )
     save_report(report, out)
     return report
-
-
-_INTEGER_OPS = (
-    "QGemm",
-    "QAttention",
-    "QEmbedLayerNormalization",
-    "MatMulInteger",
-    "ConvInteger",
-    "DynamicQuantizeLinear",
-    "DynamicQuantizeMatMul",
-    "MatMulIntegerToFloat",
-    "DynamicQuantizeLSTM",
-)
-
-
-_DYNAMIC_OPS = ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
 
 
 def _check_same_inputs(
@@ -665,34 +393,12 @@ def is_dynamic_model(model: onnx.ModelProto) -> bool:
     return "DynamicQuantizeLinear" in ops and not any(o.startswith("QLinear") for o in ops)
 
 
-_QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger")
-
-
-def _refuse_quantized_base(proto: onnx.ModelProto, path: str | Path) -> None:
-    """The model to analyze (the base of every quantized variant) must be the float model: an already
-    quantized one had failed inside ORT's quantizer ("KeyError: ..._scale -- report this model")."""
-    from collections import Counter
-
-    ops = Counter(
-        n.op_type
-        for n in proto.graph.node
-        if n.op_type in _QUANT_OPS or n.op_type in _INTEGER_OPS or n.op_type.startswith("QLinear")
-    )
-    if ops:
-        found = ", ".join(f"{op} x{k}" for op, k in sorted(ops.items()))
-        raise QDebugError(
-            f"{path} is already quantized ({found})",
-            "pass the FP32 model it was made from, and this one with --quantized",
-            ExitCode.MODEL,
-        )
-
-
 def _refuse_integer_ops(qproto: onnx.ModelProto, path: str | Path) -> None:
     """Refuse QOperator / integer-op models: their tensors between nodes are integers, not pairable floats."""
     from collections import Counter
 
     ops = Counter(
-        n.op_type for n in qproto.graph.node if n.op_type.startswith("QLinear") or n.op_type in _INTEGER_OPS
+        n.op_type for n in qproto.graph.node if n.op_type.startswith("QLinear") or n.op_type in INTEGER_KERNEL_OPS
     )
     if ops:
         found = ", ".join(f"{op} x{k}" for op, k in sorted(ops.items()))
@@ -705,14 +411,3 @@ def _refuse_integer_ops(qproto: onnx.ModelProto, path: str | Path) -> None:
         )
 
 
-def _abs(p: str | Path) -> str:
-    """A data path as the report records it: absolute, so propose/verify find it from another directory;
-    a ``file.py:function`` hook gets an absolute file part (a dotted module name is kept as given)."""
-    path = Path(p)
-    if path.exists():
-        return str(path.resolve())
-    text = str(p)
-    module, sep, func = text.rpartition(":")
-    if sep and module.endswith(".py") and Path(module).is_file():
-        return f"{Path(module).resolve()}:{func}"
-    return text

@@ -56,6 +56,8 @@ from typing import TYPE_CHECKING, Any
 
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.formatting import ACCURACY_METRICS
+from qdebug.graph.ops import GLUE_OPS, WEIGHTED_OPS
+from qdebug.progress import Progress
 from qdebug.records import (
     SCHEMA_VERSION,
     NodeReason,
@@ -73,7 +75,6 @@ if TYPE_CHECKING:
     from qdebug.calibrate import Ranges
     from qdebug.evaluate import EvalResult, Evaluator
 
-Progress = Callable[[str, int, "int | None"], None]
 
 ACTIONS = ("fp32", "int16", "per-channel")
 """What ``--allow`` accepts: keep nodes FP32, 16-bit activations, per-channel weights."""
@@ -90,11 +91,6 @@ RESIDUAL_BRANCH_NODES = 8
 """A fork-join whose join reads the fork tensor directly around a longer branch is a residual."""
 RERANK_SAMPLES = 32
 """Calibration samples used by one re-ranking capture."""
-
-WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
-GLUE_OPS = frozenset(
-    {"Mul", "Div", "Add", "Sub", "Where", "Cast", "Identity", "Dropout", "Reshape", "Transpose"}
-)
 
 
 # ----------------------------------------------------------------------------- records
@@ -1212,7 +1208,7 @@ def _check_allow(allow: Sequence[str]) -> tuple[str, ...]:
 
 def check_report_model(report: Report, model: str | Path | None) -> Path:
     """The model file the report was made from (or ``model``), refusing another model (hash mismatch)."""
-    from qdebug.graph.load import sha256_file
+    from qdebug.files import sha256_file
 
     path = Path(model) if model is not None else Path(report.model.path)
     if not path.is_file():
@@ -1276,7 +1272,8 @@ def propose(
     """
     import tempfile
 
-    from qdebug.report_io import check_outputs_spare_inputs, check_writable, load_report
+    from qdebug.files import check_outputs_spare_inputs, check_writable
+    from qdebug.report_io import load_report
 
     start = time.perf_counter()
     options = options or ProposeOptions()
@@ -1304,7 +1301,7 @@ def propose(
             },
         )
     with tempfile.TemporaryDirectory(prefix="qdebug-propose-") as tmp:
-        from qdebug.pipeline import artifacts_dir, removed_on_failure
+        from qdebug.files import artifacts_dir, removed_on_failure
 
         workdir = artifacts_dir(Path(output)) if output is not None else Path(tmp)
         outputs = [output, selective_model_path(output)] if output is not None else []
@@ -1330,10 +1327,11 @@ def _propose(
     from qdebug.capture import SessionConfig
     from qdebug.data import data_notes, open_data
     from qdebug.evaluate import Evaluator, metric_scope_note
+    from qdebug.files import atomic_write_text
     from qdebug.graph.load import save_model
-    from qdebug.pipeline import AnalyzeOptions, prepare
+    from qdebug.prepare import AnalyzeOptions, prepare
     from qdebug.quantize import QuantSpec
-    from qdebug.report_io import atomic_write_text, dumps
+    from qdebug.report_io import dumps
 
     cfg = report.config
     aopts = AnalyzeOptions(

@@ -11,21 +11,26 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
-import hashlib
 import io
 import json
 import math
-import os
-import stat
-import tempfile
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from qdebug import records
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.records import SCHEMA_VERSION, Report
+from qdebug.files import (  # noqa: F401 -- re-exported: the writers' old home
+    atomic_write_bytes,
+    atomic_write_text,
+    check_outputs_spare_inputs,
+    check_writable,
+    output_mode,
+    sha256_file,
+    write_hint,
+)
+from qdebug.records import SCHEMA_VERSION, Proposal, Report, TensorOverride
 
 T = TypeVar("T")
 
@@ -68,7 +73,7 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
 def _hints(cls: type) -> dict[str, Any]:
     """A record class's resolved field types; cached: resolving them per record took 8 of the 19 s
     that loading a 5,000-node report took."""
-    return typing.get_type_hints(cls, vars(records))
+    return typing.get_type_hints(cls)  # in the record's own module: every record module imports what it names
 
 
 def from_jsonable(tp: Any, value: Any) -> Any:
@@ -188,141 +193,6 @@ def _emit(value: Any, depth: int, out: list[str]) -> None:
         out.append("\n" + " " * depth + "]")
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temp file in the same directory, then rename.
-
-    An interrupted run therefore leaves either the old file or the new one,
-    never half a file, and no temp file behind.
-    """
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (see :func:`atomic_write_text`).
-
-    A symlink is written through, like a plain write would: the rename had replaced the user's link with
-    a regular file, leaving its target stale.
-    """
-    path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise QDebugError(
-            f"cannot write to {directory}: {e.strerror}",
-            "choose a writable output path with -o",
-            ExitCode.OUTPUT,
-        ) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, output_mode(path))
-        os.replace(tmp, path)
-    except OSError as e:
-        _silent_unlink(tmp)
-        raise QDebugError(f"cannot write {path}: {e.strerror}", write_hint(e), ExitCode.OUTPUT) from None
-    except BaseException:
-        _silent_unlink(tmp)
-        raise
-
-
-def write_hint(e: OSError, flag: str = "-o") -> str:
-    """The fix for a failed write: free space when the disk is full, another path otherwise (a missing or
-    read-only directory had been told to free disk space)."""
-    import errno
-
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"free disk space or choose another {flag} path"
-    return f"choose a writable {flag} path"
-
-
-def output_mode(path: str | Path) -> int:
-    """Permissions for a file written through a temp file: those of the file it replaces, else what
-    ``open()`` would give a new file (0o666 less the umask). ``mkstemp`` creates 0o600 files, which would
-    leave reports unreadable to the rest of a team or a CI artifact store."""
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        return 0o666 & ~_umask()
-
-
-@functools.lru_cache(maxsize=1)
-def _umask() -> int:
-    try:  # Linux: read it without changing it (os.umask can only be read by setting it)
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _silent_unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def check_writable(path: str | Path, flag: str = "-o") -> None:
-    """Fail before long work starts if ``path`` cannot be created (directory missing/unwritable);
-    ``flag`` is the option the fix names."""
-    path = Path(path)
-    ancestor = path.parent if str(path.parent) else Path(".")
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise QDebugError(
-            f"cannot create {path}: {ancestor} is not a directory",
-            f"choose another {flag} path",
-            ExitCode.OUTPUT,
-        )
-    if not os.access(ancestor, os.W_OK):
-        raise QDebugError(
-            f"output directory {ancestor} is not writable", f"choose another {flag} path", ExitCode.OUTPUT
-        )
-    if path.is_dir():
-        raise QDebugError(
-            f"output path {path} is a directory", f"give a file name with {flag}", ExitCode.OUTPUT
-        )
-
-
-def check_outputs_spare_inputs(
-    outputs: dict[str, str | Path | None], inputs: dict[str, str | Path | None]
-) -> None:
-    """Refuse an output path that is one of the inputs, or another output: the user's files are never
-    modified (``-o model.onnx`` had replaced the model with the report, ``--csv`` the same as ``-o``
-    the report with the CSV). Keys name the paths for the message; ``None`` entries are skipped, and
-    inputs that are not files (a data folder, a ``module:function`` hook) cannot collide."""
-
-    def where(path: str | Path) -> Path:
-        return Path(os.path.realpath(path))
-
-    taken: dict[Path, str] = {}
-    for what, path in inputs.items():
-        if path is not None and Path(path).is_file():
-            taken.setdefault(where(path), what)
-    for what, path in outputs.items():
-        if path is None:
-            continue
-        key = where(path)
-        if key in taken:
-            raise QDebugError(
-                f"{what} {path} would overwrite {taken[key]} (the same file)",
-                "choose another output path",
-                ExitCode.USAGE,
-            )
-        taken[key] = what
-
-
 def save_report(report: Report, path: str | Path) -> None:
     """Write the report as JSON, atomically."""
     atomic_write_text(path, dumps(report))
@@ -391,15 +261,6 @@ def _kind_of(data: dict) -> str | None:
     return "report" if "tensors" in data and "nodes" in data else None
 
 
-def sha256_file(path: str | Path) -> str:
-    """Hex SHA-256 of a file, read in chunks (models can be large)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_report(path: str | Path) -> Report:
     """Load and validate an analysis report (node and tensor names are unique in one qdebug wrote)."""
     report = load_record(Report, path, "report")
@@ -465,3 +326,64 @@ def report_to_csv(report: Report) -> str:
 
 def _fmt(x: float) -> str:
     return repr(float(x)) if math.isfinite(x) else str(to_jsonable(float(x)))
+
+
+def load_proposal(path: str | Path) -> Proposal:
+    """Load a proposal file, refusing other kinds of qdebug files."""
+    import json
+
+    from qdebug.report_io import load_record
+
+    p = Path(path)
+    if p.is_file():
+        try:
+            kind = json.loads(p.read_text(encoding="utf-8")).get("kind")
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            kind = None  # load_record explains
+        else:
+            if kind != "proposal":
+                raise QDebugError(
+                    f"{p} is not a qdebug proposal (kind {kind!r})",
+                    "pass the proposal.json written by qdebug propose or exported by the TUI",
+                    ExitCode.INPUT,
+                )
+    return _checked_fields(load_record(Proposal, p, "proposal"), p)
+
+
+def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
+    """Refuse settings no quantization accepts (a hand-edited file); drop repeated names.
+
+    A name listed twice was counted twice ("nodes FP32 8" for 4 nodes); a
+    tensor given two different types has no meaning and is refused.
+    """
+    from qdebug.records import METHODS, QUANT_TYPES
+
+    def bad(field: str, value: str, allowed: Sequence[str]) -> QDebugError:
+        return QDebugError(
+            f"proposal {path} has {field} {value!r}",
+            f"use one of {', '.join(allowed)} (or re-run qdebug propose)",
+            ExitCode.INPUT,
+        )
+
+    if proposal.method and proposal.method not in METHODS:
+        raise bad("method", proposal.method, METHODS)
+    for field in ("activation_type", "weight_type"):
+        value = getattr(proposal, field)
+        if value and value not in QUANT_TYPES:
+            raise bad(field, value, QUANT_TYPES)
+    overrides: dict[str, TensorOverride] = {}
+    for o in proposal.tensor_overrides:
+        if o.quant_type not in QUANT_TYPES:
+            raise bad(f"quant_type for tensor {o.tensor!r}:", o.quant_type, QUANT_TYPES)
+        if overrides.setdefault(o.tensor, o).quant_type != o.quant_type:
+            raise QDebugError(
+                f"proposal {path} gives tensor {o.tensor!r} two types: "
+                f"{overrides[o.tensor].quant_type} and {o.quant_type}",
+                "keep one override per tensor",
+                ExitCode.INPUT,
+            )
+    return dataclasses.replace(
+        proposal,
+        nodes_to_exclude=tuple(dict.fromkeys(proposal.nodes_to_exclude)),
+        tensor_overrides=tuple(overrides.values()),
+    )

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from qdebug.data import feed_rows
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
-from qdebug.records import SCHEMA_VERSION, Proposal, Report, TensorOverride
+from qdebug.records import SCHEMA_VERSION, Proposal, Report
+from qdebug.report_io import load_proposal
 
 if TYPE_CHECKING:
     import numpy as np
@@ -273,133 +274,6 @@ class VerifyOptions:
     inline_constant_if: bool = False
 
 
-def load_proposal(path: str | Path) -> Proposal:
-    """Load a proposal file, refusing other kinds of qdebug files."""
-    import json
-
-    from qdebug.report_io import load_record
-
-    p = Path(path)
-    if p.is_file():
-        try:
-            kind = json.loads(p.read_text(encoding="utf-8")).get("kind")
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            kind = None  # load_record explains
-        else:
-            if kind != "proposal":
-                raise QDebugError(
-                    f"{p} is not a qdebug proposal (kind {kind!r})",
-                    "pass the proposal.json written by qdebug propose or exported by the TUI",
-                    ExitCode.INPUT,
-                )
-    return _checked_fields(load_record(Proposal, p, "proposal"), p)
-
-
-def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
-    """Refuse settings no quantization accepts (a hand-edited file); drop repeated names.
-
-    A name listed twice was counted twice ("nodes FP32 8" for 4 nodes); a
-    tensor given two different types has no meaning and is refused.
-    """
-    from qdebug.records import METHODS, QUANT_TYPES
-
-    def bad(field: str, value: str, allowed: Sequence[str]) -> QDebugError:
-        return QDebugError(
-            f"proposal {path} has {field} {value!r}",
-            f"use one of {', '.join(allowed)} (or re-run qdebug propose)",
-            ExitCode.INPUT,
-        )
-
-    if proposal.method and proposal.method not in METHODS:
-        raise bad("method", proposal.method, METHODS)
-    for field in ("activation_type", "weight_type"):
-        value = getattr(proposal, field)
-        if value and value not in QUANT_TYPES:
-            raise bad(field, value, QUANT_TYPES)
-    overrides: dict[str, TensorOverride] = {}
-    for o in proposal.tensor_overrides:
-        if o.quant_type not in QUANT_TYPES:
-            raise bad(f"quant_type for tensor {o.tensor!r}:", o.quant_type, QUANT_TYPES)
-        if overrides.setdefault(o.tensor, o).quant_type != o.quant_type:
-            raise QDebugError(
-                f"proposal {path} gives tensor {o.tensor!r} two types: "
-                f"{overrides[o.tensor].quant_type} and {o.quant_type}",
-                "keep one override per tensor",
-                ExitCode.INPUT,
-            )
-    return dataclasses.replace(
-        proposal,
-        nodes_to_exclude=tuple(dict.fromkeys(proposal.nodes_to_exclude)),
-        tensor_overrides=tuple(overrides.values()),
-    )
-
-
-def _percent(fraction: float) -> str:
-    """A threshold as given: 90%, 93.06% (a rounded one had printed "recovered 93.1% (< 93% required)"),
-    never -0%."""
-    return f"{100 * fraction + 0.0:.4g}%"
-
-
-def calibration_notes(proposal: Proposal, ranges: Any) -> list[str]:
-    """A note when this run's calibration is not the one the proposal was made with.
-
-    The key hashes the model, the calibration data's content and sample
-    count, the method and ORT's version: another ``--calib`` file or
-    ``--max-samples`` gives other scales, so the selective model here is not
-    the one ``propose`` measured (verify still judges the model it built).
-    """
-    if not proposal.calibration_key or ranges is None or ranges.key == proposal.calibration_key:
-        return []
-    return [
-        "the calibration differs from the one the proposal was made with (other calibration data, sample "
-        "count or method): the selective model's scales differ from propose's; pass the proposal's "
-        "--calib and --max-samples to rebuild its model exactly"
-    ]
-
-
-def base_setting_notes(proposal: Proposal, per_channel_flag: bool) -> list[str]:
-    """A note when a proposal made before ``base_per_channel`` was recorded has per-channel weights: the
-    static baseline is then per-tensor unless ``--per-channel`` says otherwise, and the selective model
-    differs from it by more than its exclusions (silent before)."""
-    if proposal.base_per_channel is not None or not proposal.per_channel or per_channel_flag:
-        return []
-    return [
-        "the proposal has per-channel weights but does not record the report's own setting (an older "
-        "qdebug): the static baseline is per-tensor; pass --per-channel if the report was per-channel"
-    ]
-
-
-def check_proposal(
-    proposal: Proposal, model_sha256: str, model_path: str | Path, normalized: onnx.ModelProto
-) -> None:
-    """Refuse a proposal for another model, or one naming nodes/tensors the model does not have."""
-    if proposal.model_sha256 and proposal.model_sha256 != model_sha256:
-        raise QDebugError(
-            f"the proposal was made for another model (sha256 {proposal.model_sha256[:12]}...), "
-            f"not {model_path} "
-            f"({model_sha256[:12]}...)",
-            "run qdebug propose on a report of this model",
-            ExitCode.INPUT,
-        )
-    names = {n.name for n in normalized.graph.node}
-    unknown = [n for n in proposal.nodes_to_exclude if n not in names]
-    if unknown:
-        raise QDebugError(
-            f"the proposal names {len(unknown)} node(s) that are not in {model_path}: "
-            f"{', '.join(repr(u) for u in unknown[:5])}{' ...' if len(unknown) > 5 else ''}",
-            "use node names from the qdebug report of this model",
-            ExitCode.INPUT,
-        )
-    tensors = {t for n in normalized.graph.node for t in list(n.input) + list(n.output) if t}
-    bad = [o.tensor for o in proposal.tensor_overrides if o.tensor not in tensors]
-    if bad:
-        raise QDebugError(
-            f"the proposal overrides {len(bad)} tensor(s) that are not in {model_path}: {bad[:5]}",
-            "use tensor names from the qdebug report of this model",
-            ExitCode.INPUT,
-        )
-
-
 class _Context:
     """What verify needs that does not depend on the proposal (built once; reused by the TUI)."""
 
@@ -420,7 +294,7 @@ class _Context:
         from qdebug.data import data_notes, open_data
         from qdebug.evaluate import Evaluator, metric_scope_note
         from qdebug.graph.match import pair_models
-        from qdebug.pipeline import AnalyzeOptions, prepare
+        from qdebug.prepare import AnalyzeOptions, prepare
 
         self.options = options
         aopts = AnalyzeOptions(
@@ -509,10 +383,17 @@ def verify(
     """
     import tempfile
 
+    from qdebug.files import (
+        artifacts_dir,
+        atomic_write_text,
+        check_outputs_spare_inputs,
+        check_writable,
+        removed_on_failure,
+    )
     from qdebug.graph.load import load_model, save_model, stored_size
-    from qdebug.pipeline import artifacts_dir, removed_on_failure
+    from qdebug.prepare import base_setting_notes, calibration_notes, check_proposal
     from qdebug.quantize import QuantSpec, quantize_static_model
-    from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, dumps
+    from qdebug.report_io import dumps
 
     start = time.perf_counter()
     options = options or VerifyOptions()
@@ -842,7 +723,7 @@ def make_tui_verify(
     first call and reused by later ones, so each further verify costs one
     re-quantization, one evaluation and the timing runs.
     """
-    from qdebug.report_io import sha256_file  # not graph.load: the TUI must not import onnx to hash
+    from qdebug.files import sha256_file
 
     cfg = report.config
     model = Path(report.model.path)
@@ -915,3 +796,9 @@ def _replace(options: VerifyOptions, **changes: Any) -> VerifyOptions:
     import dataclasses
 
     return dataclasses.replace(options, **changes)
+
+
+def _percent(fraction: float) -> str:
+    """A threshold as given: 90%, 93.06% (a rounded one had printed "recovered 93.1% (< 93% required)"),
+    never -0%."""
+    return f"{100 * fraction + 0.0:.4g}%"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,40 @@ FIXTURES = ROOT / "fixtures"
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep the calibration cache out of the user's home during tests."""
     monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "qdebug-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_checkout(tmp_path_factory, monkeypatch):
+    """Run every test from a scratch directory: a command's default output (``proposal.json``, a report)
+    lands there, never in the checkout (a test run once committed ``proposal.json`` at the root)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+def _git_status() -> str | None:
+    try:
+        r = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STATUS] = _git_status()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when the tests left files in the checkout (``git status`` changed)."""
+    before, after = session.config.stash.get(_STATUS, None), _git_status()
+    if before is None or after is None or before == after:
+        return
+    new = sorted(set(after.splitlines()) - set(before.splitlines()))
+    session.config.get_terminal_writer().line(
+        f"the tests changed the checkout (git status): {'; '.join(new[:10]) or 'files changed'}", red=True
+    )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_STATUS = pytest.StashKey[str | None]()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from qdebug.bench import (
 from qdebug.bench_child import IOBINDING_PREALLOCATED, SESSION_RUN, Harness, make_session
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.graph.load import sha256_file
+from qdebug.files import sha256_file
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.report_io import dumps, load_report
 from tests.conftest import FIXTURES, fixture_path, qdq_scales
@@ -389,12 +389,12 @@ def test_proposal_for_another_model_is_refused(tmp_path, capsys):
 
 def test_proposal_naming_unknown_nodes_is_refused(tmp_path, capsys, monkeypatch):
     """Refused before calibration (it was refused after calibrating and building the other variants)."""
-    import qdebug.pipeline
+    import qdebug.prepare
 
     def no_calibration(*a, **k):
         raise AssertionError("calibrated before checking the proposal")
 
-    monkeypatch.setattr(qdebug.pipeline, "calibrate", no_calibration)
+    monkeypatch.setattr(qdebug.prepare, "calibrate", no_calibration)
     model, data = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "d.npz")
     proposal = Proposal(SCHEMA_VERSION, "proposal", str(model), sha256_file(model), "", ("no_such_node",))
     (tmp_path / "p.json").write_text(dumps(proposal))
@@ -610,7 +610,7 @@ def test_hand_edited_proposal_fields_are_refused(tmp_path, capsys, field, value,
 
 
 def test_names_listed_twice_count_once(tmp_path):
-    from qdebug.verify import load_proposal
+    from qdebug.report_io import load_proposal
 
     model = small_cnn(tmp_path / "m.onnx")
     proposal = json.loads(dumps(Proposal(SCHEMA_VERSION, "proposal", str(model), sha256_file(model), "", ())))

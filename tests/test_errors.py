@@ -747,8 +747,8 @@ def test_the_readme_api_example_uses_only_exported_names():
 # tests/test_errors.py::test_unwritable_output_checked_before_work skips when run as root (as here and in
 # most containers/CI): the read-only check then never runs. Simulating the permission keeps it running.
 def test_unwritable_output_checked_before_work_even_as_root(tmp_path, capsys, monkeypatch):
-    import qdebug.pipeline
-    import qdebug.report_io as rio
+    import qdebug.prepare
+    import qdebug.files as rio
 
     model = small_cnn(tmp_path / "m.onnx")
     calib = small_data(tmp_path / "c.npz")
@@ -766,7 +766,7 @@ def test_unwritable_output_checked_before_work_even_as_root(tmp_path, capsys, mo
     def no_calibration(*a, **k):
         raise AssertionError("calibration started before the output path was checked")
 
-    monkeypatch.setattr(qdebug.pipeline, "calibrate", no_calibration)  # imported by name there
+    monkeypatch.setattr(qdebug.prepare, "calibrate", no_calibration)  # imported by name there
     code = main(["analyze", str(model), "--calib", str(calib), "-o", str(ro / "r.json"), "-q"])
     err = capsys.readouterr().err
     assert code == ExitCode.OUTPUT, err

@@ -155,7 +155,7 @@ def test_beats_naive_top_k_baseline_with_few_evaluations(transformer, proposed):
     from qdebug.capture import SessionConfig
     from qdebug.data import open_data
     from qdebug.evaluate import Evaluator
-    from qdebug.pipeline import AnalyzeOptions, prepare
+    from qdebug.prepare import AnalyzeOptions, prepare
     from qdebug.propose import excludable_nodes
     from qdebug.quantize import QuantSpec, quantize_static_model
 

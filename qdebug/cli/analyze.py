@@ -82,8 +82,9 @@ def _fakequant_samples(value: str | None) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the analysis and print the summary."""
+    from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
     from qdebug.pipeline import analyze
-    from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, check_writable, report_to_csv
+    from qdebug.report_io import report_to_csv
 
     if args.csv:
         check_writable(args.csv, "--csv")
@@ -129,7 +130,7 @@ def print_summary(report, top: int = 10) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from qdebug.analysis import folded_into
+    from qdebug.records import folded_into
 
     # names and notes come from the model: printed as they are, never read as Rich markup
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
@@ -203,7 +204,7 @@ def _refuse_inside_artifacts(csv: Path, output: Path) -> None:
     import os
 
     from qdebug.errors import ExitCode, QDebugError
-    from qdebug.pipeline import artifacts_dir
+    from qdebug.files import artifacts_dir
 
     files = Path(os.path.realpath(artifacts_dir(output)))
     if files in Path(os.path.realpath(csv)).parents:

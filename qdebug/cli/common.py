@@ -131,7 +131,7 @@ def provider_list(provider: str) -> tuple[str, ...]:
 
 def analyze_options(args: Any) -> Any:
     """AnalyzeOptions from parsed flags."""
-    from qdebug.pipeline import AnalyzeOptions
+    from qdebug.prepare import AnalyzeOptions
 
     return AnalyzeOptions(
         method=args.method,

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     """Analyze (then propose and verify) the bundled model and print the results."""
     from qdebug.cli.analyze import print_summary
     from qdebug.cli.progress import stderr_progress
-    from qdebug.pipeline import AnalyzeOptions, analyze
+    from qdebug.pipeline import analyze
+    from qdebug.prepare import AnalyzeOptions
 
     model, calib, eval_data = demo_files()
     out = Path(args.output_dir)

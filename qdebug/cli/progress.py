@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
-ProgressFn = Callable[[str, int, "int | None"], None]
+from qdebug.progress import Progress as ProgressFn
 
 
 @contextmanager

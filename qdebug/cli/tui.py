@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                 ExitCode.INPUT,
             )
     if args.screenshot:
-        from qdebug.report_io import check_outputs_spare_inputs, check_writable
+        from qdebug.files import check_outputs_spare_inputs, check_writable
         from qdebug.tui.app import save_screenshot
 
         check_writable(args.screenshot, "--screenshot")

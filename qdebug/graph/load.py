@@ -29,7 +29,7 @@ import onnx
 from onnx import ModelProto, numpy_helper
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.report_io import sha256_file  # defined there so the TUI can hash without importing onnx
+from qdebug.files import sha256_file
 
 MIN_OPSET = 10
 PER_CHANNEL_OPSET = 13
@@ -69,7 +69,7 @@ def save_with_external_data(model: ModelProto, path: Path, location: str | None 
     import os
     import tempfile
 
-    from qdebug.report_io import output_mode
+    from qdebug.files import output_mode
 
     location = location or path.name + ".data"
     target = path.parent / location
@@ -727,7 +727,7 @@ def save_model(model: ModelProto, path: Path) -> None:
     import tempfile
 
     from qdebug.errors import ExitCode, QDebugError
-    from qdebug.report_io import output_mode
+    from qdebug.files import output_mode
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -743,7 +743,7 @@ def save_model(model: ModelProto, path: Path) -> None:
             os.chmod(tmp, output_mode(path))
             os.replace(tmp, path)
     except OSError as e:
-        from qdebug.report_io import write_hint
+        from qdebug.files import write_hint
 
         raise QDebugError(f"cannot write {path}: {e.strerror or e}", write_hint(e), ExitCode.OUTPUT) from None
 

@@ -25,11 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from qdebug.records import QuantParams
-
-Q_OPS = ("QuantizeLinear",)
-DQ_OPS = ("DequantizeLinear",)
-REMOVABLE = ("Relu", "Clip")
+from qdebug.graph.ops import DQ_OPS, Q_OPS, REMOVABLE
+from qdebug.records import FOLDED_NOTE, QuantParams
 
 
 @dataclass(frozen=True)
@@ -216,7 +213,7 @@ def pair_models(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> Pairing:
             tensor_map[node.output[0]] = tensor_map.pop(src)
             folded[node.output[0]] = _activation_bounds(node, fi)
             notes[src] = (
-                f"no counterpart in the quantized model: ORT folded the following {node.op_type} "  # FOLDED_NOTE
+                f"no counterpart in the quantized model: {FOLDED_NOTE} {node.op_type} "
                 f"({node.name}) into the quantization range of its output"
             )
             continue

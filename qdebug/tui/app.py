@@ -21,11 +21,11 @@ from textual.app import App
 from textual.screen import Screen
 
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.files import atomic_write_text
 from qdebug.records import Proposal, Report
-from qdebug.report_io import atomic_write_text, load_report
+from qdebug.report_io import load_proposal, load_report
 from qdebug.tui.model import LayerModel
 from qdebug.tui.screens import MainScreen
-from qdebug.verify import load_proposal  # light: onnx/onnxruntime only inside its functions
 
 if TYPE_CHECKING:
     from qdebug.bench import BenchReport

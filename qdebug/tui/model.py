@@ -27,9 +27,6 @@ from qdebug.records import (
     WeightRecord,
 )
 
-KERNEL_GAP_DB = 3.0
-"""Fake-quant minus deployed SQNR above which the detail blames the integer kernels (as ``analyze`` does)."""
-
 HAND_REASON = "excluded by hand in the TUI"
 """Reason text of nodes the user excluded in the TUI (followed by their numbers)."""
 

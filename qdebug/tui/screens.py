@@ -22,8 +22,9 @@ from textual.widgets import Footer, Input, Label, OptionList, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from qdebug.errors import QDebugError
+from qdebug.files import atomic_write_text, check_outputs_spare_inputs
 from qdebug.records import Proposal
-from qdebug.report_io import atomic_write_text, check_outputs_spare_inputs, dumps
+from qdebug.report_io import dumps
 from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
 from qdebug.tui.messages import VerifyProgress
 from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, column

@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Input, Label, OptionList, ProgressBar, Se
 from textual.widgets.data_table import ColumnKey, RowKey
 from textual.widgets.option_list import Option
 
-from qdebug.records import ErrorStats, NodeRecord, Report, TensorRecord
+from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
 from qdebug.tui.benchview import (
     BENCH_COLUMNS,
@@ -40,7 +40,6 @@ from qdebug.tui.model import (
     COLUMN_KEYS,
     COLUMNS,
     HAND_REASON,
-    KERNEL_GAP_DB,
     Column,
     LayerModel,
     TableLayout,

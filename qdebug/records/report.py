@@ -13,7 +13,7 @@ these as the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 2
@@ -299,81 +299,24 @@ class Report:
         raise KeyError(name)
 
 
-@dataclass(frozen=True)
-class TensorOverride:
-    """A per-tensor quantization override (ORT ``TensorQuantOverrides``), e.g. 16-bit activations."""
+KERNEL_GAP_DB = 3.0
+"""Deployed-vs-fake-quant gap (dB) above which a tensor's integer kernel is blamed (analysis notes, TUI)."""
 
-    tensor: str
-    quant_type: str
-    """``QUInt16``/``QInt16``/``QUInt8``/``QInt8`` (names of ``onnxruntime.quantization.QuantType``)."""
+FOLDED_NOTE = "ORT folded the following"
+"""How :func:`qdebug.graph.match.pair_models` marks a tensor whose Relu/Clip ORT folded into its Q/DQ."""
 
 
-@dataclass(frozen=True)
-class NodeReason:
-    """Why one node is in a proposal, with the numbers behind it."""
+def folded_into(nodes: Sequence[NodeRecord], tensors: Sequence[TensorRecord]) -> dict[str, str]:
+    """Activation node -> the producer ORT folded it into (its input carries :data:`FOLDED_NOTE`).
 
-    node: str
-    original_name: str
-    op_type: str
-    action: str
-    """``fp32`` (kept out of quantization) or ``int16`` (16-bit activations)."""
-    reason: str
-    introduced_db: float = float("nan")
-    local_sqnr_db: float = float("nan")
-    region: int = -1
-    """Index of the connected sensitive region the node belongs to (-1: none)."""
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """A mixed-precision proposal: the input of ``verify``/``bench`` and the TUI's export format."""
-
-    schema_version: int
-    kind: str
-    """Always ``"proposal"`` (so a report is not mistaken for a proposal)."""
-    model_path: str
-    model_sha256: str
-    """SHA-256 of the user's FP32 model the proposal was made for."""
-    normalized_model: str
-    """Normalized model the node names refer to (identical names to the user's model where it had names)."""
-    nodes_to_exclude: tuple[str, ...]
-    tensor_overrides: tuple[TensorOverride, ...] = ()
-    per_channel: bool = False
-    reasons: tuple[NodeReason, ...] = ()
-    metric: str = ""
-    fp32_metric: float = float("nan")
-    static_metric: float = float("nan")
-    expected_metric: float = float("nan")
-    """Metric of the selective model measured during the search (``nan`` if not evaluated)."""
-    evaluations: int = 0
-    search_seconds: float = 0.0
-    source: str = "propose"
-    """``propose`` or ``tui`` (hand-made in the TUI)."""
-    quantized_model: str | None = None
-    """Path of the selectively quantized model written by ``propose``."""
-    snippet: str = ""
-    """Ready-to-paste Python calling ``onnxruntime.quantization.quantize_static`` with this proposal."""
-    quantizable_nodes: int = 0
-    qdq_pairs_delta: int | None = None
-    """Q/DQ pairs the proposal removes (negative) or adds (positive) vs full static quantization (``None``
-    when not measured: the TUI exports a list without quantizing it)."""
-    method: str = ""
-    """Calibration method the proposal was made with (``""``: not recorded; verify then uses its flags)."""
-    activation_type: str = ""
-    """Activation quantization type of the base quantization (``""``: not recorded)."""
-    weight_type: str = ""
-    """Weight quantization type of the base quantization (``""``: not recorded)."""
-    base_per_channel: bool | None = None
-    """Per-channel weights in the base quantization -- the report's setting, what verify's and bench's
-    static variants use; ``per_channel`` is the selective model's, which propose may have turned on
-    (``None``: not recorded; the flags decide). A per-channel report's static baseline had been rebuilt
-    per-tensor, crediting an empty proposal with 98.7 % recovery."""
-    calibration_key: str = ""
-    """Key of the calibration ranges the proposal was made with (a hash of the normalized model, the
-    calibration data's content and sample count, the method and ORT's version; ``""``: not recorded).
-    verify and bench say so when theirs differs: the selective model's scales then differ too."""
-    calib_max_samples: int | None = None
-    """``--max-samples`` of that calibration (None: every sample); verify and bench use it by default."""
-    eval_samples: int = 0
-    """Evaluation samples the metrics above were measured on (fewer than the data holds with
-    ``--eval-max-samples``; 0: not recorded)."""
+    The activation then shows that producer's Q/DQ error and is not quantized itself; the notes, the
+    kernel-gap attribution and the summary's labels all read this one map.
+    """
+    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
+    producer = {o: n.name for n in nodes for o in n.outputs if o}
+    out = {}
+    for node in nodes:
+        src = next((i for i in node.inputs if i in folded), None)
+        if src is not None and src in producer:
+            out[node.name] = producer[src]
+    return out

@@ -33,7 +33,7 @@ from qdebug.capture import SessionConfig, make_session, run_session
 from qdebug.data import DataSet, load_hook
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.metrics import ErrorAccumulator
-from qdebug.records import NodeRecord, OutputMetric, TensorRecord
+from qdebug.records import OutputMetric
 
 BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
 
@@ -365,68 +365,3 @@ def metric_scope_note(evaluator: Evaluator) -> str | None:
         f"the task metric ({metric}) {why}: {'; '.join(parts)} (judge every head with a module:function "
         "metric" + (", or --metric output_sqnr_db for the float ones" if floats else "") + ")"
     )
-
-
-def eval_range_notes(
-    evaluator: Evaluator,
-    tensors: Sequence[TensorRecord],
-    nodes: Sequence[NodeRecord] = (),
-    limit: int = 3,
-) -> list[str]:
-    """Notes naming model outputs whose evaluation values fall outside what quantization can represent
-    *and* outside everything calibration saw: the calibration set does not cover the evaluation data, and
-    those values are clipped (a regression head reached 2x its calibrated range on 5 of 160 samples, its
-    error was 20x, and nothing said why; the report's per-tensor numbers are measured on calibration data).
-    """
-    from qdebug.graph.ops import PERMUTATION_OPS
-
-    by_name = {t.name: t for t in tensors}
-    node_of = {n.name: n for n in nodes}
-    producer_of = {o: n.name for n in nodes for o in n.outputs}
-
-    def computing(name: str | None) -> str | None:
-        """The node that computes the values: through Reshape/Transpose/... (which only move them) to the
-        node above ("keep flat FP32" for a Reshape could not change what reached it)."""
-        for _ in range(8):
-            node = node_of.get(name or "")
-            if node is None or node.op_type not in PERMUTATION_OPS or not node.inputs:
-                break
-            name = producer_of.get(node.inputs[0], name)
-            if name == node.name:
-                break
-        return name
-
-    found = []
-    for name in evaluator.output_names:
-        rec = by_name.get(name)
-        if rec is None or rec.quant is None or rec.summary is None or rec.quant.axis is not None:
-            continue
-        try:
-            info = np.iinfo(np.dtype(rec.quant.qtype))
-        except TypeError:  # float8 and other non-integer types
-            continue
-        lo = min((info.min - rec.quant.zero_point) * rec.quant.scale, rec.summary.min)
-        hi = max((info.max - rec.quant.zero_point) * rec.quant.scale, rec.summary.max)
-        outside = far = 0
-        for batch, size in zip(evaluator.reference, evaluator.sizes, strict=True):
-            arr = batch[name]
-            if arr.dtype.kind != "f" or arr.size == 0:
-                continue
-            beyond = (arr < lo) | (arr > hi)
-            if not beyond.any():
-                continue
-            far = max(far, float(np.max(np.abs(arr[beyond]))))
-            if arr.ndim and arr.shape[0] == size:  # batch-major: count the samples
-                outside += int(beyond.reshape(size, -1).any(axis=1).sum())
-            else:  # no batch axis to read samples from (a fixed batch reshaped away): the whole batch
-                outside += size
-        if outside:
-            found.append((outside, name, lo, hi, far, computing(rec.producer)))
-    found.sort(key=lambda f: -f[0])
-    return [
-        f"evaluation data drives output {name!r} outside its calibrated range [{lo:.4g}, {hi:.4g}] on "
-        f"{n} of {evaluator.samples} samples (|value| up to {far:.4g}): quantization clips those values, "
-        "and the report's per-tensor numbers, measured on the calibration data, do not show it; calibrate "
-        f"on data that covers the evaluation range, or keep {producer or 'its producer'} FP32"
-        for n, name, lo, hi, far, producer in found[:limit]
-    ]

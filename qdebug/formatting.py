@@ -29,3 +29,13 @@ def fmt_metric(name: str, x: float) -> str:
     if name in ACCURACY_METRICS:
         return f"{100 * x:.2f}%"
     return f"{x + 0.0:.4g}"  # + 0.0: a metric of -0.0 printed as "-0"
+
+
+def fmt_size(n: int) -> str:
+    """Bytes on disk in kB/MB/GB, 3 significant digits (``-`` when unknown: 0 or less)."""
+    if n <= 0:
+        return "-"
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g} {unit}"
+    return f"{n} B"

@@ -4,6 +4,14 @@
 calibrate once (cached), build the QDQ model from the cached ranges (or take
 the user's), pair tensors through the graph, stream the layer-wise capture,
 score the task metric on un-instrumented sessions and write the report.
+
+``_analyze`` runs those stages in order, one helper each: ``_prepared`` (the
+shared prelude, with the evaluation data opened early), ``_quantized_model``,
+``_pairing``, the capture (:func:`qdebug.analysis.measure_layers`) and its
+records, ``_report_notes``, ``_task_metric`` and :func:`assemble_report`, which
+any command reporting on a quantized model's layers can share. Every note a
+stage writes comes from :mod:`qdebug.analysis.notes` unless it is about this
+command's own inputs (a user's model, its pairing).
 """
 
 from __future__ import annotations
@@ -11,27 +19,32 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
 
 from qdebug import __version__
 from qdebug.analysis import (
+    LayerErrors,
+    capture_notes,
     collapsed_range_notes,
     concat_range_notes,
+    eval_range_notes,
     folded_activation_notes,
     instrumentation_notes,
     kernel_gap_notes,
     measure_layers,
     node_records,
     quantized_node_names,
+    quantizer_notes,
     structure_notes,
     weight_records,
 )
 from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, data_notes, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import Evaluator, eval_range_notes, metric_scope_note
+from qdebug.evaluate import EvalResult, Evaluator, metric_scope_note
 from qdebug.files import (
     artifacts_dir,
     check_outputs_spare_inputs,
@@ -39,17 +52,23 @@ from qdebug.files import (
     record_path,
     removed_on_failure,
 )
-from qdebug.graph.load import (
-    PER_CHANNEL_OPSET,
-    default_opset,
-    load_model,
-)
-from qdebug.graph.match import is_qdq_model, pair_models
+from qdebug.graph.load import load_model
+from qdebug.graph.match import Pairing, is_qdq_model, pair_models
+from qdebug.graph.match_dynamic import pair_dynamic
 from qdebug.graph.ops import INTEGER_KERNEL_OPS
 from qdebug.prepare import AnalyzeOptions, Prepared, model_info, prepare  # noqa: F401 -- re-exported
 from qdebug.progress import Progress, no_progress
-from qdebug.quantize import QuantSpec, float16_exclusions, nonfinite_range_exclusions, quantize_static_model
-from qdebug.records import SCHEMA_VERSION, AnalysisConfig, Report, TaskMetric
+from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.records import (
+    SCHEMA_VERSION,
+    AnalysisConfig,
+    ModelInfo,
+    NodeRecord,
+    OutputMetric,
+    Report,
+    TaskMetric,
+    WeightRecord,
+)
 from qdebug.report_io import save_report
 
 
@@ -106,13 +125,64 @@ def _analyze(
     options: AnalyzeOptions,
     progress: Progress,
 ) -> Report:
-    """The body of :func:`analyze` (which cleans up after it on failure)."""
+    """The body of :func:`analyze` (which cleans up after it on failure), one stage per line."""
     config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
+    prep, eval_set = _prepared(model, calib, eval_data, quantized, workdir, options, progress)
+    notes = list(prep.notes)
+    notes.extend(data_notes(prep.calib, eval_set, prep.normalized))
+    qproto, qinfo, options = _quantized_model(prep, model, quantized, options, workdir, notes)
+    pairing, dyn_nodes = _pairing(prep, qproto, model, quantized, notes)
+    ranges = prep.ranges.minmax() if prep.ranges is not None else {}
+    layers = measure_layers(
+        prep.normalized,
+        qproto,
+        pairing,
+        prep.calib,
+        config,
+        ranges,
+        progress,
+        engine=options.engine,
+        # a dynamic model quantizes at run time: no Q/DQ pairs, no fake-quant view
+        fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
+    )
+    notes.extend(capture_notes(layers, options.engine, eval_given=eval_data is not None))
+    qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
+    nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
+    weights = weight_records(prep.normalized, qproto, pairing)
+    notes.extend(_report_notes(prep.normalized, qproto, layers, nodes, qnodes))
+    task, result = _task_metric(prep, eval_set, layers, nodes, qproto, config, options, dyn_nodes, notes)
+    report = assemble_report(
+        prep,
+        qinfo,
+        layers,
+        nodes,
+        weights,
+        result.outputs,
+        task,
+        _analysis_config(options, calib, eval_data, quantized, layers),
+        notes,
+        ranges,
+        calibration_cache=str(prep.ranges.cache_path) if prep.ranges and prep.ranges.cache_path else None,
+    )
+    save_report(report, out)  # here, not in a stage: tests patch qdebug.pipeline.save_report
+    return report
+
+
+def _prepared(
+    model: str | Path,
+    calib: str | Path,
+    eval_data: str | Path | None,
+    quantized: str | Path | None,
+    workdir: Path,
+    options: AnalyzeOptions,
+    progress: Progress,
+) -> tuple[Prepared, DataSet | None]:
+    """The shared prelude, and the evaluation data opened inside it: before calibration (headers and first
+    item checked), so that bad evaluation data is found before calibration, the fake-quant view and the
+    whole capture have run."""
     opened: list[DataSet] = []
 
     def open_eval(normalized: onnx.ModelProto) -> None:
-        # before calibration (headers and first item checked): bad evaluation data had been found only
-        # after calibration, the fake-quant view and the whole capture had run
         if eval_data is not None:
             specs = model_input_specs(normalized)
             opened.append(open_data(eval_data, specs, batch_size=options.batch_size, what="evaluation data"))
@@ -120,78 +190,86 @@ def _analyze(
     prep = prepare(
         model, calib, workdir, options, need_ranges=quantized is None, progress=progress, check=open_eval
     )
-    eval_set = opened[0] if opened else None
-    notes = list(prep.notes)
-    notes.extend(data_notes(prep.calib, eval_set, prep.normalized))
+    return prep, opened[0] if opened else None
 
+
+def _quantized_model(
+    prep: Prepared,
+    model: str | Path,
+    quantized: str | Path | None,
+    options: AnalyzeOptions,
+    workdir: Path,
+    notes: list[str],
+) -> tuple[onnx.ModelProto, ModelInfo, AnalyzeOptions]:
+    """The QDQ model to measure: built from the calibrated ranges, or the user's (checked).
+
+    Returns it, its file's identity, and the options with the settings read from a user's static QDQ model
+    (per-channel, types), which the report then records. Notes on how it was made go to ``notes``.
+    """
     if quantized is None:
-        assert prep.ranges is not None
-        spec = QuantSpec(
-            per_channel=options.per_channel,
-            activation_type=options.activation_type,
-            weight_type=options.weight_type,
-        )
-        quantized_path = workdir / "quantized.onnx"
-        qproto = quantize_static_model(prep.normalized, prep.ranges, spec, quantized_path)
-        if options.per_channel and default_opset(prep.normalized) < PER_CHANNEL_OPSET:
-            notes.append(
-                f"per-channel weights need DequantizeLinear's axis (opset {PER_CHANNEL_OPSET}): the quantized model "
-                f"was converted from opset {default_opset(prep.normalized)} with onnx.version_converter (ORT would "
-                "otherwise write a model it cannot load)"
-            )
-        half = float16_exclusions(prep.normalized)
-        if half:
-            notes.append(
-                f"kept {len(half)} node(s) that compute in float16 out of quantization ({', '.join(half[:6])}"
-                f"{'...' if len(half) > 6 else ''}): ORT's quantizer writes an invalid model (float16 scales) for "
-                "them; every qdebug variant excludes them, add them to nodes_to_exclude when you call ORT yourself"
-            )
-        unbounded, why = nonfinite_range_exclusions(prep.normalized, prep.ranges)
-        if unbounded:
-            nodes = ", ".join(unbounded[:6]) + ("..." if len(unbounded) > 6 else "")
-            tensors = ", ".join(why[:4]) + ("..." if len(why) > 4 else "")
-            notes.append(
-                f"kept {len(unbounded)} node(s) out of quantization ({nodes}) because tensor(s) they read or "
-                f"write have a calibrated range that is not finite ({tensors}: an -inf mask or a division by "
-                "zero?): ORT's quantizer fails or writes an infinite scale for them; every qdebug variant "
-                "excludes them, add them to nodes_to_exclude when you call ORT yourself"
-            )
-        if options.method == "distribution" and options.activation_type in ("QUInt8", "QInt8"):
-            notes.append(
-                "--method distribution: ORT's Distribution calibrator is meant for float8 types; with 8-bit "
-                "integers its ranges often clip (the CNN fixture: top-1 98 % -> 20 %, the same with ORT's "
-                "quantize_static): compare with --method minmax, entropy or percentile"
-            )
-        if prep.ranges.from_cache:
-            notes.append(f"calibration ranges reused from cache {prep.ranges.cache_path}")
-        if not is_qdq_model(qproto):
-            notes.append(
-                "ORT inserted no QuantizeLinear/DequantizeLinear nodes: nothing in the main graph was quantized "
-                "(is the network inside If/Loop subgraphs?)"
-            )
-        qinfo = model_info(quantized_path, qproto)
-    else:
-        qloaded = load_model(quantized, what="quantized model")
-        qproto = qloaded.proto
-        _check_same_inputs(prep.normalized, qproto, model, quantized)
-        dynamic = is_dynamic_model(qproto)
-        if not dynamic:
-            _refuse_integer_ops(qproto, quantized)
-        if not dynamic and not is_qdq_model(qproto):
-            raise QDebugError(
-                f"{quantized} has no QuantizeLinear/DequantizeLinear nodes",
-                "pass a QDQ-format model (quantize_static with quant_format=QuantFormat.QDQ)",
-                ExitCode.MODEL,
-            )
-        qinfo = model_info(qloaded.path, qproto, qloaded.sha256)
-        if not dynamic:
-            options = _settings_from_model(qproto, options, notes)
+        return (*_built_model(prep, options, workdir, notes), options)
+    return _users_model(prep, model, quantized, options, notes)
 
+
+def _built_model(
+    prep: Prepared, options: AnalyzeOptions, workdir: Path, notes: list[str]
+) -> tuple[onnx.ModelProto, ModelInfo]:
+    """ORT's static QDQ model from the calibrated ranges, saved as ``<workdir>/quantized.onnx``."""
+    assert prep.ranges is not None
+    spec = QuantSpec(
+        per_channel=options.per_channel,
+        activation_type=options.activation_type,
+        weight_type=options.weight_type,
+    )
+    quantized_path = workdir / "quantized.onnx"
+    qproto = quantize_static_model(prep.normalized, prep.ranges, spec, quantized_path)
+    notes.extend(
+        quantizer_notes(
+            prep.normalized,
+            qproto,
+            prep.ranges,
+            per_channel=options.per_channel,
+            method=options.method,
+            activation_type=options.activation_type,
+        )
+    )
+    return qproto, model_info(quantized_path, qproto)
+
+
+def _users_model(
+    prep: Prepared, model: str | Path, quantized: str | Path, options: AnalyzeOptions, notes: list[str]
+) -> tuple[onnx.ModelProto, ModelInfo, AnalyzeOptions]:
+    """The user's quantized model, refused unless it derives from ``model`` and is QDQ or dynamic; a static
+    one also gives its settings (per-channel, types) to the options."""
+    qloaded = load_model(quantized, what="quantized model")
+    qproto = qloaded.proto
+    _check_same_inputs(prep.normalized, qproto, model, quantized)
+    dynamic = is_dynamic_model(qproto)
+    if not dynamic:
+        _refuse_integer_ops(qproto, quantized)
+    if not dynamic and not is_qdq_model(qproto):
+        raise QDebugError(
+            f"{quantized} has no QuantizeLinear/DequantizeLinear nodes",
+            "pass a QDQ-format model (quantize_static with quant_format=QuantFormat.QDQ)",
+            ExitCode.MODEL,
+        )
+    qinfo = model_info(qloaded.path, qproto, qloaded.sha256)
+    if not dynamic:
+        options = _settings_from_model(qproto, options, notes)
+    return qproto, qinfo, options
+
+
+def _pairing(
+    prep: Prepared, qproto: onnx.ModelProto, model: str | Path, quantized: str | Path | None, notes: list[str]
+) -> tuple[Pairing, set[str] | None]:
+    """FP32 <-> quantized tensors paired through the graph, and the quantized nodes of a dynamic model
+    (None for a QDQ model, whose quantized nodes are read from its Q/DQ pattern).
+
+    Refuses a quantized model that does not derive from ``model``: then too few nodes pair.
+    """
     dyn_nodes: set[str] | None = None
     if quantized is not None and is_dynamic_model(qproto):
-        from qdebug.bench import pair_dynamic  # dynamic models pair by the integer-op chain
-
-        pairing, dyn_nodes = pair_dynamic(prep.normalized, qproto)
+        pairing, dyn_nodes = pair_dynamic(prep.normalized, qproto)  # by the integer-op chain
         notes.append(
             "dynamic quantization: activations are quantized per batch at run time, so there is no fixed "
             "Q/DQ pair per tensor: only the accumulated error (FP32 vs dynamic model) is measured, paired "
@@ -210,97 +288,157 @@ def _analyze(
         )
     if pairing.unmatched:
         notes.append(f"{len(pairing.unmatched)} FP32 node(s) have no counterpart in the quantized model")
+    return pairing, dyn_nodes
 
-    ranges_mm = prep.ranges.minmax() if prep.ranges is not None else {}
-    layers = measure_layers(
-        prep.normalized,
-        qproto,
-        pairing,
-        prep.calib,
-        config,
-        ranges_mm,
-        progress,
-        engine=options.engine,
-        # a dynamic model quantizes at run time: no Q/DQ pairs, no fake-quant view
-        fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
-    )
-    if 0 < layers.fakequant_samples < layers.samples:
-        # with --eval the fake-quant task metric is scored on the whole evaluation set (below)
-        what = "accumulated_fakequant" + ("" if eval_data is not None else ", the fake-quant task metric")
-        notes.append(
-            f"the fake-quant view ({what}) ran on the first "
-            f"{layers.fakequant_samples} of {layers.samples} calibration samples (--fakequant-samples, "
-            "rounded up to whole batches)"
-        )
-    if layers.engine == "numpy" and options.engine == "auto":
-        notes.append(
-            "layer capture used the numpy engine (models differ in opset or tensor types are unknown)"
-        )
-    qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
-    nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
-    weights = weight_records(prep.normalized, qproto, pairing)
-    notes.extend(instrumentation_notes(layers))
-    notes.extend(kernel_gap_notes(layers.tensors, layers.deployed_head, skip=layers.aliases, nodes=nodes))
-    notes.extend(concat_range_notes(prep.normalized, layers.tensors))
-    notes.extend(collapsed_range_notes(layers.tensors, nodes))
-    notes.extend(folded_activation_notes(nodes, layers.tensors))
-    notes.extend(structure_notes(prep.normalized, qproto, qnodes))
 
+def _report_notes(
+    fp32: onnx.ModelProto,
+    qproto: onnx.ModelProto,
+    layers: LayerErrors,
+    nodes: tuple[NodeRecord, ...],
+    quantized_nodes: set[str],
+) -> list[str]:
+    """The notes read from the measurement itself, in the report's order (:mod:`qdebug.analysis.notes`)."""
+    return [
+        *instrumentation_notes(layers),
+        *kernel_gap_notes(layers.tensors, layers.deployed_head, skip=layers.aliases, nodes=nodes),
+        *concat_range_notes(fp32, layers.tensors),
+        *collapsed_range_notes(layers.tensors, nodes),
+        *folded_activation_notes(nodes, layers.tensors),
+        *structure_notes(fp32, qproto, quantized_nodes),
+    ]
+
+
+def _task_metric(
+    prep: Prepared,
+    eval_set: DataSet | None,
+    layers: LayerErrors,
+    nodes: tuple[NodeRecord, ...],
+    qproto: onnx.ModelProto,
+    config: SessionConfig,
+    options: AnalyzeOptions,
+    dyn_nodes: set[str] | None,
+    notes: list[str],
+) -> tuple[TaskMetric, EvalResult]:
+    """The task metric of the deployed model (and of its fake-quant view), with the evaluation's notes.
+
+    With evaluation data, both are scored on un-instrumented sessions over all of it; without, on the
+    outputs the capture already saw on the calibration data.
+    """
     if eval_set is not None:
         evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
         notes.extend(eval_range_notes(evaluator, layers.tensors, nodes))
-        result = evaluator.score(qproto)
-        fakequant_value = (
-            evaluator.score(qproto, fake_quant=True).value
-            if options.fakequant_samples != 0 and dyn_nodes is None
-            else math.nan
-        )
-        fq_samples, same_value = (
-            (result.samples, result.value) if not math.isnan(fakequant_value) else (0, math.nan)
-        )
-        eval_label = "eval"
-    else:  # the capture already ran both models over the calibration data: reuse its outputs
-        outs = layers.outputs
-        evaluator = Evaluator.from_outputs(
-            outs.reference, outs.labels, prep.calib, options.metric, outs.sizes
-        )
-        result = evaluator.score_outputs(outs.deployed)
-        fakequant_value, same_value, fq_samples = math.nan, math.nan, 0
-        k = len(outs.fakequant)
-        if k:
-            # each side against its own pass's FP32 outputs; the deployed model over the same first batches
-            fq_eval = Evaluator.from_outputs(
-                outs.fakequant_reference,
-                outs.fakequant_labels,
-                prep.calib,
-                options.metric,
-                outs.fakequant_sizes,
-            )
-            fq_res = fq_eval.score_outputs(outs.fakequant)
-            fakequant_value, fq_samples = fq_res.value, layers.fakequant_samples
-            labels = outs.labels[:k] if outs.labels else None
-            head = Evaluator.from_outputs(
-                outs.reference[:k], labels, prep.calib, options.metric, outs.sizes[:k]
-            )
-            same_value = head.score_outputs(outs.deployed[:k]).value
-        eval_label = "calib"
+        fake_quant = options.fakequant_samples != 0 and dyn_nodes is None
+        task, result = _scored_on_eval(evaluator, qproto, fake_quant)
+    else:
+        evaluator, task, result = _scored_on_capture(layers, prep.calib, options.metric)
     scope = metric_scope_note(evaluator)
     if scope:
         notes.append(scope)
+    return task, result
+
+
+def _scored_on_eval(
+    evaluator: Evaluator, qproto: onnx.ModelProto, fake_quant: bool
+) -> tuple[TaskMetric, EvalResult]:
+    """Deployed and (with ``fake_quant``) fake-quant scores over the whole evaluation set: the deployed
+    model's score over the same samples is then its full score."""
+    result = evaluator.score(qproto)
+    fakequant_value = evaluator.score(qproto, fake_quant=True).value if fake_quant else math.nan
+    fq_samples, same_value = (result.samples, result.value) if not math.isnan(fakequant_value) else (0, math.nan)
     task = TaskMetric(
         result.metric,
         result.fp32_value,
         result.value,
         result.samples,
-        eval_label,
+        "eval",
         fakequant_value,
         fq_samples,
         same_value,
     )
+    return task, result
 
+
+def _scored_on_capture(
+    layers: LayerErrors, calib: DataSet, metric: str | None
+) -> tuple[Evaluator, TaskMetric, EvalResult]:
+    """Scores from the outputs the capture saw on the calibration data (both models already ran on it).
+
+    The fake-quant view is scored against its own pass's FP32 outputs (a data hook may yield other samples
+    on each call), and the deployed model again over the same first batches, to compare like with like.
+    """
+    outs = layers.outputs
+    evaluator = Evaluator.from_outputs(outs.reference, outs.labels, calib, metric, outs.sizes)
+    result = evaluator.score_outputs(outs.deployed)
+    fakequant_value, same_value, fq_samples = math.nan, math.nan, 0
+    k = len(outs.fakequant)
+    if k:
+        fq_eval = Evaluator.from_outputs(
+            outs.fakequant_reference, outs.fakequant_labels, calib, metric, outs.fakequant_sizes
+        )
+        fakequant_value, fq_samples = fq_eval.score_outputs(outs.fakequant).value, layers.fakequant_samples
+        labels = outs.labels[:k] if outs.labels else None
+        head = Evaluator.from_outputs(outs.reference[:k], labels, calib, metric, outs.sizes[:k])
+        same_value = head.score_outputs(outs.deployed[:k]).value
+    task = TaskMetric(
+        result.metric,
+        result.fp32_value,
+        result.value,
+        result.samples,
+        "calib",
+        fakequant_value,
+        fq_samples,
+        same_value,
+    )
+    return evaluator, task, result
+
+
+def _analysis_config(
+    options: AnalyzeOptions,
+    calib: str | Path,
+    eval_data: str | Path | None,
+    quantized: str | Path | None,
+    layers: LayerErrors,
+) -> AnalysisConfig:
+    """The settings the report records, with data and hook paths made absolute (:func:`record_path`)."""
+    return AnalysisConfig(
+        method=options.method,
+        per_channel=options.per_channel,
+        activation_type=options.activation_type,
+        weight_type=options.weight_type,
+        batch_size=options.batch_size,
+        max_samples=options.max_samples,
+        calib=record_path(calib),
+        eval=record_path(eval_data) if eval_data is not None else None,
+        metric=record_path(options.metric) if options.metric and ":" in options.metric else options.metric,
+        quantized_given=quantized is not None,
+        fakequant_samples=layers.fakequant_samples,
+        upgrade_opset=options.upgrade_opset,
+        inline_constant_if=options.inline_constant_if,
+    )
+
+
+def assemble_report(
+    prep: Prepared,
+    qinfo: ModelInfo,
+    layers: LayerErrors,
+    nodes: tuple[NodeRecord, ...],
+    weights: tuple[WeightRecord, ...],
+    outputs: tuple[OutputMetric, ...],
+    task: TaskMetric,
+    config: AnalysisConfig,
+    notes: Sequence[str],
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    calibration_cache: str | None = None,
+) -> Report:
+    """The report of one analysis, from its stages' results (stamped with the versions and the time).
+
+    Shared by ``analyze`` and any other command that measures a quantized model's layers (a dynamic
+    model has no calibrated ``ranges`` and no ``calibration_cache``).
+    """
     import onnxruntime
 
-    report = Report(
+    return Report(
         schema_version=SCHEMA_VERSION,
         qdebug_version=__version__,
         ort_version=onnxruntime.__version__,
@@ -308,36 +446,20 @@ def _analyze(
         model=prep.model,
         normalized_model=str(prep.normalized_path.resolve()),
         quantized_model=qinfo,
-        config=AnalysisConfig(
-            method=options.method,
-            per_channel=options.per_channel,
-            activation_type=options.activation_type,
-            weight_type=options.weight_type,
-            batch_size=options.batch_size,
-            max_samples=options.max_samples,
-            calib=record_path(calib),
-            eval=record_path(eval_data) if eval_data is not None else None,
-            metric=record_path(options.metric) if options.metric and ":" in options.metric else options.metric,
-            quantized_given=quantized is not None,
-            fakequant_samples=layers.fakequant_samples,
-            upgrade_opset=options.upgrade_opset,
-            inline_constant_if=options.inline_constant_if,
-        ),
-        calibration_cache=str(prep.ranges.cache_path) if prep.ranges and prep.ranges.cache_path else None,
+        config=config,
+        calibration_cache=calibration_cache,
         samples=layers.samples,
         nodes=nodes,
         tensors=layers.tensors,
         weights=weights,
-        outputs=result.outputs,
+        outputs=outputs,
         task=task,
         deployed_gap=layers.deployed_gap,
         not_captured=layers.not_captured,
         notes=tuple(notes),
         name_map=tuple(sorted(prep.name_map.items())),
-        ranges=tuple((k, lo, hi) for k, (lo, hi) in sorted(ranges_mm.items())),
+        ranges=tuple((k, lo, hi) for k, (lo, hi) in sorted((ranges or {}).items())),
     )
-    save_report(report, out)
-    return report
 
 
 def _check_same_inputs(

@@ -31,6 +31,7 @@ from qdebug.files import (  # noqa: F401 -- re-exported: the writers' old home
     write_hint,
 )
 from qdebug.records import SCHEMA_VERSION, Proposal, Report, TensorOverride
+from qdebug.records.bench import BENCH_SCHEMA_VERSION, BenchReport
 
 T = TypeVar("T")
 
@@ -387,3 +388,13 @@ def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
         nodes_to_exclude=tuple(dict.fromkeys(proposal.nodes_to_exclude)),
         tensor_overrides=tuple(overrides.values()),
     )
+
+
+def load_bench(path: str | Path) -> BenchReport:
+    """Load and validate a ``bench.json`` file (written by ``qdebug bench -o``)."""
+    report = load_record(BenchReport, path, "bench result", BENCH_SCHEMA_VERSION)
+    if report.kind != "bench":
+        raise QDebugError(
+            f"{path} is not a qdebug bench result (kind {report.kind!r})", "pass a bench.json", ExitCode.INPUT
+        )
+    return report

@@ -518,10 +518,23 @@ def test_a_fusion_the_instrumentation_breaks_is_noted(tmp_path):
     args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--batch-size", "16", "-o", str(out), "-q"]
     assert main([*args, "--activation-type", "QInt8"]) == 0
     report = load_report(out)
-    note = next(n for n in report.notes if n.startswith("the deployed quantized model's outputs are worse"))
     ref = ort.InferenceSession(str(model)).run(None, {"x": x[:16]})[0].astype(np.float64)
-    dep = ort.InferenceSession(report.quantized_model.path).run(None, {"x": x[:16]})[0]
-    deployed = 10 * math.log10((ref**2).sum() / ((ref - dep) ** 2).sum())
+
+    def sqnr(level: ort.GraphOptimizationLevel) -> float:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = level
+        got = ort.InferenceSession(report.quantized_model.path, opts).run(None, {"x": x[:16]})[0]
+        return 10 * math.log10((ref**2).sum() / ((ref - got) ** 2).sum())
+
+    deployed = sqnr(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    fake_quant = sqnr(ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    notes = [n for n in report.notes if n.startswith("the deployed quantized model's outputs are worse")]
+    if fake_quant - deployed <= 3:
+        # this CPU's int8 kernels lose nothing here (AVX512-VNNI computes the same products exactly): a
+        # note would be a false alarm
+        assert notes == []
+        return
+    note = notes[0]
     assert f"({deployed:.1f} against" in note
     instrumented = float(note.split(" against ")[1].split(" dB")[0])
     assert instrumented > deployed + 3

@@ -488,7 +488,7 @@ def test_dynamic_variant_has_a_per_layer_report(cnn_bench):
 def test_dynamic_pairing_follows_the_graph_not_the_names(tmp_path):
     import onnx
 
-    from qdebug.bench import pair_dynamic
+    from qdebug.graph.match_dynamic import pair_dynamic
     from qdebug.quantize import quantize_dynamic_model
 
     fp32_path = fixture_path("transformer", "model.onnx")
@@ -677,7 +677,7 @@ def test_a_hanging_measuring_process_is_killed_and_reported(tmp_path, monkeypatc
     import sys
     import time
 
-    import qdebug.bench as bench
+    import qdebug.bench.children as children
     from qdebug.bench import run_children_interleaved
 
     specs = {name: {"result": str(tmp_path / f"{name}.json")} for name in ("ok", "hang_start", "hang_pass")}
@@ -690,7 +690,7 @@ def test_a_hanging_measuring_process_is_killed_and_reported(tmp_path, monkeypatc
         code = hangs.get(spec_path.name.split(".")[0], _OK_CHILD)
         return [sys.executable, "-c", code, str(spec_path)], dict(os.environ)
 
-    monkeypatch.setattr(bench, "_child_command", command)
+    monkeypatch.setattr(children, "_child_command", command)
     start = time.monotonic()
     results = run_children_interleaved(specs, tmp_path, runs=2, timeout=2)
     assert time.monotonic() - start < 60  # not 120 s per hanging process
@@ -706,7 +706,7 @@ def test_dynamic_pairing_reads_an_int8_embedding_through_its_dequantize(tmp_path
     node downstream left without a counterpart."""
     import onnx
 
-    from qdebug.bench import pair_dynamic
+    from qdebug.graph.match_dynamic import pair_dynamic
     from qdebug.quantize import quantize_dynamic_model
     from tests.models import embedding_classifier
 

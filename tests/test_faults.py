@@ -276,7 +276,7 @@ def test_interrupted_rerun_keeps_the_earlier_outputs(tmp_path, monkeypatch, caps
     chart or the summary is made) leaves the earlier run's JSON and models exactly as they were. Before,
     the re-run had replaced <stem>_files/*.onnx under the old JSON (or left a JSON whose models were
     deleted), and said "no partial output was written"."""
-    import qdebug.bench
+    import qdebug.bench.run
     import qdebug.pipeline
 
     model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=16)
@@ -300,7 +300,7 @@ def test_interrupted_rerun_keeps_the_earlier_outputs(tmp_path, monkeypatch, caps
 
         monkeypatch.setattr(qdebug.pipeline, "save_report", save_then_interrupt)
     else:
-        monkeypatch.setattr(qdebug.bench, "chart_svg", interrupt)
+        monkeypatch.setattr(qdebug.bench.run, "chart_svg", interrupt)
     capsys.readouterr()
     assert main([*args, "--per-channel"]) == ExitCode.INTERRUPTED
     after = {name: _tree(tmp_path / name) for name in ("out.json", "out_files")}

@@ -12,7 +12,9 @@ import numpy as np
 import onnx
 import pytest
 
-import qdebug.analysis as analysis
+import qdebug.analysis.graph_engine as graph_engine
+import qdebug.analysis.measure as measure
+import qdebug.analysis.numpy_engine as numpy_engine
 from qdebug.capture import SessionConfig, make_session, optimize_for_capture, run_session
 from qdebug.cli.main import main
 from qdebug.graph.match import pair_models
@@ -36,7 +38,7 @@ def transformer_models(tmp_path_factory):
 def _merged(fp32, qdq, pairing):
     types = elem_types(fp32)
     scored = [p for p in pairing.tensors if types.get(p.fp32) == onnx.TensorProto.FLOAT]
-    local = analysis.local_fake_quant(qdq, scored)
+    local = numpy_engine.local_fake_quant(qdq, scored)
     specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
     config = SessionConfig()
     fo = optimize_for_capture(fp32, [p.fp32 for p in scored], config)
@@ -131,8 +133,8 @@ def test_merged_models_refer_to_the_weights_files_and_leave_nothing_behind(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     types = elem_types(fp32)
     scored = [p for p in pairing.tensors if types.get(p.fp32) == onnx.TensorProto.FLOAT]
-    local = analysis.local_fake_quant(qdq, scored)
-    path = analysis._GraphPath(fp32, qdq, scored, local, SessionConfig())
+    local = numpy_engine.local_fake_quant(qdq, scored)
+    path = graph_engine._GraphPath(fp32, qdq, scored, local, SessionConfig())
     scratch = Path(path._dir.name)
     big = sum(len(t.raw_data) for t in fp32.graph.initializer if len(t.raw_data) > 1024)
     for name in ("main.onnx", "fakequant.onnx"):
@@ -150,9 +152,9 @@ def test_merged_models_refer_to_the_weights_files_and_leave_nothing_behind(
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(analysis, "build_reduction_model", fail)
+    monkeypatch.setattr(graph_engine, "build_reduction_model", fail)
     with pytest.raises(KeyboardInterrupt) as caught:
-        analysis._GraphPath(fp32, qdq, scored, local, SessionConfig())
+        graph_engine._GraphPath(fp32, qdq, scored, local, SessionConfig())
     # checked while the traceback (and so the half-built capture) is still alive: not left to the GC
     assert caught.traceback and not list(tmp_path.glob("qdebug-capture-*"))
 
@@ -166,7 +168,7 @@ def test_in_graph_sums_match_numpy_on_one_batch(transformer_models):
     stats = rm.stats(out)
     spec = next(s for s in specs if s.local is not None and s.cand is not None)
     ref = make_session(_exposed(fp32, spec.ref), SessionConfig()).run([spec.ref], {"input": x})[0]
-    fq = analysis.fake_quantize(ref, spec.local)
+    fq = numpy_engine.fake_quantize(ref, spec.local)
     local = stats["local"][spec.key]
     assert stats["ref"][spec.key]["count"] == ref.size
     assert local["noise2"] == pytest.approx(float(np.sum((ref.astype(np.float64) - fq) ** 2)), rel=1e-3)
@@ -185,7 +187,7 @@ def test_chunked_capture_matches_whole_batches(tmp_path, monkeypatch):
     """Cutting batches into capture chunks changes nothing but speed and memory."""
     reports = {}
     for label, elements in (("one-sample", 1), ("whole", 1 << 40)):
-        monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", elements)
+        monkeypatch.setattr(graph_engine, "CAPTURE_ELEMENTS", elements)
         out = tmp_path / f"{label}.json"
         assert main(analyze_args("transformer", out, "--max-samples", "24", "--batch-size", "12")) == 0
         reports[label] = load_report(out)
@@ -218,10 +220,10 @@ class _Capture:
 
 
 def _capture(tmp_path, monkeypatch, label: str, threads: int, patch: dict, *extra: str) -> _Capture:
-    """``qdebug analyze`` of the transformer fixture with ``patch`` applied to qdebug.analysis."""
+    """``qdebug analyze`` of the transformer fixture with ``patch`` applied to qdebug.analysis.graph_engine."""
     seen: list[str] = []
     opened: list[int | None] = []
-    real_run, real_make = analysis.run_session, analysis.make_session
+    real_run, real_make = graph_engine.run_session, graph_engine.make_session
 
     def spy_run(session, names, feeds, what="the model"):
         seen.append(threading.current_thread().name)
@@ -233,10 +235,10 @@ def _capture(tmp_path, monkeypatch, label: str, threads: int, patch: dict, *extr
 
     out = tmp_path / f"{label}.json"
     with monkeypatch.context() as m:
-        m.setattr(analysis, "run_session", spy_run)
-        m.setattr(analysis, "make_session", spy_make)
+        m.setattr(graph_engine, "run_session", spy_run)
+        m.setattr(graph_engine, "make_session", spy_make)
         for name, value in patch.items():
-            m.setattr(analysis, name, value)
+            m.setattr(graph_engine, name, value)
         assert main(analyze_args("transformer", out, "--threads", str(threads), *extra)) == 0
     workers = {t for t in seen if t.startswith("qdebug-capture")}
     return _Capture(load_report(out), workers, opened)
@@ -349,7 +351,7 @@ def test_a_fixed_batch_dimension_is_never_cut_into_chunks(tmp_path, monkeypatch)
         value.type.tensor_type.shape.dim[0].dim_value = 8
     onnx.save(model, path)
     calib = small_data(tmp_path / "c.npz")
-    monkeypatch.setattr(analysis, "CAPTURE_ELEMENTS", 1)  # would cut every batch into single samples
+    monkeypatch.setattr(graph_engine, "CAPTURE_ELEMENTS", 1)  # would cut every batch into single samples
     out = tmp_path / "r.json"
     args = ["analyze", str(path), "--calib", str(calib), "-o", str(out), "-q", "--batch-size", "8"]
     assert main(args) == 0
@@ -363,7 +365,7 @@ def test_deployed_head_covers_the_fake_quant_samples(transformer_models):
 
     fp32, qdq, pairing, calib = transformer_models
     data = open_data(calib, model_input_specs(fp32), batch_size=8, max_samples=24)
-    layers = analysis.measure_layers(fp32, qdq, pairing, data, SessionConfig(), fakequant_samples=8)
+    layers = measure.measure_layers(fp32, qdq, pairing, data, SessionConfig(), fakequant_samples=8)
     assert layers.samples == 24 and layers.fakequant_samples == 8
     checked = 0
     for t in layers.tensors:
@@ -380,7 +382,7 @@ def test_permutation_outputs_share_their_sources_statistics(tmp_path, monkeypatc
     reports = {}
     for label in ("shared", "measured"):
         if label == "measured":
-            monkeypatch.setattr(analysis, "permutation_aliases", lambda *a, **k: {})
+            monkeypatch.setattr(measure, "permutation_aliases", lambda *a, **k: {})
         out = tmp_path / f"{label}.json"
         assert main(analyze_args("transformer", out, "--max-samples", "16")) == 0
         reports[label] = load_report(out)
@@ -461,11 +463,11 @@ def test_fake_quantize_uses_dequantize_linears_default_axis():
     class Pair:
         fp32, dequant = "x", "d"
 
-    fq = analysis.local_fake_quant(qdq, [Pair()])["x"]
+    fq = numpy_engine.local_fake_quant(qdq, [Pair()])["x"]
     assert fq.axis == 1
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     expected = np.clip(np.rint(x / scale[None, :, None]), -128, 127) * scale[None, :, None]
-    np.testing.assert_allclose(analysis.fake_quantize(x, fq), expected, rtol=1e-6)
+    np.testing.assert_allclose(numpy_engine.fake_quantize(x, fq), expected, rtol=1e-6)
 
 
 def test_a_shuffling_data_hook_keeps_the_fake_quant_metric_like_for_like(tmp_path, monkeypatch):

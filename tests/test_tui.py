@@ -26,7 +26,7 @@ from qdebug.bench import (
 )
 from qdebug.errors import QDebugError
 from qdebug.files import atomic_write_text
-from qdebug.records import KERNEL_GAP_DB, SCHEMA_VERSION, NodeRecord, Proposal
+from qdebug.records import KERNEL_GAP_DB, SCHEMA_VERSION, NodeRecord, Proposal, TensorOverride
 from qdebug.report_io import dumps, load_record, save_report
 from qdebug.tui import benchview, charts
 from qdebug.tui.model import (
@@ -175,9 +175,12 @@ def write_bench(path: Path, bench: BenchReport) -> Path:
 
 def test_model_and_charts_do_not_import_textual_and_the_app_not_onnxruntime():
     code = (
-        "import sys; import qdebug.tui, qdebug.tui.model, qdebug.tui.charts, qdebug.tui.benchview; "
+        "import sys; import qdebug.records, qdebug.report_io, qdebug.files, qdebug.snippet, qdebug.progress, "
+        "qdebug.formatting, qdebug.records.verify; "  # the light layer the TUI is built on
         "bad = [m for m in ('textual', 'onnxruntime', 'onnx') if m in sys.modules]; "
-        "import qdebug.tui.app, qdebug.bench, qdebug.cli.tui; "  # the bench records load without ORT
+        "import qdebug.tui, qdebug.tui.model, qdebug.tui.charts, qdebug.tui.benchview; "
+        "bad += [m for m in ('textual', 'onnxruntime', 'onnx') if m in sys.modules]; "
+        "import qdebug.tui.app, qdebug.records.bench, qdebug.cli.tui; "  # the bench records load without ORT
         "bad += [m for m in ('onnxruntime', 'onnx') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -379,9 +382,44 @@ def test_to_proposal_fields_and_snippet():
         "per_channel=True",
         "calibrate_method=CalibrationMethod.MinMax",
         "'layer0/attn/softmax',",
-        repr(REPORT.normalized_model),
+        repr(REPORT.model.path),  # propose's choice: the user's model, as no excluded node was renamed
     ):
         assert part in p.snippet
+
+
+def test_the_snippet_is_the_one_propose_writes():
+    """The TUI had its own snippet: data_reader left to the user, always the normalized model. Its export
+    now carries snippet.quantize_snippet's, from what the report records: a reader for the calibration
+    data (input names, sample limit) and the user's model unless an excluded node was renamed."""
+    from qdebug.snippet import quantize_snippet
+
+    overrides = (TensorOverride("layer0/attn/softmax_out", "QUInt16"),)
+    m = LayerModel(REPORT, replace(make_proposal(REPORT), tensor_overrides=overrides))
+    m.toggle("layer0/attn/softmax")
+    p = m.to_proposal()
+    cfg = REPORT.config
+
+    def expected(model_path: str) -> str:
+        return quantize_snippet(
+            model_path,
+            p.nodes_to_exclude,
+            method=cfg.method,
+            per_channel=p.per_channel,
+            activation_type=cfg.activation_type,
+            weight_type=cfg.weight_type,
+            tensor_overrides=overrides,
+            calib_hint=cfg.calib,
+            batch=1,
+            max_samples=cfg.max_samples,
+            inputs=REPORT.model.inputs,
+        )
+
+    assert p.snippet == expected(REPORT.model.path)
+    assert f"Reader({cfg.calib!r}, batch=1, max_samples={cfg.max_samples!r})" in p.snippet
+    renamed = replace(REPORT, name_map=(("layer0/attn/softmax", ""),))  # a node normalization had to name
+    m2 = LayerModel(renamed, replace(make_proposal(renamed), tensor_overrides=overrides))
+    m2.toggle("layer0/attn/softmax")
+    assert m2.to_proposal().snippet == expected(REPORT.normalized_model)
 
 
 def test_to_proposal_round_trips_through_json(tmp_path):
@@ -730,7 +768,7 @@ def test_toggle_exclusion_and_export(tmp_path):
         REPORT.config.activation_type,
         REPORT.config.weight_type,
     )
-    assert "nodes_to_exclude=[" in p.snippet
+    assert "nodes_to_exclude = [" in p.snippet  # snippet.quantize_snippet's layout, as propose writes it
     assert any(str(out) in n for n in notes)
 
 
@@ -950,7 +988,8 @@ def test_bench_screen_shows_variants_machine_and_chart(tmp_path):
             await pilot.press("escape")
             await pilot.pause()
             assert isinstance(app.screen, MainScreen)
-            app.bench = None  # as if started without --bench: b says how to make one
+            screen = app.main_screen  # as if started without --bench: b says how to make one
+            screen.context = replace(screen.context, bench=None)
             await pilot.press("b")
             await pilot.pause()
             assert isinstance(app.screen, MainScreen)
@@ -1230,7 +1269,7 @@ def test_the_verify_hook_hashes_the_model_without_onnx(tmp_path):
     )
     save_report(report, tmp_path / "r.json")
     code = (
-        "import sys; from qdebug.report_io import load_report; from qdebug.verify import make_tui_verify; "
+        "import sys; from qdebug.report_io import load_report; from qdebug.cli.tui import make_tui_verify; "
         f"hook = make_tui_verify(load_report({str(tmp_path / 'r.json')!r})); "
         "bad = [m for m in ('onnxruntime', 'onnx') if m in sys.modules]; "
         "print(bad, hook); sys.exit(1 if bad or hook is not None else 0)"  # the hash differs: no hook

@@ -23,8 +23,14 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric, positive_float, provider_list
+from qdebug.formatting import fmt_size
+
+if TYPE_CHECKING:  # qdebug.bench loads onnxruntime: imported when a command runs, not for --help
+    from qdebug.bench import BenchOptions
+    from qdebug.records.bench import BenchReport
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_quant_arguments(p, several_methods=True, from_proposal=True)
 
 
-def bench_options(args: argparse.Namespace):  # -> BenchOptions
+def bench_options(args: argparse.Namespace) -> BenchOptions:
     """BenchOptions from parsed flags."""
     from qdebug.bench import BenchOptions, parse_methods, parse_variants
 
@@ -138,20 +144,11 @@ def run(args: argparse.Namespace) -> int:
     return int(ExitCode.MODEL) if failed else 0
 
 
-def _size(n: int) -> str:
-    if n <= 0:
-        return "-"
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{n} B"
-
-
 def _ms(x: float) -> str:
     return "-" if not math.isfinite(x) else (f"{x:.3f}" if x < 10 else f"{x:.1f}")
 
 
-def print_table(report) -> None:
+def print_table(report: BenchReport) -> None:
     """The machine, one row per variant, the tail batches and notes, on stdout."""
     from rich.console import Console
     from rich.table import Table
@@ -187,12 +184,12 @@ def print_table(report) -> None:
         table.add_column(c, justify="left" if c == "variant" else "right")
     for v in report.variants:
         if v.error or v.full is None:
-            table.add_row(v.name, _size(v.model_bytes), "failed", *[""] * 8)
+            table.add_row(v.name, fmt_size(v.model_bytes), "failed", *[""] * 8)
             continue
         f = v.full
         table.add_row(
             v.name,
-            _size(v.model_bytes),
+            fmt_size(v.model_bytes),
             _ms(f.p50_ms),
             _ms(f.p95_ms),
             _ms(f.p99_ms),

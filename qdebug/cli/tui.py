@@ -16,8 +16,23 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.files import check_outputs_spare_inputs, check_writable, sha256_file
+from qdebug.records import AnalysisConfig, Proposal, Report
+
+if TYPE_CHECKING:
+    from qdebug.verify import VerifyOptions, VerifyResult
+
+TuiVerify = Callable[[Proposal, Callable[[float, str], None], Callable[[], bool]], "VerifyResult"]
+"""The TUI's ``verify_fn(proposal, progress, cancelled)`` (:data:`qdebug.tui.app.VerifyFn`), made by
+:func:`make_tui_verify`."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,17 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Open the app (the TUI itself never imports onnxruntime; verify runs through the core)."""
-    from qdebug.report_io import load_report
+    """Open the app (the TUI itself never imports onnxruntime; verify runs through the core).
+
+    This module is the composition root: it alone wires the TUI to :mod:`qdebug.verify`, through
+    :func:`make_tui_verify`.
+    """
+    from qdebug.report_io import load_bench, load_proposal, load_report
 
     report = load_report(args.report)  # a clear one-line error before the screen is taken over
     if args.bench:  # likewise for a missing or corrupt bench file
-        from qdebug.tui.app import load_bench_results
-
-        _same_model(report, load_bench_results(args.bench).model_sha256, args.bench, "bench result")
+        _same_model(report, load_bench(args.bench).model_sha256, args.bench, "bench result")
     if args.proposal:
-        from qdebug.tui.app import load_proposal
-
         proposal = load_proposal(args.proposal)
         _same_model(report, proposal.model_sha256, args.proposal, "proposal")
         known = {n.name for n in report.nodes}
@@ -59,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
                 ExitCode.INPUT,
             )
     if args.screenshot:
-        from qdebug.files import check_outputs_spare_inputs, check_writable
         from qdebug.tui.app import save_screenshot
 
         check_writable(args.screenshot, "--screenshot")
@@ -70,19 +84,12 @@ def run(args: argparse.Namespace) -> int:
 
         save_screenshot(args.report, args.screenshot, proposal_path=args.proposal, bench_path=args.bench)
         return 0
-    verify_fn = None
-    try:
-        from qdebug.verify import make_tui_verify
-
-        verify_fn = make_tui_verify(report)
-    except ImportError:  # verify not available in this build
-        verify_fn = None
     from qdebug.tui.app import run_tui
 
-    return run_tui(args.report, args.proposal, verify_fn=verify_fn, bench_path=args.bench)
+    return run_tui(args.report, args.proposal, verify_fn=make_tui_verify(report), bench_path=args.bench)
 
 
-def _same_model(report, sha256: str, path: str, what: str) -> None:
+def _same_model(report: Report, sha256: str, path: str, what: str) -> None:
     """A proposal or bench result made for another model would show another model's numbers as this one's."""
     if sha256 and sha256 != report.model.sha256:
         raise QDebugError(
@@ -91,3 +98,97 @@ def _same_model(report, sha256: str, path: str, what: str) -> None:
             f"pass a {what} made for this model",
             ExitCode.INPUT,
         )
+
+
+# ----------------------------------------------------------------------------- the TUI's verify
+
+
+def make_tui_verify(
+    report: Report, *, runs: int = 20, options: VerifyOptions | None = None
+) -> TuiVerify | None:
+    """A TUI ``verify_fn(proposal, progress, cancelled)``; None when the report's files are not reachable.
+
+    The model, calibration and evaluation paths recorded in the report must
+    exist here and the model must still match the report's hash. Calibration,
+    the FP32 reference outputs and the static baseline are prepared on the
+    first call and reused by later ones, so each further verify costs one
+    re-quantization, one evaluation and the timing runs.
+
+    This is where the TUI (which never imports onnx or onnxruntime) meets
+    :mod:`qdebug.verify` (which does): the core is imported on the first call,
+    in the TUI's worker thread, so opening the TUI stays quick.
+    """
+    cfg = report.config
+    model = Path(report.model.path)
+    calib = cfg.calib
+    if calib is None or not _reachable(report, model, calib):
+        return None
+    state: dict[str, Any] = {}
+
+    def verify_fn(
+        proposal: Proposal, progress: Callable[[float, str], None], cancelled: Callable[[], bool]
+    ) -> VerifyResult:
+        import qdebug.verify as core
+
+        def stage(name: str, done: int, total: int | None) -> None:
+            fraction = 0.0 if not total else min(1.0, done / total)
+            progress(fraction, name)
+
+        if "ctx" not in state:
+            progress(0.0, "preparing (calibration from cache, FP32 reference)")
+            state["opts"] = _tui_options(cfg, options or core.VerifyOptions(), runs)
+            state["tmp"] = tempfile.TemporaryDirectory(prefix="qdebug-tui-verify-")
+            workdir = Path(state["tmp"].name)
+            state["ctx"] = core._Context(model, calib, cfg.eval, workdir, state["opts"], cfg.method, stage)
+        opts = state["opts"]
+        target = opts.target_sqnr
+        if target is None and not math.isfinite(state["ctx"].evaluator.fp32_value):
+            target = 30.0
+        run_opts = opts if target == opts.target_sqnr else dataclasses.replace(opts, target_sqnr=target)
+        return core.verify(
+            model,
+            calib,
+            cfg.eval,
+            proposal,
+            options=run_opts,
+            progress=stage,
+            cancelled=cancelled,
+            _context=state["ctx"],
+        )
+
+    return verify_fn
+
+
+def _reachable(report: Report, model: Path, calib: str) -> bool:
+    """Whether the model, calibration and evaluation data the report names are here, the model unchanged
+    (a ``module:function`` hook is taken as reachable: importing it would run user code)."""
+    cfg = report.config
+    if not model.is_file():
+        return False
+    if not Path(calib).exists() and ":" not in calib:
+        return False
+    if cfg.eval is not None and not Path(cfg.eval).exists() and ":" not in cfg.eval:
+        return False
+    try:
+        return sha256_file(model) == report.model.sha256
+    except OSError:
+        return False
+
+
+def _tui_options(cfg: AnalysisConfig, base: VerifyOptions, runs: int) -> VerifyOptions:
+    """Verify options that rebuild the report's quantization: its settings and data limits, with the
+    judging, evaluation cap and runtime settings of ``base``."""
+    return dataclasses.replace(
+        base,
+        target_drop=None,
+        metric=base.metric or cfg.metric,
+        method=cfg.method,
+        activation_type=cfg.activation_type,
+        weight_type=cfg.weight_type,
+        per_channel=cfg.per_channel,
+        batch_size=cfg.batch_size,
+        max_samples=cfg.max_samples,
+        runs=runs,
+        upgrade_opset=cfg.upgrade_opset,
+        inline_constant_if=cfg.inline_constant_if,
+    )

@@ -25,6 +25,7 @@ import argparse
 import sys
 
 from qdebug.cli.common import add_quant_arguments, finite_float, provider_list
+from qdebug.errors import ExitCode, QDebugError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,8 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Verify and print the side-by-side table; exit 6 when the target is not met."""
     from qdebug.cli.progress import stderr_progress
-    from qdebug.errors import ExitCode, QDebugError
-    from qdebug.verify import VerifyOptions, verify
+    from qdebug.verify import VerifyOptions, verify  # onnx and onnxruntime: not for --help
 
     if args.runs < 0 or args.warmup < 0:
         raise QDebugError("--runs and --warmup must be >= 0", "pass a count", ExitCode.USAGE)

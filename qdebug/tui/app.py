@@ -5,14 +5,15 @@ Entry points: :func:`run_tui` (called by ``qdebug tui``), :class:`QDebugApp`
 and :func:`save_screenshot` (an SVG of the app, rendered headless).
 
 This module never imports onnxruntime or onnx: verify runs through the
-``verify_fn`` callable the caller passes in.
+``verify_fn`` callable the caller passes in. The app builds the session's
+:class:`~qdebug.tui.model.TuiContext` and hands it to the main screen, which
+reads its run state from there (not from the app).
 """
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,21 +24,12 @@ from textual.screen import Screen
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.files import atomic_write_text
 from qdebug.records import Proposal, Report
-from qdebug.report_io import load_proposal, load_report
-from qdebug.tui.model import LayerModel
+from qdebug.report_io import load_bench, load_proposal, load_report
+from qdebug.tui.model import LayerModel, TuiContext, VerifyFn
 from qdebug.tui.screens import MainScreen
 
 if TYPE_CHECKING:
-    from qdebug.bench import BenchReport
-
-VerifyFn = Callable[[Proposal, Callable[[float, str], None], Callable[[], bool]], Any]
-"""``verify_fn(proposal, progress, cancelled) -> result`` where ``result.summary_lines() -> list[str]``.
-
-Called in a worker thread; ``progress(fraction, text)`` may be called from
-that thread; ``cancelled()`` turns True when the user presses escape, and the
-callable should then return soon (its result is discarded).
-"""
-
+    from qdebug.records.bench import BenchReport
 
 def default_export_path(report_path: str | Path | None) -> Path:
     """Where ``e`` writes by default: ``<report stem>.proposal.json`` next to the report."""
@@ -68,21 +60,22 @@ class QDebugApp(App[Any]):
     ) -> None:
         super().__init__()
         self.report = report
-        self.inputs: dict[str, str | Path | None] = dict(inputs or {})
-        """Files this session read (proposal, bench results): the export must never overwrite them."""
-        self.bench = bench
-        """``qdebug bench`` results shown by ``b`` (``None``: ``b`` says how to make them)."""
         self.proposal = proposal
-        self.verify_fn = verify_fn
-        self.report_path = report_path
-        self.export_path = Path(export_path) if export_path is not None else default_export_path(report_path)
+        self.context = TuiContext(
+            report_path=report_path,
+            export_path=Path(export_path) if export_path is not None else default_export_path(report_path),
+            inputs=dict(inputs or {}),
+            bench=bench,
+            verify_fn=verify_fn,
+        )
+        """The session's run state; the main screen keeps it."""
         self.model = LayerModel(report, proposal)
         name = report.model.path.rsplit("/", 1)[-1]
         self.sub_title = name
 
     def get_default_screen(self) -> Screen:
         """The main layer screen."""
-        return MainScreen(self.model)
+        return MainScreen(self.model, self.context)
 
     @property
     def main_screen(self) -> MainScreen:
@@ -96,10 +89,8 @@ class QDebugApp(App[Any]):
 def load_bench_results(path: str | Path) -> BenchReport:
     """Load a ``bench.json`` written by ``qdebug bench -o`` (QDebugError for a missing/invalid file).
 
-    :mod:`qdebug.bench` imports onnx/onnxruntime only inside its functions, so this stays light.
+    :func:`qdebug.report_io.load_bench` reads it into :mod:`qdebug.records.bench` records, without onnx.
     """
-    from qdebug.bench import load_bench
-
     return load_bench(path)
 
 

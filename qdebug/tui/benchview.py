@@ -1,12 +1,11 @@
 """The bench screen's text, as plain Python (no Textual) over a ``bench.json``.
 
-``qdebug tui REPORT --bench bench.json`` loads a :class:`~qdebug.bench.BenchReport`
+``qdebug tui REPORT --bench bench.json`` loads a :class:`~qdebug.records.bench.BenchReport`
 (written by ``qdebug bench -o``); ``b`` shows it: one row per variant, the
 machine it was measured on, and task metric vs p50 latency as a text scatter
 plot (:func:`~qdebug.tui.charts.scatter`). Everything here only reads the
 records' fields; it imports neither Textual nor onnx/onnxruntime (the bench
-records themselves live in :mod:`qdebug.bench`, which imports the runtime only
-inside its functions).
+records live in :mod:`qdebug.records.bench`, standard library only).
 """
 
 from __future__ import annotations
@@ -16,12 +15,13 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qdebug.formatting import fmt_size
 from qdebug.records import Report
 from qdebug.tui.charts import Point
 from qdebug.tui.model import ACCURACY_METRICS, fmt_db, fmt_metric
 
 if TYPE_CHECKING:
-    from qdebug.bench import BenchReport, VariantResult
+    from qdebug.records.bench import BenchReport, VariantResult
 
 MARKS = "123456789abcdefghijklmnopqrstuvwxyz"
 """The chart mark of the n-th variant (also the table's ``#`` column)."""
@@ -66,16 +66,6 @@ def fmt_ms(x: float) -> str:
     if not math.isfinite(x):
         return "-"
     return f"{x:.3f}" if x < 10 else f"{x:.1f}"
-
-
-def fmt_size(n: int) -> str:
-    """Bytes on disk in kB/MB/GB (``-`` when unknown)."""
-    if n <= 0:
-        return "-"
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{n} B"
 
 
 def fmt_rate(x: float) -> str:

@@ -3,8 +3,11 @@
 Everything the terminal UI decides - row order, filters, the exclusion set,
 graph neighbours, the exported :class:`~qdebug.records.Proposal` and its
 ``quantize_static`` snippet - lives here, so it is unit-testable without
-Textual. This module must never import ``textual``, ``onnxruntime`` or
-``onnx`` (a test checks ``sys.modules``).
+Textual; so does :class:`TuiContext`, the session's run state (files, bench
+results, the verify callable) that the app hands to its main screen. This
+module must never import ``textual``, ``onnxruntime`` or ``onnx`` (a test
+checks ``sys.modules``): the snippet comes from :mod:`qdebug.snippet`, which is
+pure text.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import unicodedata
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qdebug.formatting import ACCURACY_METRICS
 from qdebug.records import (
@@ -26,9 +30,42 @@ from qdebug.records import (
     TensorRecord,
     WeightRecord,
 )
+from qdebug.snippet import quantize_snippet
+
+if TYPE_CHECKING:
+    from qdebug.records.bench import BenchReport
 
 HAND_REASON = "excluded by hand in the TUI"
 """Reason text of nodes the user excluded in the TUI (followed by their numbers)."""
+
+VerifyFn = Callable[[Proposal, Callable[[float, str], None], Callable[[], bool]], Any]
+"""``verify_fn(proposal, progress, cancelled) -> result`` where ``result.summary_lines() -> list[str]``.
+
+Called in a worker thread; ``progress(fraction, text)`` may be called from
+that thread; ``cancelled()`` turns True when the user presses escape, and the
+callable should then return soon (its result is discarded).
+"""
+
+
+@dataclass(frozen=True)
+class TuiContext:
+    """What one TUI session was started with, besides the report: the main screen reads it.
+
+    The app builds it once and hands it to :class:`~qdebug.tui.screens.MainScreen`: the screen
+    reads its run state here rather than from the App, so it can be built without this App and
+    ``screens`` does not import ``app``.
+    """
+
+    report_path: str | None
+    """The report's file (``None``: built in memory); the export must never overwrite it."""
+    export_path: Path
+    """Where ``e`` proposes to write the proposal."""
+    inputs: dict[str, str | Path | None] = field(default_factory=dict)
+    """Files this session read (proposal, bench results): the export must never overwrite them."""
+    bench: BenchReport | None = None
+    """``qdebug bench`` results shown by ``b`` (``None``: ``b`` says how to make them)."""
+    verify_fn: VerifyFn | None = None
+    """Runs verify on the current set (``None``: the report's model or data are not reachable)."""
 
 
 @dataclass(frozen=True)
@@ -610,81 +647,39 @@ class LayerModel:
             calibration_key=Path(report.calibration_cache).stem if report.calibration_cache else "",
             calib_max_samples=report.config.max_samples,
         )
-        return dataclasses.replace(proposal, snippet=quantize_snippet(report, proposal))
+        return dataclasses.replace(proposal, snippet=proposal_snippet(report, proposal))
 
 
 def _excludable(node: NodeRecord) -> bool:
     return node.excludable if node.excludable is not None else node.quantized
 
 
-_CALIBRATION = {
-    "minmax": "MinMax",
-    "entropy": "Entropy",
-    "percentile": "Percentile",
-    "distribution": "Distribution",
-}
-_QUANT_TYPES = ("QInt8", "QUInt8", "QInt16", "QUInt16", "QInt4", "QUInt4", "QFLOAT8E4M3FN")
+def proposal_snippet(report: Report, proposal: Proposal) -> str:
+    """The ``quantize_static`` snippet of ``proposal``, from what ``report`` recorded.
 
-
-def _quant_type(name: str) -> str:
-    for t in _QUANT_TYPES:
-        if t.lower() == name.lower():
-            return f"QuantType.{t}"
-    return f"QuantType.{name}"
-
-
-def quantize_snippet(report: Report, proposal: Proposal) -> str:
-    """Ready-to-paste Python that rebuilds the proposal's model with ``quantize_static``.
-
-    Uses the analysis settings from ``report.config`` so the result matches what
-    was measured; ``data_reader`` is left for the user to supply.
+    It is :func:`qdebug.snippet.quantize_snippet`, as ``qdebug propose`` writes
+    it: a reader for the report's calibration data (its sample limit and input
+    names) and the user's model, or the normalized one when an excluded node
+    was renamed by normalization. Two things ``propose`` reads from the model
+    are not in the report, and the TUI never loads the model: the float16 nodes
+    ORT must be told to skip (a mixed-precision model needs them added to
+    ``nodes_to_exclude``), and a fixed batch dimension (the reader feeds one
+    sample at a time; set ``batch=`` to it).
     """
     cfg = report.config
-    method = _CALIBRATION.get(cfg.method.lower())
-    method_line = (
-        f"CalibrationMethod.{method}"
-        if method is not None
-        else f"CalibrationMethod.MinMax  # analysis used {cfg.method!r}"
+    renamed = {new for new, old in report.name_map if new != old}
+    normalized = proposal.normalized_model or report.normalized_model
+    model = normalized if any(n in renamed for n in proposal.nodes_to_exclude) else report.model.path
+    return quantize_snippet(
+        model,
+        proposal.nodes_to_exclude,
+        method=cfg.method,
+        per_channel=proposal.per_channel,
+        activation_type=cfg.activation_type,
+        weight_type=cfg.weight_type,
+        tensor_overrides=proposal.tensor_overrides,
+        calib_hint=cfg.calib or "calib.npz",
+        batch=1,
+        max_samples=cfg.max_samples,
+        inputs=report.model.inputs,
     )
-    lines = [
-        "from onnxruntime.quantization import (",
-        "    CalibrationMethod,",
-        "    QuantFormat,",
-        "    QuantType,",
-        "    quantize_static,",
-        ")",
-        "",
-        "# data_reader: a CalibrationDataReader over your calibration data",
-        "quantize_static(",
-        f"    {proposal.normalized_model or report.normalized_model!r},",
-        f"    {_output_name(report)!r},",
-        "    data_reader,",
-        "    quant_format=QuantFormat.QDQ,",
-        f"    activation_type={_quant_type(cfg.activation_type)},",
-        f"    weight_type={_quant_type(cfg.weight_type)},",
-        f"    per_channel={proposal.per_channel!r},",
-        f"    calibrate_method={method_line},",
-    ]
-    if proposal.nodes_to_exclude:
-        lines.append("    nodes_to_exclude=[")
-        lines += [f"        {n!r}," for n in proposal.nodes_to_exclude]
-        lines.append("    ],")
-    else:
-        lines.append("    nodes_to_exclude=[],")
-    if proposal.tensor_overrides:
-        lines.append("    extra_options={")
-        lines.append('        "TensorQuantOverrides": {')
-        for o in proposal.tensor_overrides:
-            lines.append(f'            {o.tensor!r}: [{{"quant_type": {_quant_type(o.quant_type)}}}],')
-        lines.append("        },")
-        lines.append("    },")
-    lines.append(")")
-    return "\n".join(lines) + "\n"
-
-
-def _output_name(report: Report) -> str:
-    path = report.model.path or report.normalized_model or "model.onnx"
-    stem = path.rsplit("/", 1)[-1]
-    if stem.endswith(".onnx"):
-        stem = stem[: -len(".onnx")]
-    return f"{stem}.selective.qdq.onnx"

@@ -27,7 +27,7 @@ from qdebug.records import Proposal
 from qdebug.report_io import dumps
 from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
 from qdebug.tui.messages import VerifyProgress
-from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, column
+from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, TuiContext, column
 from qdebug.tui.widgets import (
     BenchChart,
     BenchTable,
@@ -42,8 +42,7 @@ from qdebug.tui.widgets import (
 )
 
 if TYPE_CHECKING:
-    from qdebug.bench import BenchReport
-    from qdebug.tui.app import QDebugApp
+    from qdebug.records.bench import BenchReport
 
 VERIFY_UNAVAILABLE = (
     "verify is unavailable: the report's model or data are not reachable from here, or the model file "
@@ -115,9 +114,11 @@ class MainScreen(Screen):
         Binding("b", "bench_missing", "Bench", show=False),
     ]
 
-    def __init__(self, model: LayerModel) -> None:
+    def __init__(self, model: LayerModel, context: TuiContext) -> None:
         super().__init__()
         self.model = model
+        self.context = context
+        """The session's files, bench results and verify callable (handed over by the app)."""
         self.selected: str | None = None
         self.verify_state: str = "idle"
         """``idle``, ``running``, ``done``, ``cancelled`` or ``failed`` (for the tests and the panel)."""
@@ -130,11 +131,6 @@ class MainScreen(Screen):
     def _notify(self, message: str, **kwargs: Any) -> None:
         """Notify without markup: messages carry node names and paths, which may contain brackets."""
         self.notify(message, markup=False, **kwargs)
-
-    @property
-    def qapp(self) -> QDebugApp:
-        """The app, typed."""
-        return self.app  # type: ignore[return-value]
 
     # ----------------------------------------------------------------- layout
 
@@ -172,7 +168,7 @@ class MainScreen(Screen):
             self._notify(
                 "the proposal was made for another model (SHA-256 differs)", severity="warning", timeout=10
             )
-        bench = self.qapp.bench
+        bench = self.context.bench
         if bench is not None and model_mismatch(m.report, bench):
             self._notify(MISMATCH, title="bench", severity="warning", timeout=10)
 
@@ -330,14 +326,14 @@ class MainScreen(Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """``bench`` when a bench file is loaded, ``bench_missing`` when not (both on ``b``)."""
         if action == "bench":
-            return self.qapp.bench is not None
+            return self.context.bench is not None
         if action == "bench_missing":
-            return self.qapp.bench is None
+            return self.context.bench is None
         return True
 
     def action_bench(self) -> None:
         """Show the bench results (with a warning line when they are for another model)."""
-        bench = self.qapp.bench
+        bench = self.context.bench
         if bench is None:
             self.action_bench_missing()
             return
@@ -346,7 +342,7 @@ class MainScreen(Screen):
     def action_bench_missing(self) -> None:
         """Say how to make a bench file and open it."""
         self._notify(
-            bench_hint(self.model.report, self.qapp.report_path),
+            bench_hint(self.model.report, self.context.report_path),
             title="bench",
             severity="warning",
             timeout=12,
@@ -356,7 +352,7 @@ class MainScreen(Screen):
 
     def action_export(self) -> None:
         """Ask for a path (default next to the report) and write the proposal there."""
-        self.app.push_screen(ExportDialog(str(self.qapp.export_path)), self._export_to)
+        self.app.push_screen(ExportDialog(str(self.context.export_path)), self._export_to)
 
     def _export_to(self, path: str | None) -> None:
         if not path:
@@ -373,14 +369,14 @@ class MainScreen(Screen):
             except RuntimeError:  # "~nosuchuser/p.json" had closed the app with a traceback
                 raise QDebugError(f"cannot expand {path}: no such user's home directory") from None
             spared = {
-                "the report": self.qapp.report_path,
+                "the report": self.context.report_path,
                 "the model": report.model.path,
                 "the normalized model": report.normalized_model,
                 "the quantized model": report.quantized_model.path,
                 "the calibration data": report.config.calib,
                 "the evaluation data": report.config.eval,
                 "the calibration cache": report.calibration_cache,
-                **self.qapp.inputs,
+                **self.context.inputs,
             }
             check_outputs_spare_inputs({"the export": path}, spared)
             _refuse_foreign_file(path)
@@ -409,7 +405,7 @@ class MainScreen(Screen):
 
     def action_verify(self) -> None:
         """Run the verify callable on the current set in a thread, with progress and cancel."""
-        if self.qapp.verify_fn is None:
+        if self.context.verify_fn is None:
             self._notify(VERIFY_UNAVAILABLE, title="verify", severity="warning", timeout=8)
             return
         if self.verify_state == "running":
@@ -423,7 +419,7 @@ class MainScreen(Screen):
     @work(thread=True, exclusive=True, exit_on_error=False, group="verify", name="verify")
     def _run_verify(self, proposal: Proposal) -> Any:
         worker = get_current_worker()
-        verify_fn = self.qapp.verify_fn
+        verify_fn = self.context.verify_fn
         assert verify_fn is not None
 
         last = [0.0]

@@ -51,7 +51,7 @@ from qdebug.tui.model import (
 )
 
 if TYPE_CHECKING:
-    from qdebug.bench import BenchReport
+    from qdebug.records.bench import BenchReport
 
 EXCLUDED_MARK = "✗"
 

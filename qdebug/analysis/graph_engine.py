@@ -1,0 +1,586 @@
+"""The graph engine: the capture's reductions computed inside ORT, on merged models.
+
+Each side is optimized once, then the FP32 and QDQ models are merged into
+one reduction model (:mod:`qdebug.graph.reduce`) that turns every paired
+tensor into a few sums per batch; a second merged model serves the
+fake-quant view. So each batch is reduced inside ORT and dropped, and memory
+is flat in the number of samples.
+
+Batches are split into capture chunks whose largest tensor stays cache-sized
+(:data:`CAPTURE_ELEMENTS`). Chunks run concurrently, one single-threaded ORT
+run per core (:func:`capture_workers`), and are accumulated in order; where
+chunks start and end depends only on the model and the batch. So a report
+depends neither on which run finishes first nor on the machine's core count.
+Tensors whose in-graph sums are not finite are measured again by the numpy
+engine (:class:`~qdebug.analysis.numpy_engine._NumpyPath`), exactly.
+
+The tuning constants are read at run time from this module: a test that
+patches one must patch it here, not on :mod:`qdebug.analysis`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qdebug.analysis.build import _TensorAcc
+from qdebug.analysis.numpy_engine import Arrays, _NumpyPath
+from qdebug.capture import (
+    SessionConfig,
+    make_session,
+    optimize_for_capture,
+    release_freed_memory,
+    run_session,
+)
+from qdebug.data import Batch, feed_rows, model_input_specs, take_rows
+from qdebug.graph.load import save_model
+from qdebug.graph.match import TensorPair
+from qdebug.graph.reduce import (
+    SUBSAMPLE_INPUT,
+    FakeQuant,
+    PairSpec,
+    ReductionModel,
+    build_reduction_model,
+    dot_from_sums,
+    elem_types,
+    moments_from_sums,
+)
+from qdebug.metrics import ErrorAccumulator
+
+Run = Callable[[Arrays], Arrays]
+"""One ORT run of a merged model over a chunk's feeds (thread-safe: it goes to the capture workers)."""
+Use = Callable[[int, Arrays, Arrays], tuple[Arrays, Arrays]]
+"""Accumulates one run's sums (samples before the batch, the chunk's feeds, the run's outputs) and returns
+the chunk's (FP32, quantized) graph outputs; on the calling thread, in chunk order."""
+
+SUBSAMPLE_PER_SAMPLE = 256
+"""Elements per tensor per sample copied out of ORT for the KL and TUI histograms (every k-th element)."""
+
+CAPTURE_ELEMENTS = 1 << 19
+"""Largest tensor (elements) a capture chunk aims for: 2 MiB of float32, so a tensor, its counterpart and
+their difference stay in a CPU's last-level cache while they are reduced. On the BERT benchmark model,
+chunks of 4 samples (512 K elements) ran 1.3x faster than whole batches of 16 and peaked at 0.3 GB instead
+of 0.8 GB (docs/benchmarks.md)."""
+
+MAX_CAPTURE_WORKERS = 4
+"""Most capture runs in flight at once (each holds its own chunk's tensors)."""
+
+CHUNK_PIECES = 4
+"""A batch with enough work is cut into a multiple of this many chunks, so that up to this many workers
+share it evenly (16 rows, chunk 16: four chunks of 4, not one of 16). A constant, not the worker count:
+where chunks start and end moves the float32 in-graph sums and the histogram subsamples, and a report must
+not depend on the machine's core count or ``--threads`` (tested)."""
+
+MIN_PIECE_ELEMENTS = CAPTURE_ELEMENTS // 8
+"""A batch is cut into :data:`CHUNK_PIECES` chunks only if each still holds this many elements of its
+largest tensor: below that, the ~3-10 ms each run costs in Python (reading its sums) outweighs another core
+(the transformer fixture ran up to 1.4x slower at N = 1000 when its batches of 16 were cut in two), and such
+batches run one at a time on ORT's own threads."""
+
+IN_FLIGHT_ELEMENTS = 4 * CAPTURE_ELEMENTS
+"""Budget for the largest tensors of all chunks in flight: a model whose chunk is large gets fewer workers,
+so the capture's memory does not grow with the number of cores (one chunk of 4 M elements: one worker)."""
+
+READ_AHEAD_BYTES = 1 << 20
+"""The capture loads the next batch before the current one is read only if a batch's inputs are this small
+(or the batches are too small to keep the workers busy): the data is then not what sets the peak."""
+
+
+def capture_workers(config: SessionConfig) -> int:
+    """How many capture chunks may run at once, each an ORT run with one intra-op thread.
+
+    The merged models run ~3,000 small reductions per chunk. With ORT's
+    intra-op pool, each one pays a fork/join across the cores; running whole
+    chunks side by side, one thread each, keeps every core busy without that
+    synchronization. On the 2-core development machine the BERT benchmark's
+    capture took 3.4-3.8 s instead of 4.8-5.7 s (docs/benchmarks.md). Only on
+    the CPU provider: other providers keep their own threading. Fewer run once
+    the chunks are sized (:data:`IN_FLIGHT_ELEMENTS`, :data:`MIN_PIECE_ELEMENTS`).
+    """
+    if tuple(config.providers) != ("CPUExecutionProvider",):
+        return 1
+    cores = config.intra_op_threads or _cpu_count()
+    return max(1, min(cores, MAX_CAPTURE_WORKERS))
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. ``taskset`` or a cpuset; not a CPU quota)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+_FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.BFLOAT16,
+}
+
+
+def _finite(stats: dict[str, float]) -> bool:
+    return all(math.isfinite(v) for v in stats.values())
+
+
+def _add_pair(err: ErrorAccumulator, ref2: float, n: int, st: dict[str, float]) -> None:
+    """Add one batch's in-graph sums of a (reference, candidate) pair to ``err``."""
+    dot = dot_from_sums(ref2, st["cand2"], st["noise2"])
+    err.add_sums(ref2, st["noise2"], st["cand2"], dot, max(st["dmax"], -st["dmin"]), n)
+
+
+class _GraphPath:
+    """Reductions computed inside ORT: one merged session on every sample, one for the fake-quant view."""
+
+    def __init__(
+        self,
+        fp32: onnx.ModelProto,
+        qdq: onnx.ModelProto,
+        scored: list[TensorPair],
+        local: dict[str, FakeQuant],
+        config: SessionConfig,
+        *,
+        fakequant: bool = True,
+    ) -> None:
+        self.scored = scored
+        self.config = config
+        self._files: dict[str, Path] = {}
+        # the optimized models' weights go to files here, next to the merged models that refer to them
+        # (ORT maps them while a session lives: where a mapped file cannot be deleted, cleanup must not fail)
+        self._dir = tempfile.TemporaryDirectory(prefix="qdebug-capture-", ignore_cleanup_errors=True)
+        try:
+            self._build(fp32, qdq, scored, local, fakequant)
+        except BaseException:  # a model ORT rejects, Ctrl-C: no scratch files left behind
+            self._dir.cleanup()
+            raise
+        release_freed_memory()  # the protos are on disk now: their memory must not add to the sessions' peak
+        self._main_sess = None
+        self._fq_sess = None
+        self.chunk: int | None = None
+        self._largest = 0
+        self._split_largest = 0
+        """The first run's largest tensor per sample: what batches are cut by (fixed, so the cut of a batch
+        does not depend on how far the pipeline has read when it is loaded)."""
+        self._pending: dict[tuple[str, str], tuple[list, list]] = {}
+        self._range: dict[str, tuple[float, float]] = {}
+        self.splittable = _chunkable(fp32, qdq)
+        self.workers = capture_workers(config)
+        """Runs in flight at once; settled after the first run (:meth:`_settle`)."""
+        self._settled = False
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _build(
+        self,
+        fp32: onnx.ModelProto,
+        qdq: onnx.ModelProto,
+        scored: list[TensorPair],
+        local: dict[str, FakeQuant],
+        fakequant: bool,
+    ) -> None:
+        """Optimize each side, merge them into the main (and fake-quant) reduction models, stash those."""
+        config = self.config
+        scratch = Path(self._dir.name)
+        cand = [p.dequant or p.qdq for p in scored if p.qdq is not None]
+        fo = optimize_for_capture(
+            fp32, [p.fp32 for p in scored], config, what="FP32 model", scratch=scratch, tag="fp32-optimized"
+        )
+        qo = (
+            optimize_for_capture(
+                qdq, cand, config, what="quantized model", scratch=scratch, tag="qdq-optimized"
+            )
+            if fo is not None
+            else None
+        )
+        self.preoptimized = fo is not None and qo is not None
+        ref_model = fo if self.preoptimized else fp32
+        types = (elem_types(fp32), _with_dq_types(qdq, elem_types(qdq)))
+        keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
+        specs = [PairSpec(p.fp32, p.fp32, p.dequant or p.qdq, local.get(p.fp32)) for p in scored]
+        fq_specs = [PairSpec(p.fp32, p.fp32, p.dequant) for p in scored if p.dequant is not None]
+        build = {"ref_types": types[0], "cand_types": types[1], "keep_outputs": keep}
+        # both merged models go to files and their protos (and the optimized models) are dropped before any
+        # session exists: ORT's copy is then the only one at the peak (60-90 MB less on the BERT model)
+        main = build_reduction_model(ref_model, qo if self.preoptimized else qdq, specs, **build)
+        self.main_model: ReductionModel = self._stash(main, "main.onnx")
+        del main, qo
+        self.fq_model: ReductionModel | None = None
+        if fakequant:
+            names = [p.dequant for p in scored if p.dequant is not None]
+            fq = optimize_for_capture(
+                qdq,
+                names,
+                config,
+                fake_quant=True,
+                what="quantized model",
+                scratch=scratch,
+                tag="fakequant-optimized",
+            )
+            # the fake-quant view: the same FP32 side against the QDQ model with ORT's QDQ handling off
+            fq_model = build_reduction_model(
+                ref_model, fq or qdq, fq_specs, ref_stats=False, with_samples=False, **build
+            )
+            del fq
+            self.fq_model = self._stash(fq_model, "fakequant.onnx")
+
+    def _stash(self, model: ReductionModel, name: str) -> ReductionModel:
+        """Write a merged model to this capture's scratch directory; return it without its proto."""
+        path = Path(self._dir.name) / name
+        save_model(model.model, path)
+        self._files[name] = path
+        return dataclasses.replace(model, model=None)
+
+    def _open(self, name: str, what: str, **options):
+        """A session over a stashed merged model (arena on, node order kept)."""
+        threads = 1 if self.workers > 1 else None
+        return make_session(
+            self._files[name], self.config, what=what, arena=True, keep_order=True, threads=threads, **options
+        )
+
+    def fq_sess(self):
+        """The fake-quant session, created on first use."""
+        if self._fq_sess is None:
+            self._fq_sess = self._open("fakequant.onnx", "fake-quant models", optimize=False, fake_quant=True)
+        return self._fq_sess
+
+    def main_sess(self):
+        """The main session, created on first use (after the fake-quant view is released)."""
+        if self._main_sess is None:
+            self._main_sess = self._open("main.onnx", "instrumented models", optimize=not self.preoptimized)
+        return self._main_sess
+
+    def close_fakequant(self) -> None:
+        """Release the fake-quant session before the main session is created."""
+        if self._fq_sess is not None:
+            self._fq_sess = None
+            release_freed_memory()
+
+    def close(self) -> None:
+        """Release the sessions and the workers and delete the stashed models."""
+        if self._pool is not None:  # chunks still queued (an error, Ctrl-C) are dropped, not run
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._main_sess = self._fq_sess = None
+        self._dir.cleanup()
+        release_freed_memory()  # the report is built next: it must not stack on the sessions' leftovers
+
+    def main_batches(
+        self,
+        batches: Iterable[Batch],
+        accs: dict[str, _TensorAcc],
+        numpy_path: _NumpyPath,
+        skipped: dict[str, str],
+        fq_done: int,
+    ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
+        """``(batch, FP32 outputs, deployed outputs)`` per batch, in order.
+
+        A batch's deployed error also goes to ``head`` when it was in the fake-quant view (its first
+        ``fq_done`` samples).
+        """
+        self.main_sess()  # here, not on a worker: two workers must not both create it
+        model = self.main_model
+
+        def run(feeds):  # looked up per run: the session is reopened if the workers are turned off
+            return run_session(
+                self.main_sess(), model.outputs, _with_subsample(feeds), "the instrumented models"
+            )
+
+        def use(start, feeds, out):
+            return self._use_main(feeds, out, accs, numpy_path, skipped, start < fq_done)
+
+        def joined(item):
+            batch, parts = item
+            self._flush(accs)
+            return batch, _join([r for r, _ in parts]), _join([d for _, d in parts])
+
+        # through map(): no local of this frame holds a yielded batch while the next ones run
+        yield from map(joined, self._pipeline(batches, run, use))
+
+    def _queue(self, name: str, kind: str, ref: np.ndarray, cand: np.ndarray) -> None:
+        """Histogram samples wait for the end of the data batch: one numpy call per tensor, not per chunk."""
+        entry = self._pending.setdefault((name, kind), ([], []))
+        entry[0].append(ref)
+        entry[1].append(cand)
+
+    def _flush(self, accs: dict[str, _TensorAcc]) -> None:
+        for name, (lo, hi) in self._range.items():
+            accs[name].ensure_edges(np.empty(0, np.float32), lo, hi)
+        self._range.clear()
+        for (name, kind), (refs, cands) in self._pending.items():
+            target = accs[name].acc if kind == "acc" else accs[name].local
+            if target is not None and target.histogram is not None:
+                target.histogram.update(np.concatenate(refs), np.concatenate(cands))
+        self._pending.clear()
+
+    def fakequant_batches(
+        self,
+        batches: Iterable[Batch],
+        accs: dict[str, _TensorAcc],
+        numpy_path: _NumpyPath,
+        skipped: dict[str, str],
+    ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
+        """``(batch, FP32 outputs, fake-quant outputs)`` per batch, in order."""
+        self.fq_sess()
+        model = self.fq_model
+
+        def run(feeds):
+            return run_session(self.fq_sess(), model.outputs, _with_subsample(feeds), "the fake-quant models")
+
+        def use(start, feeds, out):
+            return self._use_fakequant(feeds, out, accs, numpy_path)
+
+        def joined(item):
+            batch, parts = item
+            return batch, _join([r for r, _ in parts]), _join([q for _, q in parts])
+
+        yield from map(joined, self._pipeline(batches, run, use))
+
+    def _pipeline(self, batches: Iterable[Batch], run: Run, use: Use) -> Iterator[tuple[Batch, list]]:
+        """``(batch, [use(start, chunk, run(chunk)) for its chunks])`` per batch, in order.
+
+        ``run`` (ORT only, thread-safe) goes to the workers. A batch with
+        fewer chunks than workers (one sample, or a model whose batches cannot
+        be cut) does not leave them idle: the next batches' chunks start while
+        its own are read. ``use`` (the accumulation) stays on this thread and
+        sees the chunks in order, so the float64 sums are the same whatever
+        the timing. ``start``: the samples before the batch. Until the workers
+        are settled, the first run is made alone.
+        """
+        window: deque = deque()
+        start = 0
+        for batch in batches:
+            done, pieces = self._first(batch, start, run, use)
+            jobs = [self._pool_for().submit(run, p) if self.workers > 1 else None for p in pieces]
+            window.append((batch, start, done, pieces, jobs))
+            del done, pieces, jobs  # the window owns them: a finished batch's results must not outlive it
+            start += batch.size
+            while window and self._must_finish(window):
+                yield self._finish(window.popleft(), run, use)
+        while window:
+            yield self._finish(window.popleft(), run, use)
+
+    def _must_finish(self, window: deque) -> bool:
+        """Whether the oldest batch is read now, before the next one is loaded.
+
+        The pipeline reads ahead only as far as the workers need: batches
+        with fewer chunks than workers, until the batches behind hold as many;
+        a batch that keeps them busy alone, one batch more when its inputs are
+        small (the next batch's chunks then start the moment this one's end,
+        not after its results are read), and none when they are large (ResNet
+        batches of 16: 9.6 MB more at the peak).
+        """
+        behind = sum(len(entry[3]) for entry in list(window)[1:])
+        if self.workers == 1 or len(window) > self.workers or behind >= self.workers:
+            return True
+        oldest = window[0]
+        if len(oldest[3]) < self.workers:
+            return False
+        small = sum(v.nbytes for v in oldest[0].feeds.values()) <= READ_AHEAD_BYTES
+        return not (small and len(window) == 1)
+
+    @staticmethod
+    def _finish(entry: tuple, run: Run, use: Use) -> tuple[Batch, list]:
+        batch, start, done, pieces, jobs = entry
+        for i, piece in enumerate(pieces):
+            job, jobs[i] = jobs[i], None  # each run's outputs go as soon as they are read, not with the batch
+            done.append(use(start, piece, job.result() if job is not None else run(piece)))
+            del job
+        return batch, done
+
+    def _first(self, batch: Batch, start: int, run: Run, use: Use) -> tuple[list, list]:
+        """(chunks already used, chunks to run) of ``batch``; the very first run is made here, alone."""
+        feeds, n = batch.feeds, batch.size
+        done = []
+        if not self._settled:
+            # one sample measures the model; a batch that cannot be cut runs whole
+            rows = 1 if self.splittable else n
+            first = take_rows(feeds, 0, rows)
+            done.append(use(start, first, run(first)))
+            self._settle(n)
+            if rows == n:
+                return done, []
+            feeds, n = take_rows(feeds, rows), n - rows
+        return done, list(_split(feeds, self._piece_rows(n)))
+
+    def _settle(self, n: int) -> None:
+        """After the first run: chunk rows from its largest tensor, then how many workers that is worth."""
+        largest = self._split_largest = max(self._largest, 1)
+        if self.splittable:
+            self.chunk = max(1, CAPTURE_ELEMENTS // largest)
+        per_run = (min(self._piece_rows(n), n) if self.splittable else n) * largest
+        workers = self.workers
+        if per_run < MIN_PIECE_ELEMENTS:  # too little work per run: the Python side would be the bottleneck
+            workers = 1
+        else:  # the runs in flight together stay within the memory budget
+            workers = min(workers, max(1, IN_FLIGHT_ELEMENTS // per_run))
+        if workers == 1 and self.workers > 1:
+            # the open session was made single-threaded for the workers: reopen it with ORT's threads
+            self._main_sess = self._fq_sess = None
+            release_freed_memory()
+        self.workers = workers
+        self._settled = True
+
+    def _piece_rows(self, n: int) -> int:
+        """Rows per chunk for a batch of ``n``: at most ``self.chunk``; a multiple of :data:`CHUNK_PIECES`
+        chunks when each keeps enough work. Depends on the model and the batch only, never on the workers."""
+        if not (self.splittable and self.chunk):
+            return n
+        pieces = -(-n // self.chunk)
+        if n * self._split_largest >= MIN_PIECE_ELEMENTS * CHUNK_PIECES:
+            pieces = min(n, -(-pieces // CHUNK_PIECES) * CHUNK_PIECES)
+        return -(-n // max(pieces, 1))
+
+    def _pool_for(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="qdebug-capture")
+        return self._pool
+
+    def _note_size(self, counts: list[float], feeds: Arrays) -> None:
+        rows = feed_rows(feeds)
+        self._largest = -(-int(max(counts, default=0)) // max(rows, 1))
+
+    def _use_main(
+        self,
+        feeds: Arrays,
+        out: Arrays,
+        accs: dict[str, _TensorAcc],
+        numpy_path: _NumpyPath,
+        skipped: dict[str, str],
+        head: bool = False,
+    ) -> tuple[Arrays, Arrays]:
+        st = self.main_model.stats(out)
+        bad = []
+        for p in self.scored:
+            ref = st["ref"][p.fp32]
+            acc = st["acc"].get(p.fp32)
+            loc = st["local"].get(p.fp32)
+            if not (_finite(ref) and (acc is None or _finite(acc)) and (loc is None or _finite(loc))):
+                bad.append(p)
+                continue
+            a = accs[p.fp32]
+            n = int(ref["count"])
+            mean, m2 = moments_from_sums(n, ref["rsum"], ref["ref2"])
+            a.summary.add_moments(n, mean, m2, ref["rmin"], ref["rmax"])
+            names = self.main_model.samples[p.fp32]
+            if a.deferred_edges:  # edges from the whole first batch, fixed when its samples are flushed
+                lo, hi = self._range.get(p.fp32, (math.inf, -math.inf))
+                self._range[p.fp32] = (min(lo, ref["rmin"]), max(hi, ref["rmax"]))
+            if acc is not None:
+                _add_pair(a.acc.error, ref["ref2"], n, acc)
+                if head and a.head is not None:
+                    _add_pair(a.head, ref["ref2"], n, acc)
+                if a.acc.histogram is not None or a.deferred_edges:
+                    self._queue(p.fp32, "acc", out[names["r"]], out[names["c"]])
+            if loc is not None and a.local is not None:
+                _add_pair(a.local.error, ref["ref2"], n, loc)
+                if a.local.histogram is not None:
+                    self._queue(p.fp32, "local", out[names["r"]], out[names["l"]])
+        self._note_size([r["count"] for r in st["ref"].values()], feeds)
+        if bad:
+            numpy_path.measure(feeds, accs, bad, skipped, head)
+        ref_out = {orig: out[name] for name, orig in self.main_model.ref_outputs.items()}
+        dep_out = {orig: out[name] for name, orig in self.main_model.cand_outputs.items()}
+        return ref_out, dep_out
+
+    def _use_fakequant(
+        self, feeds: Arrays, out: Arrays, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath
+    ) -> tuple[Arrays, Arrays]:
+        st = self.fq_model.stats(out)
+        bad = []
+        for p in self.scored:
+            acc = st["acc"].get(p.fp32)
+            a = accs[p.fp32]
+            if acc is None or a.fakequant is None:
+                continue
+            ref = st["ref"][p.fp32]
+            if _finite(ref) and _finite(acc):
+                _add_pair(a.fakequant, ref["ref2"], int(ref["count"]), acc)
+            else:
+                bad.append(p)
+        self._note_size([r["count"] for r in st["ref"].values()], feeds)
+        if bad:
+            numpy_path.fakequant_pairs(feeds, accs, bad)
+        ref_out = {orig: out[name] for name, orig in self.fq_model.ref_outputs.items()}
+        return ref_out, {orig: out[name] for name, orig in self.fq_model.cand_outputs.items()}
+
+
+def _with_dq_types(model: onnx.ModelProto, types: dict[str, int]) -> dict[str, int]:
+    """``types`` plus DequantizeLinear outputs, whose element type is their scale's.
+
+    ORT's quantizer writes no value_info for the Q/DQ tensors it adds; without
+    this, every compared DQ output would be cast (copied) to float first.
+    """
+    out = dict(types)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and len(node.input) > 1 and node.input[1] in inits:
+            out.setdefault(node.output[0], inits[node.input[1]])
+    return out
+
+
+def _with_subsample(feeds: Arrays) -> Arrays:
+    rows = feed_rows(feeds)
+    target = SUBSAMPLE_PER_SAMPLE * max(int(rows), 1)
+    return {**feeds, SUBSAMPLE_INPUT: np.array(target, dtype=np.int64)}
+
+
+def _chunkable(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> bool:
+    """Whether batches may be cut into capture chunks without changing any number.
+
+    Samples must be independent along axis 0: every graph input and output of
+    both models has the inputs' symbolic batch dimension first, and no float
+    tensor of the FP32 model is a scalar or has a fixed first dimension (a
+    reduction over the batch, e.g. a mean used as a branch condition, would
+    see a chunk instead of the batch). Unknown shapes count as not chunkable.
+    Rank-0 inputs are one value for the whole batch, fed whole to every chunk.
+    """
+    inits = {i.name for i in fp32.graph.initializer}
+    scalars = {s.name for s in model_input_specs(fp32) if s.scalar}
+    inputs = [v for v in fp32.graph.input if v.name not in inits and v.name not in scalars]
+    batch = {_first_dim(v) for v in inputs}
+    if not inputs or len(batch) != 1 or not next(iter(batch)):
+        return False
+    symbol = next(iter(batch))
+    for model in (fp32, qdq):
+        for v in model.graph.output:
+            if _first_dim(v) != symbol:
+                return False
+    for v in fp32.graph.value_info:
+        t = v.type.tensor_type
+        if t.elem_type in _FLOAT_TYPES and t.HasField("shape"):
+            if not t.shape.dim or t.shape.dim[0].HasField("dim_value"):
+                return False
+    return True
+
+
+def _first_dim(value: onnx.ValueInfoProto) -> str:
+    """The symbolic name of a value's first dimension ("" when static, unnamed or unknown)."""
+    t = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not t.HasField("shape") or not t.shape.dim:
+        return ""
+    d = t.shape.dim[0]
+    return d.dim_param if d.HasField("dim_param") else ""
+
+
+def _split(feeds: Arrays, size: int) -> Iterator[Arrays]:
+    n = feed_rows(feeds)
+    if n <= size:
+        yield feeds
+        return
+    for start in range(0, n, size):
+        yield take_rows(feeds, start, start + size)
+
+
+def _join(parts: list[Arrays]) -> Arrays:
+    """Graph outputs of consecutive chunks of one batch, concatenated back along the batch axis."""
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}

@@ -1,0 +1,437 @@
+"""Every note an analysis report can carry about its own measurement, in one place.
+
+A note is one sentence for the user: what the numbers cannot show by
+themselves and what to do about it. ``qdebug analyze`` writes them in this
+order (:func:`qdebug.pipeline._analyze`); the notes about the model file and
+the data come from :mod:`qdebug.prepare` and :mod:`qdebug.data`, the
+evaluation metric's scope from :func:`qdebug.evaluate.metric_scope_note`.
+
+* how the QDQ model was built: :func:`quantizer_notes`;
+* how the capture ran: :func:`capture_notes`, :func:`instrumentation_notes`;
+* where the deployed integer kernels lose more than fake-quant: :func:`kernel_gap_notes`;
+* ranges one scale cannot serve: :func:`concat_range_notes`, :func:`collapsed_range_notes`;
+* what ORT folded or left in float: :func:`folded_activation_notes`, :func:`structure_notes`;
+* evaluation values outside the calibrated range: :func:`eval_range_notes`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+import numpy as np
+import onnx
+
+from qdebug.analysis.measure import LayerErrors
+from qdebug.calibrate import Ranges
+from qdebug.evaluate import Evaluator
+from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset
+from qdebug.graph.match import is_qdq_model
+from qdebug.graph.ops import PERMUTATION_OPS
+from qdebug.quantize import float16_exclusions, nonfinite_range_exclusions
+from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, TensorRecord, folded_into
+
+
+def kernel_gap_notes(
+    tensors: tuple[TensorRecord, ...],
+    same_samples: dict[str, ErrorStats] | None = None,
+    limit: int = 3,
+    skip: Collection[str] = (),
+    nodes: Sequence[NodeRecord] = (),
+) -> list[str]:
+    """Notes naming where ORT's deployed integer kernels start to lose much more than fake-quant.
+
+    ``same_samples`` holds the deployed error over the samples the fake-quant
+    view saw (:attr:`LayerErrors.deployed_head`), so both sides of the gap
+    cover the same data; without it the full-run ``accumulated`` is used.
+    ``skip``: tensors not to count (e.g. a Reshape of a tensor already counted).
+    With ``nodes``, a gap its producer's inputs already carry is inherited, not
+    started there: the note names the nodes where the gap first opens (it had
+    named a LeakyRelu and a Split three nodes below the Conv whose u8s8 kernel
+    lost the precision, and told the user to keep those out of INT8).
+    """
+    gaps: dict[str, tuple[float, TensorRecord, ErrorStats]] = {}
+    measured: dict[str, float] = {}
+    for t in tensors:
+        deployed = (same_samples or {}).get(t.name, t.accumulated)
+        if deployed is None or t.accumulated_fakequant is None:
+            continue
+        gap = t.accumulated_fakequant.sqnr_db - deployed.sqnr_db
+        if not math.isfinite(gap):
+            continue
+        measured[t.name] = gap
+        if gap > KERNEL_GAP_DB and t.name not in skip:
+            gaps[t.name] = (gap, t, deployed)
+    if not gaps:
+        return []
+    inputs_of = {n.name: n.inputs for n in nodes}
+    producer_of = {o: n.name for n in nodes for o in n.outputs}
+
+    seen: dict[tuple[str, int], float] = {}
+
+    def upstream(name: str, hops: int = 6) -> float:
+        """The gap a tensor carries; through tensors without both views (an activation ORT folded into its
+        producer), the largest of the nearest ones above it (memoized: wide fan-in would be exponential)."""
+        if name in measured:
+            return measured[name]
+        if hops == 0 or name not in producer_of:
+            return 0.0
+        key = (name, hops)
+        if key not in seen:
+            seen[key] = max((upstream(i, hops - 1) for i in inputs_of[producer_of[name]]), default=0.0)
+        return seen[key]
+
+    def opened(gap: float, t: TensorRecord) -> float:
+        """The part of ``t``'s gap its producer adds (all of it without node records)."""
+        before = [upstream(i) for i in inputs_of.get(t.producer or "", ())]
+        return gap - max(before, default=0.0)
+
+    starts = sorted(
+        ((opened(g, t), g, t, d) for g, t, d in gaps.values() if opened(g, t) > KERNEL_GAP_DB),
+        key=lambda s: -s[0],
+    ) or sorted(((g, g, t, d) for g, t, d in gaps.values()), key=lambda s: -s[0])
+    shown = starts[:limit]
+    folded = folded_into(nodes, tensors)
+
+    def origin(t: TensorRecord) -> tuple[str | None, str]:
+        """The node whose kernel made ``t`` (the producer an activation was folded into), and how to say it."""
+        src = folded.get(t.producer or "")
+        if src is not None:  # a Relu ORT folded into its producer's output Q: the producer's kernel
+            return src, f" (from {src}, {t.producer} folded into it)"
+        return t.producer, f" (from {t.producer})" if t.producer else ""
+
+    where = ", ".join(
+        f"{t.name}{origin(t)[1]}: {d.sqnr_db:.1f} dB deployed vs {t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant"
+        for _, _, t, d in shown
+    )
+    inherited = len(gaps) - len(starts)
+    rest = f"; {inherited} tensor(s) downstream inherit it" if nodes and inherited > 0 else ""
+    producers = ", ".join(dict.fromkeys(o for o in (origin(t)[0] for _, _, t, _ in shown) if o)) or "those nodes"
+    return [
+        f"deployed INT8 kernels lose more than the QDQ graph's own rounding explains at {len(gaps)} tensor(s); "
+        f"the gap opens at {where}{rest}. On x86 CPUs without VNNI, u8s8 MatMul/Conv kernels can saturate "
+        f"16-bit intermediates (ORT's documented U8S8 saturation): re-quantize with --weight-type QUInt8 "
+        f"(U8U8) or keep {producers} out of INT8"
+    ]
+
+
+CONCAT_RANGE_RATIO = 50.0
+"""Concat inputs whose quantization ranges differ by more than this share one scale badly."""
+
+
+def _qspan(t: TensorRecord) -> float:
+    """Width of the range a uint8 scale must cover (min/max with 0 included, as ORT's calibration does)."""
+    assert t.summary is not None
+    return max(t.summary.max, 0.0) - min(t.summary.min, 0.0)
+
+
+def concat_range_notes(fp32: onnx.ModelProto, tensors: tuple[TensorRecord, ...]) -> list[str]:
+    """Notes naming Concat outputs whose inputs' ranges differ by > :data:`CONCAT_RANGE_RATIO`.
+
+    One scale for the concatenated tensor is sized by the widest input, so a narrow
+    input (0-1 class scores next to pixel box coordinates) keeps only a few levels.
+    """
+    by_name = {t.name: t for t in tensors}
+    notes = []
+    for node in fp32.graph.node:
+        if node.op_type != "Concat" or not node.output or node.output[0] not in by_name:
+            continue
+        parts = [by_name[i] for i in node.input if i in by_name and by_name[i].summary is not None]
+        spans = [(_qspan(t), t) for t in parts if math.isfinite(_qspan(t)) and _qspan(t) > 0]
+        if len(spans) < 2:
+            continue
+        lo_span, small = min(spans, key=lambda x: x[0])
+        hi_span = max(x[0] for x in spans)
+        if hi_span <= CONCAT_RANGE_RATIO * lo_span:
+            continue
+        out = by_name[node.output[0]]
+        detail = ""
+        if out.quant is not None and out.quant.scale > 0:
+            detail = (
+                f"; its shared scale {out.quant.scale:.4g} leaves {small.name} about "
+                f"{lo_span / out.quant.scale:.1f} quantization level(s)"
+            )
+        if out.local is not None:
+            detail += f"; local SQNR of {out.name}: {out.local.sqnr_db:.1f} dB"
+        ranges = ", ".join(f"{t.name} [{t.summary.min:.4g}, {t.summary.max:.4g}]" for t in parts if t.summary)
+        notes.append(
+            f"Concat {node.name} joins inputs whose ranges differ by {hi_span / lo_span:.0f}x ({ranges}): "
+            f"one scale for {out.name} wipes out the small one{detail}. Keep {out.name} in float (exclude "
+            f"{node.name} and its quantized neighbours), give it 16-bit activations, or concatenate after "
+            "dequantizing"
+        )
+    return notes
+
+
+COLLAPSED_SHARE = 0.5
+"""A quantized tensor with at least this share of its values in one quantization step has lost them."""
+
+COLLAPSE_INTRODUCED_DB = 20.0
+"""...when a consumer then introduces at least this much error (the damage shows downstream)."""
+
+
+def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[TensorRecord, ...]) -> list[str]:
+    """One note for the activations ORT folded into their producer's output quantization.
+
+    The error of that Q/DQ then shows at the activation (ranked by the summary, but not excludable
+    itself), while the producer shows no numbers at all: a walk-through saw a Relu ranked worst and
+    propose keep a LayerNormalization the summary never named.
+    """
+    pairs = [f"{src} -> {act}" for act, src in folded_into(nodes, tensors).items()]
+    if not pairs:
+        return []
+    shown = ", ".join(pairs[:4]) + ("..." if len(pairs) > 4 else "")
+    return [
+        f"ORT folded {len(pairs)} activation(s) into the quantization of their producer's output ({shown}): "
+        "that Q/DQ's error shows at the activation, which cannot be kept FP32 by itself; keep the producer FP32 "
+        "to remove it"
+    ]
+
+
+def collapsed_range_notes(tensors: tuple[TensorRecord, ...], nodes: tuple[NodeRecord, ...]) -> list[str]:
+    """Notes naming tensors whose range is set by a few huge values (an additive mask of -1e9): most values
+    share one quantization step, which SQNR hides (the huge values carry nearly all the energy), and the
+    error first shows in a consumer (the Softmax), which the ranking would blame instead."""
+    by_node = {n.name: n for n in nodes}
+    notes = []
+    for t in tensors:
+        h, q = t.histogram, t.quant
+        if h is None or q is None or not (math.isfinite(q.scale) and q.scale > 0) or t.summary is None:
+            continue
+        total = sum(h.ref_counts)
+        if not total or max(h.ref_counts) < COLLAPSED_SHARE * total:
+            continue
+        hurt = [by_node[c] for c in t.consumers if c in by_node]
+        hurt = [
+            n for n in hurt if math.isfinite(n.introduced_db) and n.introduced_db >= COLLAPSE_INTRODUCED_DB
+        ]
+        if not hurt:
+            continue
+        worst = max(hurt, key=lambda n: n.introduced_db)
+        sqnr = f"{t.accumulated.sqnr_db:.1f} dB" if t.accumulated is not None else "fine"
+        notes.append(
+            f"{t.name}: {max(h.ref_counts) / total:.0%} of its values fall in one quantization step (scale "
+            f"{q.scale:.3g} for the range [{t.summary.min:.3g}, {t.summary.max:.3g}]), although its SQNR looks "
+            f"{sqnr} (the largest values carry the energy); {worst.name} ({worst.op_type}) then introduces "
+            f"{worst.introduced_db:.1f} dB. A range set by outliers such as mask values of -1e9 erases the other "
+            f"values: keep {t.producer or t.name} and {worst.name} out of quantization"
+        )
+    return notes
+
+
+def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes: set[str]) -> list[str]:
+    """What ORT's static quantizer leaves in float by construction: subgraphs and recurrent ops."""
+    notes = []
+
+    def count(graph: onnx.GraphProto, op: str | None = None) -> int:
+        total = 0
+        for n in graph.node:
+            total += op is None or n.op_type == op
+            for attr in n.attribute:
+                for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                    total += count(sub, op)
+        return total
+
+    q_inside = sum(
+        count(sub, "QuantizeLinear")
+        for n in qdq.graph.node
+        for attr in n.attribute
+        for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
+    )
+    constants = {i.name for i in fp32.graph.initializer}
+    for node in fp32.graph.node:
+        subs = [
+            (attr.name, sub)
+            for attr in node.attribute
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs))
+        ]
+        if not subs:
+            continue
+        inner = sum(count(g) for _, g in subs)
+        if q_inside == 0:
+            extra = ""
+            if node.op_type == "If" and node.input and node.input[0] in constants:
+                extra = "; its condition is a constant: --inline-constant-if inlines the taken branch"
+            elif node.op_type == "If":
+                extra = (
+                    "; its condition is computed at run time, so it cannot be inlined"
+                    " (with a constant condition, --inline-constant-if inlines the taken branch)"
+                )
+            notes.append(
+                f"{node.op_type} node {node.name} holds {inner} node(s) in {', '.join(a for a, _ in subs)} "
+                f"that stay FP32: ORT's quantizer inserts no QuantizeLinear/DequantizeLinear inside subgraphs{extra}; "
+                "their tensors are listed in not_captured"
+            )
+    recurrent = ("LSTM", "GRU", "RNN")
+    rnn = [n for n in fp32.graph.node if n.op_type in recurrent and n.name not in quantized_nodes]
+    if rnn:
+        names = ", ".join(f"{n.name} ({n.op_type})" for n in rnn)
+        notes.append(
+            f"recurrent node(s) {names} stay FP32: ORT's static quantizer does not quantize LSTM/GRU/RNN "
+            "(quantize_dynamic turns LSTM into DynamicQuantizeLSTM); their outputs are still measured, and "
+            "the error reaching them comes from upstream quantized nodes"
+        )
+    return notes
+
+
+def instrumentation_notes(layers: LayerErrors) -> list[str]:
+    """A note when instrumenting the quantized model changed how ORT runs it, not just what it exposes.
+
+    Exposing DequantizeLinear outputs keeps ORT's usual integer fusions, but not every one: with int8
+    activations (S8S8, ActivationSymmetric), ORT stops fusing a Conv whose DQ output is a graph output,
+    so the instrumented model computed in float what the deployed one computes in int8. The per-layer
+    numbers then miss the deployed loss (39.7 dB per layer against 13.0 dB at the deployed output, a
+    17.5-point drop no layer explained, and no note).
+    """
+    if layers.first_batch_sqnr is None:
+        return []
+    deployed, instrumented = layers.first_batch_sqnr
+    finite = math.isfinite(deployed) and math.isfinite(instrumented)
+    if not finite or instrumented - deployed <= KERNEL_GAP_DB:
+        return []
+    return [
+        f"the deployed quantized model's outputs are worse than the instrumented one's ({deployed:.1f} against "
+        f"{instrumented:.1f} dB SQNR on the first batch): exposing its tensors changed how ORT fuses its integer "
+        "kernels (int8 activations, S8S8, do this), so the per-layer numbers describe un-fused kernels and "
+        "miss part of the deployed loss (uint8 activations, ORT's default, keep the fusions)"
+    ]
+
+
+def eval_range_notes(
+    evaluator: Evaluator,
+    tensors: Sequence[TensorRecord],
+    nodes: Sequence[NodeRecord] = (),
+    limit: int = 3,
+) -> list[str]:
+    """Notes naming model outputs whose evaluation values fall outside what quantization can represent
+    *and* outside everything calibration saw: the calibration set does not cover the evaluation data, and
+    those values are clipped (a regression head reached 2x its calibrated range on 5 of 160 samples, its
+    error was 20x, and nothing said why; the report's per-tensor numbers are measured on calibration data).
+    """
+    by_name = {t.name: t for t in tensors}
+    node_of = {n.name: n for n in nodes}
+    producer_of = {o: n.name for n in nodes for o in n.outputs}
+
+    def computing(name: str | None) -> str | None:
+        """The node that computes the values: through Reshape/Transpose/... (which only move them) to the
+        node above ("keep flat FP32" for a Reshape could not change what reached it)."""
+        for _ in range(8):
+            node = node_of.get(name or "")
+            if node is None or node.op_type not in PERMUTATION_OPS or not node.inputs:
+                break
+            name = producer_of.get(node.inputs[0], name)
+            if name == node.name:
+                break
+        return name
+
+    found = []
+    for name in evaluator.output_names:
+        rec = by_name.get(name)
+        if rec is None or rec.quant is None or rec.summary is None or rec.quant.axis is not None:
+            continue
+        try:
+            info = np.iinfo(np.dtype(rec.quant.qtype))
+        except TypeError:  # float8 and other non-integer types
+            continue
+        lo = min((info.min - rec.quant.zero_point) * rec.quant.scale, rec.summary.min)
+        hi = max((info.max - rec.quant.zero_point) * rec.quant.scale, rec.summary.max)
+        outside = far = 0
+        for batch, size in zip(evaluator.reference, evaluator.sizes, strict=True):
+            arr = batch[name]
+            if arr.dtype.kind != "f" or arr.size == 0:
+                continue
+            beyond = (arr < lo) | (arr > hi)
+            if not beyond.any():
+                continue
+            far = max(far, float(np.max(np.abs(arr[beyond]))))
+            if arr.ndim and arr.shape[0] == size:  # batch-major: count the samples
+                outside += int(beyond.reshape(size, -1).any(axis=1).sum())
+            else:  # no batch axis to read samples from (a fixed batch reshaped away): the whole batch
+                outside += size
+        if outside:
+            found.append((outside, name, lo, hi, far, computing(rec.producer)))
+    found.sort(key=lambda f: -f[0])
+    return [
+        f"evaluation data drives output {name!r} outside its calibrated range [{lo:.4g}, {hi:.4g}] on "
+        f"{n} of {evaluator.samples} samples (|value| up to {far:.4g}): quantization clips those values, "
+        "and the report's per-tensor numbers, measured on the calibration data, do not show it; calibrate "
+        f"on data that covers the evaluation range, or keep {producer or 'its producer'} FP32"
+        for n, name, lo, hi, far, producer in found[:limit]
+    ]
+
+
+def quantizer_notes(
+    normalized: onnx.ModelProto,
+    qproto: onnx.ModelProto,
+    ranges: Ranges,
+    *,
+    per_channel: bool,
+    method: str,
+    activation_type: str,
+) -> list[str]:
+    """Notes on how qdebug built the QDQ model from ``normalized`` and its calibrated ``ranges``.
+
+    What ORT's quantizer was made to do differently from a plain ``quantize_static`` call (an opset
+    conversion, nodes kept out of quantization) must reach the user, who will call ORT themselves; so must a
+    calibration method that is known to clip, reused cached ranges, and a model ORT quantized nothing of.
+    """
+    notes = []
+    if per_channel and default_opset(normalized) < PER_CHANNEL_OPSET:
+        notes.append(
+            f"per-channel weights need DequantizeLinear's axis (opset {PER_CHANNEL_OPSET}): the quantized model "
+            f"was converted from opset {default_opset(normalized)} with onnx.version_converter (ORT would "
+            "otherwise write a model it cannot load)"
+        )
+    half = float16_exclusions(normalized)
+    if half:
+        notes.append(
+            f"kept {len(half)} node(s) that compute in float16 out of quantization ({', '.join(half[:6])}"
+            f"{'...' if len(half) > 6 else ''}): ORT's quantizer writes an invalid model (float16 scales) for "
+            "them; every qdebug variant excludes them, add them to nodes_to_exclude when you call ORT yourself"
+        )
+    unbounded, why = nonfinite_range_exclusions(normalized, ranges)
+    if unbounded:
+        nodes = ", ".join(unbounded[:6]) + ("..." if len(unbounded) > 6 else "")
+        tensors = ", ".join(why[:4]) + ("..." if len(why) > 4 else "")
+        notes.append(
+            f"kept {len(unbounded)} node(s) out of quantization ({nodes}) because tensor(s) they read or "
+            f"write have a calibrated range that is not finite ({tensors}: an -inf mask or a division by "
+            "zero?): ORT's quantizer fails or writes an infinite scale for them; every qdebug variant "
+            "excludes them, add them to nodes_to_exclude when you call ORT yourself"
+        )
+    if method == "distribution" and activation_type in ("QUInt8", "QInt8"):
+        notes.append(
+            "--method distribution: ORT's Distribution calibrator is meant for float8 types; with 8-bit "
+            "integers its ranges often clip (the CNN fixture: top-1 98 % -> 20 %, the same with ORT's "
+            "quantize_static): compare with --method minmax, entropy or percentile"
+        )
+    if ranges.from_cache:
+        notes.append(f"calibration ranges reused from cache {ranges.cache_path}")
+    if not is_qdq_model(qproto):
+        notes.append(
+            "ORT inserted no QuantizeLinear/DequantizeLinear nodes: nothing in the main graph was quantized "
+            "(is the network inside If/Loop subgraphs?)"
+        )
+    return notes
+
+
+def capture_notes(layers: LayerErrors, requested_engine: str, eval_given: bool) -> list[str]:
+    """Notes on how the capture ran: a fake-quant view over fewer samples than the main pass, and the numpy
+    engine chosen by ``--engine auto`` (slower, and a sign the two models differ in opset or types).
+
+    ``eval_given``: with evaluation data the fake-quant task metric is scored on all of it, so only
+    ``accumulated_fakequant`` is limited to the first samples.
+    """
+    notes = []
+    if 0 < layers.fakequant_samples < layers.samples:
+        what = "accumulated_fakequant" + ("" if eval_given else ", the fake-quant task metric")
+        notes.append(
+            f"the fake-quant view ({what}) ran on the first "
+            f"{layers.fakequant_samples} of {layers.samples} calibration samples (--fakequant-samples, "
+            "rounded up to whole batches)"
+        )
+    if layers.engine == "numpy" and requested_engine == "auto":
+        notes.append(
+            "layer capture used the numpy engine (models differ in opset or tensor types are unknown)"
+        )
+    return notes

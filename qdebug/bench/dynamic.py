@@ -1,0 +1,86 @@
+"""A dynamic-quantized variant's per-layer error vs FP32, as an analysis report.
+
+``bench`` writes it for its dynamic variant so that ``qdebug tui`` can show
+where dynamic quantization loses accuracy. It belongs with the ``analyze``
+command (LAYOUT: ``pipeline.analyze_dynamic``), and lives here until that
+module is reorganized.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+import onnx
+import onnxruntime
+
+from qdebug import __version__
+from qdebug.analysis import measure_layers, node_records, weight_records
+from qdebug.capture import SessionConfig
+from qdebug.files import record_path
+from qdebug.graph.match import Pairing
+from qdebug.graph.match_dynamic import pair_dynamic
+from qdebug.prepare import Prepared, model_info
+from qdebug.progress import Progress, no_progress
+from qdebug.records import SCHEMA_VERSION, AnalysisConfig, OutputMetric, Report, TaskMetric
+from qdebug.report_io import save_report
+
+
+def dynamic_layer_report(
+    prep: Prepared,
+    dyn_path: Path,
+    out_path: Path,
+    config: SessionConfig,
+    task: TaskMetric,
+    outputs: tuple[OutputMetric, ...],
+    progress: Progress = no_progress,
+) -> Report:
+    """Per-layer accumulated error of the dynamic model vs FP32, as an analysis :class:`Report`.
+
+    Streams the calibration data (like ``analyze``) through the instrumented
+    FP32 and dynamic models; writes the report to ``out_path`` (``qdebug tui``
+    opens it) and returns it.
+    """
+    dyn = onnx.load(str(dyn_path))
+    pairing, quantized = pair_dynamic(prep.normalized, dyn)
+    ranges = prep.ranges.minmax() if prep.ranges is not None else {}
+    # a dynamic model has no Q/DQ pairs: there is no fake-quant view to run
+    layers = measure_layers(
+        prep.normalized, dyn, pairing, prep.calib, config, ranges, progress, fakequant_samples=0
+    )
+    nodes = node_records(prep.normalized, layers.tensors, quantized, prep.name_map)
+    report = Report(
+        schema_version=SCHEMA_VERSION,
+        qdebug_version=__version__,
+        ort_version=onnxruntime.__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        model=prep.model,
+        normalized_model=str(prep.normalized_path.resolve()),
+        quantized_model=model_info(dyn_path, dyn),
+        config=AnalysisConfig(method="dynamic", calib=record_path(prep.calib.source)),
+        calibration_cache=None,
+        samples=layers.samples,
+        nodes=nodes,
+        tensors=layers.tensors,
+        weights=weight_records(prep.normalized, dyn, pairing),
+        outputs=outputs,
+        task=task,
+        deployed_gap=layers.deployed_gap,
+        not_captured=layers.not_captured,
+        notes=_notes(prep, pairing),
+        name_map=tuple(sorted(prep.name_map.items())),
+    )
+    save_report(report, out_path)
+    return report
+
+
+def _notes(prep: Prepared, pairing: Pairing) -> tuple[str, ...]:
+    """The preparation's notes, then what a dynamic model's report cannot show and what did not pair."""
+    notes = list(prep.notes) + [
+        "dynamic quantization: activations are quantized per batch at run time, so there is no fixed "
+        "Q/DQ pair per tensor: only the accumulated error (FP32 vs dynamic model) is measured, "
+        "paired by graph position",
+    ]
+    if pairing.unmatched:
+        notes.append(f"{len(pairing.unmatched)} FP32 node(s) have no counterpart in the dynamic model")
+    return tuple(notes)

@@ -1,0 +1,223 @@
+"""Building the model variants ``qdebug bench`` compares, all from the same normalized FP32 model.
+
+Dynamic quantization (int8 weights, activations quantized at run time),
+static QDQ from the cached calibration ranges (one per calibration method),
+selective static from a :class:`~qdebug.records.Proposal`, optionally the
+QOperator format. Every static variant and the selective one share the
+calibration method and the types, so the table compares exclusions, not
+settings. A variant that fails to build is kept, with its error, and the
+others go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from qdebug.bench.options import BenchOptions
+from qdebug.calibrate import Ranges
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.prepare import Prepared
+from qdebug.progress import Progress
+from qdebug.quantize import QuantSpec, quantize_dynamic_model, quantize_static_model
+from qdebug.records import METHODS, Proposal
+from qdebug.records.bench import KINDS
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A variant as built: where its model is, or why there is none."""
+
+    name: str
+    kind: str
+    method: str
+    quant_format: str
+    per_channel: bool
+    path: Path | None
+    """The model file (the normalized FP32 model for ``fp32``); None when the build failed."""
+    excluded: int = 0
+    notes: tuple[str, ...] = ()
+    error: str = ""
+
+
+def parse_variants(text: str) -> tuple[str, ...]:
+    """``fp32,dynamic,static`` -> a tuple of kinds (unknown or repeated kinds refused)."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise QDebugError(
+            f"unknown variant(s) {unknown or [text]} in --variants",
+            f"use a comma-separated list of {', '.join(KINDS)}",
+            ExitCode.USAGE,
+        )
+    if len(set(kinds)) != len(kinds):
+        raise QDebugError(f"--variants repeats a variant: {text}", "name each variant once", ExitCode.USAGE)
+    return kinds
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    """``minmax,entropy`` -> a tuple of calibration methods (unknown ones refused)."""
+    methods = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise QDebugError(
+            f"unknown calibration method(s) {unknown or [text]} in --method",
+            f"use a comma-separated list of {', '.join(METHODS)}",
+            ExitCode.USAGE,
+        )
+    return methods
+
+
+def _settings_of(options: BenchOptions, proposal: Proposal | None, notes: list[str]) -> BenchOptions:
+    """``options`` with the calibration method and types filled in: the proposal's, else the defaults.
+
+    Every static variant and the selective one share them, so the table
+    compares exclusions, not settings; flags given explicitly win, and a
+    selective model then built with other settings than the proposal's is noted.
+    """
+    recorded = proposal is not None
+    methods = options.methods or ((proposal.method,) if recorded and proposal.method else ("minmax",))
+    activation = options.activation_type or (proposal.activation_type if recorded else "") or "QUInt8"
+    weight = options.weight_type or (proposal.weight_type if recorded else "") or "QInt8"
+    if recorded and "selective" in options.variants:
+        used = {"method": methods[0], "activation type": activation, "weight type": weight}
+        made = {"method": proposal.method, "activation type": proposal.activation_type}
+        made["weight type"] = proposal.weight_type
+        differ = [f"{k} {used[k]} (proposal: {made[k]})" for k in used if made[k] and made[k] != used[k]]
+        if differ:
+            notes.append(
+                f"the selective model is built with {', '.join(differ)}: its scales differ from the "
+                "proposal's model"
+            )
+    # the report's per-channel setting is the base of every variant, as its types are (a per-channel
+    # report's static variants had been built per-tensor, and the selective one credited with the gap)
+    per_channel = options.per_channel or bool(recorded and proposal.base_per_channel)
+    return replace(
+        options, methods=methods, activation_type=activation, weight_type=weight, per_channel=per_channel
+    )
+
+
+def _build_variants(
+    prep: Prepared,
+    ranges: dict[str, Ranges],
+    options: BenchOptions,
+    proposal: Proposal | None,
+    workdir: Path,
+    progress: Progress,
+) -> list[_Built]:
+    """Build every variant ``options`` asks for into ``workdir``, in order; one that fails keeps its error.
+
+    Two failures are not one variant's and stop the run: a proposal naming nodes the model does not
+    have (the user's error), and an output error (a full disk fails every later write too).
+    """
+    several = len(options.methods) > 1
+    built: list[_Built] = []
+    plan = _plan(options)
+    for i, (kind, method) in enumerate(plan):
+        progress("build", i, len(plan))
+        if kind == "fp32":
+            built.append(_Built("fp32", kind, "", "", False, prep.normalized_path))
+            continue
+        name = f"{kind}-{method}" if several and kind in ("static", "qoperator") else kind
+        path = workdir / f"{name}.onnx"
+        try:
+            if kind == "dynamic":
+                built.append(_dynamic(prep, name, path, options))
+            elif kind in ("static", "qoperator"):
+                built.append(_static(prep, name, kind, method, ranges[method], path, options))
+            else:
+                assert proposal is not None  # the driver refuses the selective variant without one
+                built.append(_selective(prep, name, method, ranges[method], path, options, proposal))
+        except QDebugError as e:
+            if kind == "selective" and "not in the model" in e.message:
+                raise  # a proposal for another model is the user's error, not a variant failure
+            if e.code == ExitCode.OUTPUT:
+                raise  # a full disk fails every later write too: not one variant's failure
+            built.append(_Built(name, kind, method, "", options.per_channel, None, error=e.one_line()))
+    progress("build", len(plan), len(plan))
+    return built
+
+
+def _plan(options: BenchOptions) -> list[tuple[str, str]]:
+    """(kind, calibration method) of each variant to build: static and QOperator once per method."""
+    plan: list[tuple[str, str]] = []
+    for kind in options.variants or ():
+        if kind in ("static", "qoperator"):
+            plan.extend((kind, m) for m in options.methods)
+        elif kind == "selective":
+            plan.append((kind, options.methods[0]))
+        else:
+            plan.append((kind, ""))
+    return plan
+
+
+def _dynamic(prep: Prepared, name: str, path: Path, options: BenchOptions) -> _Built:
+    """The dynamic variant (``quantize_dynamic``: int8 weights, activations quantized at run time)."""
+    quantize_dynamic_model(
+        prep.normalized_path,
+        path,
+        op_types=options.dynamic_ops or None,
+        per_channel=options.per_channel,
+    )
+    # the op types only when --dynamic-ops chose them ("ORT's default op types" told nothing)
+    notes = (f"op types: {','.join(options.dynamic_ops)}",) if options.dynamic_ops else ()
+    return _Built(name, "dynamic", "", "dynamic", options.per_channel, path, notes=notes)
+
+
+def _static(
+    prep: Prepared, name: str, kind: str, method: str, ranges: Ranges, path: Path, options: BenchOptions
+) -> _Built:
+    """A static variant from one method's ranges, in the QDQ format or (``qoperator``) the QOperator one."""
+    spec = QuantSpec(
+        per_channel=options.per_channel,
+        activation_type=options.activation_type,
+        weight_type=options.weight_type,
+    )
+    fmt = "QOperator" if kind == "qoperator" else "QDQ"
+    quantize_static_model(prep.normalized, ranges, spec, path, quant_format=fmt)
+    return _Built(name, kind, method, fmt, options.per_channel, path)
+
+
+def _selective(
+    prep: Prepared,
+    name: str,
+    method: str,
+    ranges: Ranges,
+    path: Path,
+    options: BenchOptions,
+    proposal: Proposal,
+) -> _Built:
+    """The static variant with the proposal's exclusions, tensor overrides and per-channel setting."""
+    spec = QuantSpec(
+        per_channel=proposal.per_channel,
+        activation_type=options.activation_type,
+        weight_type=options.weight_type,
+        nodes_to_exclude=tuple(proposal.nodes_to_exclude),
+        tensor_overrides=tuple(proposal.tensor_overrides),
+    )
+    quantize_static_model(prep.normalized, ranges, spec, path)
+    notes = []
+    if proposal.per_channel != options.per_channel:
+        mode = ("per-channel", "per-tensor") if proposal.per_channel else ("per-tensor", "per-channel")
+        flag = "--per-channel" if proposal.per_channel else "no --per-channel"
+        notes.append(
+            f"{mode[0]} weights as in the proposal, where the static variants are {mode[1]}: it "
+            f"differs from static by more than its exclusions ({flag} compares like for like)"
+        )
+    if proposal.tensor_overrides:
+        notes.append(f"{len(proposal.tensor_overrides)} tensor override(s) (e.g. 16-bit activations)")
+    return _Built(
+        name,
+        "selective",
+        method,
+        "QDQ",
+        proposal.per_channel,
+        path,
+        excluded=len(proposal.nodes_to_exclude),
+        notes=tuple(notes),
+    )
+
+
+def _replace_error(b: _Built, error: str) -> _Built:
+    """``b`` as a failed variant (it built, but could not be loaded or scored)."""
+    return replace(b, error=error)

@@ -1,0 +1,131 @@
+"""The ``verify.json`` schema: FP32, full static and selective static side by side, and the verdict.
+
+Plain frozen dataclasses like the rest of :mod:`qdebug.records`, so the TUI can show a verify result
+without loading onnx or onnxruntime. They import only :mod:`qdebug.formatting` (itself standard
+library only) for the plain-text table both front ends print. The command that measures them is
+:mod:`qdebug.verify`, which re-exports these names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from qdebug.formatting import fmt_db, fmt_metric
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latency of one variant over ``runs`` timed runs of the same batch."""
+
+    p50_ms: float
+    p95_ms: float
+    mean_ms: float
+    throughput: float
+    """Samples per second at this batch size (batch / mean latency)."""
+    batch: int
+    runs: int
+    warmup: int
+    threads: int
+    """Intra-op threads asked for (0: ORT's default)."""
+    provider: str
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One column of the side-by-side table."""
+
+    name: str
+    """``fp32``, ``static`` or ``selective``."""
+    metric: float
+    output_sqnr_db: float
+    """Worst output SQNR vs FP32 (``inf`` for FP32 itself)."""
+    nodes_excluded: int
+    excluded_share: float
+    """``nodes_excluded`` / quantizable nodes."""
+    tensor_overrides: int
+    qdq_pairs: int
+    """QuantizeLinear nodes in the model (0 for FP32)."""
+    size_bytes: int
+    path: str | None
+    timing: Timing | None = None
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The verify report (``verify.json``)."""
+
+    schema_version: int
+    kind: str
+    """Always ``"verify"``."""
+    model_path: str
+    model_sha256: str
+    proposal: str
+    """Where the proposal came from (a path, or ``tui``)."""
+    metric: str
+    samples: int
+    quantizable_nodes: int
+    variants: tuple[VariantResult, ...]
+    recovered_fraction: float
+    """``(sel - static) / (fp32 - static)``; ``nan`` when nothing was lost or FP32 has no finite value."""
+    min_recovery: float
+    target_sqnr_db: float
+    """``nan`` when not asked."""
+    met: bool
+    verdict: str
+    seconds: float
+    notes: tuple[str, ...] = ()
+    """What the user should know (e.g. a calibration that differs from the proposal's)."""
+    target_drop: float = math.nan
+    """The allowed drop vs FP32 when judged by it (``--target-drop``); ``nan`` when judged by recovery."""
+
+    def variant(self, name: str) -> VariantResult:
+        """The ``fp32``/``static``/``selective`` column."""
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    def summary_lines(self) -> list[str]:
+        """Plain-text side-by-side table and verdict (the CLI prints it; the TUI shows it)."""
+        cols = self.variants
+        rows: list[tuple[str, list[str]]] = [
+            (self.metric, [fmt_metric(self.metric, v.metric) for v in cols]),
+            ("output SQNR dB", [fmt_db(v.output_sqnr_db) for v in cols]),
+            (
+                "nodes FP32",
+                [
+                    f"{v.nodes_excluded} ({100 * v.excluded_share:.1f}%)" if v.name != "fp32" else "all"
+                    for v in cols
+                ],
+            ),
+            ("16-bit tensors", [str(v.tensor_overrides) for v in cols]),
+            ("Q/DQ pairs", [str(v.qdq_pairs) for v in cols]),
+            ("size", [_fmt_size(v.size_bytes) for v in cols]),
+        ]
+        if all(math.isnan(v.output_sqnr_db) for v in cols if v.name != "fp32"):
+            del rows[1]  # no float output (ArgMax, token ids): there is no SQNR to show
+        if all(v.timing is not None for v in cols):
+            rows += [
+                ("latency p50 ms", [f"{v.timing.p50_ms:.3f}" for v in cols if v.timing]),
+                ("latency p95 ms", [f"{v.timing.p95_ms:.3f}" for v in cols if v.timing]),
+                ("throughput /s", [f"{v.timing.throughput:.0f}" for v in cols if v.timing]),
+            ]
+        width = max(len(r[0]) for r in rows)
+        cw = [max(len(v.name), *(len(r[1][i]) for r in rows)) for i, v in enumerate(cols)]
+        lines = [" " * width + "  " + "  ".join(v.name.rjust(cw[i]) for i, v in enumerate(cols))]
+        for label, vals in rows:
+            lines.append(label.ljust(width) + "  " + "  ".join(x.rjust(cw[i]) for i, x in enumerate(vals)))
+        timing = cols[0].timing
+        if timing is not None:
+            lines.append(
+                f"timing: batch {timing.batch}, {timing.runs} runs after {timing.warmup} warm-up, "
+                f"{timing.provider}, threads {timing.threads or 'default'}"
+            )
+        lines.append(self.verdict)
+        return lines
+
+
+def _fmt_size(n: int) -> str:
+    """A model size in KiB below 1 MiB, else MiB (the verify table's unit; bench prints kB/MB)."""
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"

@@ -11,7 +11,8 @@ quantized model) next to it, and prints a ready-to-paste quantize_static
 snippet.
 
 The default target is a 1-point drop of the task metric vs FP32 (top1
-points), or 30 dB output SQNR for a metric without an FP32 value.
+points), 1 % of |FP32| for a module:function metric (in its own
+units), or 30 dB output SQNR for a metric without an FP32 value.
 
 exit codes: 0 when the target is met; 6 when no proposal within --max-nodes
 meets it (the best proposal found is still written); 3 when the model is not
@@ -39,8 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--target-drop",
         type=finite_float,
         default=None,
-        metavar="POINTS",
-        help="allowed metric drop vs FP32, in points for top1 (default: 1)",
+        metavar="DROP",
+        help="allowed metric drop vs FP32: percentage points for top1, top1_agreement and exact_match "
+        "(default: 1 point); the metric's own units for a module:function metric (default: 1 %% of |FP32|)",
     )
     target.add_argument(
         "--target-sqnr",
@@ -78,8 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="evaluation budget (default: 2*ceil(log2 L)+10 for L candidate nodes, plus 6 to refine "
-        "the answer: nodes that only go in pairs, units tried alone)",
+        help="evaluation budget (default: 2*ceil(log2 L)+10 for L candidate nodes to find an answer, plus "
+        "2*ceil(log2 L)+6 to shrink it by group testing and refine it: nodes that only go in pairs, units "
+        "tried alone)",
     )
     p.add_argument("-o", "--output", default="proposal.json", help="proposal path (default: proposal.json)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")

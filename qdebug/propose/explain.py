@@ -1,0 +1,159 @@
+"""What a proposal says about itself: a reason per node, the quantize_static snippet, the notes.
+
+Every excluded node (and every 16-bit unit, and per-channel weights when they
+were adopted) gets a :class:`~qdebug.records.NodeReason` with the numbers
+behind it: the unit it belongs to, its role there (produces the tensor kept
+float, reads it, part of a region) and the measured metric, static vs
+selective. The snippet is the ``quantize_static`` call that rebuilds the
+selective model with plain ONNX Runtime; the notes say what the user should
+know about how the proposal was made.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from qdebug.data import fixed_batch
+from qdebug.formatting import ACCURACY_METRICS
+from qdebug.prepare import Prepared
+from qdebug.propose.search import Plan, Target, Trial
+from qdebug.quantize import QuantSpec, float16_exclusions
+from qdebug.records import NodeReason, Report
+from qdebug.snippet import quantize_snippet
+
+
+def _reasons(
+    report: Report,
+    plan: Plan,
+    spec: QuantSpec,
+    target: Target,
+    static: Trial,
+    final: Trial,
+    trials: Sequence[Trial] = (),
+) -> tuple[NodeReason, ...]:
+    """One reason per excluded node (and per 16-bit unit), with the numbers behind it."""
+    by_name = {n.name: n for n in report.nodes}
+    producer_of = {o: n.name for n in report.nodes for o in n.outputs}
+    measured = f"measured: {_fmt(target, static)} -> {_fmt(target, final)}; target {target.describe()}"
+    out: list[NodeReason] = []
+    placed: set[str] = set()
+
+    def reason(node: str, action: str, text: str, region: int = -1) -> NodeReason:
+        rec = by_name.get(node)
+        return NodeReason(
+            node=node,
+            original_name=rec.original_name if rec else node,
+            op_type=rec.op_type if rec else "",
+            action=action,
+            reason=f"{text}; {measured}",
+            introduced_db=rec.introduced_db if rec else math.nan,
+            local_sqnr_db=rec.local_sqnr_db if rec else math.nan,
+            region=region,
+        )
+
+    for k, u in enumerate(plan.fp32):
+        keeps = (
+            f"keeps {u.key} float"
+            if u.kind == "tensor"
+            else "the start of a region cut to fit --max-nodes"
+            if u.kind == "node"
+            else f"keeps the {u.kind} region float"
+        )
+        for n in u.nodes:
+            if n in spec.nodes_to_exclude and n not in placed:
+                placed.add(n)
+                if u.kind != "tensor":
+                    role = "part of the region"
+                elif producer_of.get(u.key) == n:
+                    role = "produces it"
+                else:
+                    role = "reads it, would re-quantize it"
+                if n == u.blamed:
+                    role += ", its introduced error is blamed here"
+                out.append(reason(n, "fp32", f"{keeps} ({role}); {u.why}", k))
+    for n in spec.nodes_to_exclude:
+        if n not in placed:
+            out.append(reason(n, "fp32", "neighbour kept FP32 so that a tensor stays float in ORT's rewrite"))
+    for k, u in enumerate(plan.int16, start=len(plan.fp32)):
+        out.append(
+            reason(
+                u.blamed,
+                "int16",
+                f"16-bit activations on {', '.join(u.tensors)} instead of keeping {', '.join(u.nodes)} FP32 "
+                f"(cheaper: weights stay 8-bit, no FP32 kernels); {u.why}",
+                k,
+            )
+        )
+    if spec.per_channel and not report.config.per_channel:
+        # its own step's gain, not the whole proposal's (which credited it with the exclusions' gain too)
+        alone = next((t for t in trials if t.step == "per-channel"), None)
+        gain = f"{_fmt(target, static)} -> {_fmt(target, alone)} alone" if alone is not None else measured
+        out.append(
+            NodeReason(
+                "",
+                "",
+                "",
+                "per-channel",
+                f"per-channel weights for the whole model improved the metric: {gain}; "
+                f"target {target.describe()}",
+            )
+        )
+    return tuple(out)
+
+
+def _fmt(target: Target, trial: Trial) -> str:
+    """A trial's number as the reasons print it: dB, a percentage for accuracies, else 4 digits."""
+    v = target.value(trial)
+    if target.kind == "sqnr":
+        return f"{v:.1f} dB"
+    if target.metric in ACCURACY_METRICS:
+        return f"{100 * v:.2f}%"
+    return f"{v:.4g}"
+
+
+def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, calib_src: str | Path) -> str:
+    """The quantize_static snippet; on the normalized model when an excluded node had no (unique) name."""
+    # float16 nodes are excluded from every variant qdebug builds; plain ORT needs them spelled out
+    excluded = tuple(spec.nodes_to_exclude)
+    excluded += tuple(n for n in float16_exclusions(prep.normalized) if n not in excluded)
+    renamed = {new for new, old in prep.name_map.items() if new != old}
+    target_model = prep.normalized_path if any(n in renamed for n in excluded) else model_path
+    return quantize_snippet(
+        str(Path(target_model).resolve()),
+        excluded,
+        method=report.config.method,
+        per_channel=spec.per_channel,
+        activation_type=report.config.activation_type,
+        weight_type=report.config.weight_type,
+        tensor_overrides=spec.tensor_overrides,
+        calib_hint=str(calib_src),
+        batch=fixed_batch(prep.calib.specs),  # a fixed batch dimension accepts nothing else
+        max_samples=report.config.max_samples,
+        inputs=[s.name for s in prep.calib.specs],
+    )
+
+
+def _notes(report: Report) -> tuple[str, ...]:
+    """A note when the report analyzed the user's own quantized model, which propose does not reuse."""
+    if not report.config.quantized_given:
+        return ()
+    return (
+        "the report analyzed a quantized model given with --quantized; here the static baseline and every "
+        f"candidate are rebuilt from qdebug's own calibration ({report.config.method}, "
+        f"{'per-channel' if report.config.per_channel else 'per-tensor'} weights, "
+        f"{report.config.activation_type}/{report.config.weight_type}), so 'static' can differ from that file",
+    )
+
+
+def _nothing_quantized(final: Trial, static: Trial) -> tuple[str, ...]:
+    """A note when the selective model keeps no Q/DQ pair: "MET" then means "do not quantize" (a proposal
+    keeping every quantizable node FP32 had been reported as met without a word)."""
+    if final.qdq_pairs > 0 or static.qdq_pairs == 0:
+        return ()
+    return (
+        "the selective model has no quantization left (0 Q/DQ pairs, static has "
+        f"{static.qdq_pairs}): on this target, quantizing this model does not pay; try a looser "
+        "--target-drop or 16-bit activations (--allow fp32,int16), or keep the model FP32",
+    )

@@ -1,0 +1,512 @@
+"""The ``propose`` command: check the request, prepare, search, and write the proposal and its model.
+
+:func:`propose` checks what it was given (the report's model by hash, the
+flags, outputs that spare the inputs) and runs :func:`_propose` inside the
+output transaction, so that a failed run leaves no partial files. The driver
+is a sequence of named stages: the analysis settings from the report
+(:func:`_prepare_options`), the shared prelude (:func:`~qdebug.prepare.prepare`),
+the evaluator (:func:`_evaluator`), the search state (:func:`_search`), the
+re-ranking capture (:func:`_reranker`), the strategies
+(:func:`~qdebug.propose.strategy.run_search`), the answer
+(:func:`_selective`) and its record (:func:`_proposal_record`).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from qdebug.analysis import measure_layers, node_records, quantized_node_names, weight_records
+from qdebug.calibrate import Ranges
+from qdebug.capture import SessionConfig
+from qdebug.data import DataSet, InputSpec, data_notes, fixed_batch, open_data
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.evaluate import Evaluator, metric_scope_note
+from qdebug.files import (
+    artifacts_dir,
+    atomic_write_text,
+    check_outputs_spare_inputs,
+    check_writable,
+    removed_on_failure,
+    sha256_file,
+)
+from qdebug.formatting import ACCURACY_METRICS
+from qdebug.graph.load import save_model
+from qdebug.graph.match import pair_models, qdq_settings
+from qdebug.prepare import AnalyzeOptions, Prepared, prepare
+from qdebug.progress import Progress, no_progress
+from qdebug.propose.blame import Unit, rank_units
+from qdebug.propose.diagnose import diagnosed_units
+from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
+from qdebug.propose.search import (
+    Plan,
+    Rerank,
+    Search,
+    Target,
+    Trial,
+    _final,
+    _without_per_channel,
+    default_budget,
+    held_back,
+)
+from qdebug.propose.strategy import run_search
+from qdebug.propose.structure import Structure
+from qdebug.quantize import QuantSpec
+from qdebug.records import SCHEMA_VERSION, AnalysisConfig, NodeRecord, Proposal, Report, WeightRecord
+from qdebug.report_io import dumps, load_report
+
+ACTIONS = ("fp32", "int16", "per-channel")
+"""What ``--allow`` accepts: keep nodes FP32, 16-bit activations, per-channel weights."""
+RERANK_SAMPLES = 32
+"""Calibration samples used by one re-ranking capture."""
+
+
+@dataclass(frozen=True)
+class ProposeOptions:
+    """Options of :func:`propose` (the flags of ``qdebug propose``)."""
+
+    target_drop: float | None = None
+    """Allowed drop of the task metric vs FP32: percentage points for the accuracy metrics
+    (top1, top1_agreement, exact_match), else the metric's own units (None: 1 point, or 1 % of ``|FP32|``
+    for a metric of other units)."""
+    target_sqnr: float | None = None
+    """Instead: worst output SQNR (dB) the selective model must reach."""
+    max_nodes: int | None = None
+    """Most nodes the proposal may keep out of quantization (None: no limit)."""
+    allow: tuple[str, ...] = ("fp32",)
+    metric: str | None = None
+    """Task metric (default: the report's, else top1 when the data has labels)."""
+    eval_max_samples: int | None = None
+    """Score candidates on at most this many evaluation samples (faster search, noisier metric)."""
+    max_evaluations: int | None = None
+    """Evaluation budget (None: ``2*ceil(log2 L) + 10`` for ``L`` candidate nodes)."""
+    rerank_samples: int = RERANK_SAMPLES
+    use_cache: bool = True
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    threads: int = 0
+
+
+@dataclass(frozen=True)
+class ProposeResult:
+    """The proposal plus how it was found."""
+
+    proposal: Proposal
+    met: bool
+    target: Target
+    candidates: int
+    """``L``: distinct excludable nodes over all ranked candidate units."""
+    units: tuple[Unit, ...]
+    """The first ranking."""
+    trials: tuple[Trial, ...]
+    reranks: int
+    """Layer captures made to re-rank given what is already excluded (not task-metric evaluations)."""
+    max_evaluations: int
+    seconds: float
+    proposal_path: str | None = None
+    notes: tuple[str, ...] = ()
+    """What the user should know about how the proposal was made (printed by the CLI)."""
+
+    @property
+    def evaluations(self) -> int:
+        """Task-metric evaluations made (each one variant scored on the evaluation set)."""
+        return len(self.trials)
+
+
+DEFAULT_RELATIVE_DROP = 0.01
+"""Default target of a metric that is not a share of samples: 1 % of ``|FP32|`` below FP32."""
+
+
+def make_target(metric: str, fp32: float, samples: int, options: ProposeOptions) -> Target:
+    """The target from the flags (default: a 1-point drop, or 30 dB output SQNR for an SQNR metric)."""
+    accuracy = metric in ACCURACY_METRICS
+    if options.target_sqnr is not None:
+        if not math.isfinite(options.target_sqnr):
+            raise QDebugError(
+                f"--target-sqnr must be a finite number (got {options.target_sqnr})",
+                "pass the required output SQNR in dB",
+                ExitCode.USAGE,
+            )
+        return Target(metric, "sqnr", float(options.target_sqnr), fp32, 0.1)
+    if not math.isfinite(fp32):
+        if options.target_drop is not None:
+            raise QDebugError(
+                f"metric {metric} has no finite FP32 value, so --target-drop has nothing to drop from",
+                "pass --target-sqnr DB instead",
+                ExitCode.USAGE,
+            )
+        return Target(metric, "sqnr", 30.0, fp32, 0.1)
+    drop = 1.0 if options.target_drop is None else float(options.target_drop)
+    if not drop >= 0 or not math.isfinite(drop):
+        raise QDebugError(
+            f"--target-drop must be >= 0 (got {drop})", "pass the allowed drop in points", ExitCode.USAGE
+        )
+    if accuracy:
+        return Target(metric, "drop", fp32 - drop / 100.0, fp32, 1.5 / max(samples, 1))
+    if options.target_drop is None:
+        # a metric in its own units: one raw unit would accept anything on a metric in [0, 1] (an empty
+        # proposal was "MET" while the metric had gone from 1 to 0)
+        allowed = DEFAULT_RELATIVE_DROP * abs(fp32)
+        basis = f"default: {100 * DEFAULT_RELATIVE_DROP:g} % below FP32; --target-drop sets it in {metric}'s units"
+        return Target(metric, "drop", fp32 - allowed, fp32, 1e-9 + 1e-6 * abs(fp32), basis)
+    return Target(metric, "drop", fp32 - drop, fp32, 1e-9 + 1e-6 * abs(fp32))
+
+
+def _check_allow(allow: Sequence[str]) -> tuple[str, ...]:
+    """The ``--allow`` list without blanks and repeats, refusing an unknown action or an empty list."""
+    out = tuple(dict.fromkeys(a.strip() for a in allow if a.strip()))
+    bad = [a for a in out if a not in ACTIONS]
+    if bad or not out:
+        raise QDebugError(
+            f"--allow got {', '.join(bad) or 'nothing'}",
+            f"use a comma list of {', '.join(ACTIONS)}",
+            ExitCode.USAGE,
+        )
+    if "fp32" not in out and "int16" not in out and "per-channel" not in out:
+        raise QDebugError(
+            "--allow needs fp32, int16 or per-channel", "e.g. --allow fp32,int16", ExitCode.USAGE
+        )
+    return out
+
+
+def check_report_model(report: Report, model: str | Path | None) -> Path:
+    """The model file the report was made from (or ``model``), refusing another model (hash mismatch)."""
+    path = Path(model) if model is not None else Path(report.model.path)
+    if not path.is_file():
+        raise QDebugError(
+            f"model file {path} (recorded in the report) not found",
+            "pass the FP32 model with --model",
+            ExitCode.INPUT,
+        )
+    sha = sha256_file(path)
+    if sha != report.model.sha256:
+        raise QDebugError(
+            f"{path} is not the model the report was made from "
+            f"(sha256 {sha[:12]}... vs {report.model.sha256[:12]}...)",
+            "re-run qdebug analyze on this model, or pass the original model with --model",
+            ExitCode.INPUT,
+        )
+    return path
+
+
+def rerank_limit(specs: Sequence[InputSpec], wanted: int, available: int | None) -> int:
+    """Samples a re-rank capture reads: ``wanted``, at most the report's calibration samples, and whole
+    batches of a fixed batch dimension (a model fixed at 3 had failed: 32 samples fill no batches of 3,
+    and the advice to pass --max-samples named a flag propose does not have)."""
+    n = min(wanted, available) if available else wanted
+    batch = fixed_batch(specs)
+    return max(batch, n - n % batch) if batch > 1 else n
+
+
+def selective_model_path(output: str | Path) -> Path:
+    """Where the selectively quantized model of a proposal goes: ``<stem>.selective.onnx`` next to it."""
+    out = Path(output)
+    return out.with_name(f"{out.stem}.selective.onnx")
+
+
+def propose(
+    report: Report | str | Path,
+    *,
+    output: str | Path | None = "proposal.json",
+    options: ProposeOptions | None = None,
+    model: str | Path | None = None,
+    calib: str | Path | None = None,
+    eval_data: str | Path | None = None,
+    progress: Progress | None = None,
+) -> ProposeResult:
+    """Search the smallest mixed-precision proposal that meets the target; write it (and its model).
+
+    Args:
+        report: the analysis report (or its path).
+        output: proposal path; the selective model goes next to it as ``<stem>.selective.onnx`` and
+            the normalized model into ``<stem>_files/``. ``None``: write nothing (a temp dir is used).
+        options: see :class:`ProposeOptions`.
+        model: the FP32 model (default: the path in the report); must hash like the report's model.
+        calib: calibration data (default: the report's); ranges come from the cache when present.
+        eval_data: evaluation data (default: the report's, else the calibration data).
+        progress: callback(stage, done, total).
+
+    The proposal is written even when the target is not met (``result.met`` is then False).
+
+    """
+    start = time.perf_counter()
+    options = options or ProposeOptions()
+    progress = progress or no_progress
+    source = report
+    if not isinstance(report, Report):
+        report = load_report(report)
+    allow = _check_allow(options.allow)
+    if options.max_nodes is not None and options.max_nodes < 0:
+        raise QDebugError("--max-nodes must be >= 0", "pass a node count", ExitCode.USAGE)
+    model_path = check_report_model(report, model)
+    calib_src = calib if calib is not None else report.config.calib
+    if calib_src is None:
+        raise QDebugError("the report records no calibration data", "pass --calib", ExitCode.INPUT)
+    eval_src = eval_data if eval_data is not None else (report.config.eval or calib_src)
+    if output is not None:
+        check_writable(output)
+        check_outputs_spare_inputs(
+            {"the proposal": output, "the selective model": selective_model_path(Path(output))},
+            {
+                "the report": source if isinstance(source, (str, Path)) else None,
+                "the model": model_path,
+                "the calibration data": calib_src,
+                "the evaluation data": eval_src,
+            },
+        )
+    with tempfile.TemporaryDirectory(prefix="qdebug-propose-") as tmp:
+        workdir = artifacts_dir(Path(output)) if output is not None else Path(tmp)
+        outputs = [output, selective_model_path(output)] if output is not None else []
+        inputs = [source if isinstance(source, (str, Path)) else None, model_path, calib_src, eval_src]
+        with removed_on_failure(workdir if output is not None else None, outputs, inputs):
+            return _propose(
+                report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start
+            )
+
+
+def _propose(
+    report: Report,
+    model_path: Path,
+    calib_src: str | Path,
+    eval_src: str | Path,
+    workdir: Path,
+    output: str | Path | None,
+    options: ProposeOptions,
+    allow: tuple[str, ...],
+    progress: Progress,
+    start: float,
+) -> ProposeResult:
+    """The checked request turned into a proposal: prepare, search, choose, write (inside the output guard)."""
+    cfg = report.config
+    progress("prepare", 0, None)
+    prep = prepare(model_path, calib_src, workdir, _prepare_options(cfg, options), progress=progress)
+    assert prep.ranges is not None
+    _check_names(report, prep)
+    config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
+    evaluator, input_notes = _evaluator(prep, eval_src, cfg, options, config)
+    target = make_target(evaluator.metric_name, evaluator.fp32_value, evaluator.samples, options)
+    search, structure, initial = _search(prep, report, evaluator, target, options, progress)
+    rerank = _reranker(search, prep, calib_src, cfg, options, config, progress)
+    widened = rank_units(structure, report.nodes, report.weights, widen=True)
+    diagnosed = diagnosed_units(structure, report)
+    plan, met, reranks = run_search(search, initial, rerank, allow, options.max_nodes, widened, diagnosed)
+    plan, final, spec, selective = _selective(search, report, plan, met)
+    static = search.trials[0]
+    seconds = time.perf_counter() - start
+    sel_path = selective_model_path(output) if output is not None else None
+    proposal = _proposal_record(report, model_path, prep, calib_src, search, plan, spec, final, seconds, sel_path)
+    if output is not None and sel_path is not None:
+        save_model(selective, sel_path)
+        atomic_write_text(output, dumps(proposal))
+    return ProposeResult(
+        proposal=proposal,
+        met=final.met and search.fits(final),
+        target=target,
+        candidates=_candidate_nodes(initial),
+        units=tuple(initial),
+        trials=tuple(search.trials),
+        reranks=reranks,
+        max_evaluations=search.budget,
+        seconds=seconds,
+        proposal_path=str(output) if output is not None else None,
+        notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static)),
+    )
+
+
+def _prepare_options(cfg: AnalysisConfig, options: ProposeOptions) -> AnalyzeOptions:
+    """The report's quantization settings with this run's metric, cache and runtime flags: the variants
+    must be quantized exactly as the analyzed model was, or the ranking would describe another model."""
+    return AnalyzeOptions(
+        method=cfg.method,
+        per_channel=cfg.per_channel,
+        activation_type=cfg.activation_type,
+        weight_type=cfg.weight_type,
+        batch_size=cfg.batch_size,
+        max_samples=cfg.max_samples,
+        metric=options.metric or cfg.metric,
+        upgrade_opset=cfg.upgrade_opset,
+        inline_constant_if=cfg.inline_constant_if,
+        use_cache=options.use_cache,
+        providers=options.providers,
+        threads=options.threads,
+    )
+
+
+def _check_names(report: Report, prep: Prepared) -> None:
+    """Refuse a report whose node names the normalized model lacks (another qdebug's normalization): its
+    blame would name nodes no variant can exclude."""
+    names = {n.name for n in prep.normalized.graph.node}
+    missing = [n.name for n in report.nodes if n.name not in names]
+    if missing:
+        raise QDebugError(
+            f"the report's nodes do not match the normalized model "
+            f"({len(missing)} missing: {missing[0]!r}...)",
+            "re-run qdebug analyze with this qdebug version",
+            ExitCode.INPUT,
+        )
+
+
+def _evaluator(
+    prep: Prepared, eval_src: str | Path, cfg: AnalysisConfig, options: ProposeOptions, config: SessionConfig
+) -> tuple[Evaluator, list[str]]:
+    """The evaluator every candidate is scored with (FP32 scored once, here), and the notes on its data."""
+    eval_set = open_data(
+        eval_src,
+        prep.calib.specs,
+        batch_size=cfg.batch_size,
+        max_samples=options.eval_max_samples,
+        what="evaluation data",
+        limit_flag="--eval-max-samples",
+    )
+    evaluator = Evaluator(prep.normalized, eval_set, config, options.metric or cfg.metric)
+    notes = data_notes(prep.calib, eval_set, prep.normalized)
+    notes += [n for n in [metric_scope_note(evaluator)] if n]
+    return evaluator, notes
+
+
+def _search(
+    prep: Prepared,
+    report: Report,
+    evaluator: Evaluator,
+    target: Target,
+    options: ProposeOptions,
+    progress: Progress,
+) -> tuple[Search, Structure, list[Unit]]:
+    """The search state over the report's first ranking, with its budget (some held back for refining)."""
+    assert prep.ranges is not None
+    cfg = report.config
+    structure = Structure(prep.normalized, report.nodes)
+    initial = rank_units(structure, report.nodes, report.weights)
+    budget = options.max_evaluations or default_budget(_candidate_nodes(initial))
+    base_spec = QuantSpec(
+        per_channel=cfg.per_channel, activation_type=cfg.activation_type, weight_type=cfg.weight_type
+    )
+    int16_type = "QInt16" if cfg.activation_type == "QInt8" else "QUInt16"
+    search = Search(
+        prep.normalized,
+        prep.ranges,
+        base_spec,
+        evaluator,
+        target,
+        structure,
+        budget,
+        int16_type,
+        progress,
+        options.max_nodes,
+    )
+    if options.max_evaluations is None:
+        search.held = held_back(_candidate_nodes(initial))
+    return search, structure, initial
+
+
+def _candidate_nodes(units: Sequence[Unit]) -> int:
+    """``L``: distinct excludable nodes over the ranked units (what the default budget is a log of)."""
+    return len({n for u in units for n in u.nodes})
+
+
+def _reranker(
+    search: Search,
+    prep: Prepared,
+    calib_src: str | Path,
+    cfg: AnalysisConfig,
+    options: ProposeOptions,
+    config: SessionConfig,
+    progress: Progress,
+) -> Rerank:
+    """Re-rank the units by a short layer capture of a plan's variant on a few calibration samples.
+
+    The samples are opened on the first re-rank: a search that needs none reads no data for it.
+    """
+    limit = rerank_limit(prep.calib.specs, options.rerank_samples, prep.calib.n_samples)
+    opened: list[DataSet] = []
+
+    def rerank(plan: Plan, widen: bool) -> list[Unit]:
+        progress("re-rank", 0, None)
+        if not opened:
+            opened.append(open_data(calib_src, prep.calib.specs, batch_size=cfg.batch_size, max_samples=limit))
+        nodes, weights = _capture_nodes(search, plan, opened[0], config, search.ranges, prep.name_map)
+        excluded, overridden = frozenset(plan.nodes()), frozenset(plan.overrides())
+        return rank_units(search.structure, nodes, weights, excluded, overridden, widen=widen)
+
+    return rerank
+
+
+def _selective(
+    search: Search, report: Report, plan: Plan, met: Trial | None
+) -> tuple[Plan, Trial, QuantSpec, onnx.ModelProto]:
+    """The answer and its model: the met trial that fits (else the best that does), per-channel weights
+    dropped when the report's settings had none and they do not earn their place."""
+    plan, final = _final(search, plan, met)
+    spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel)
+    if spec.per_channel and not report.config.per_channel:
+        final = _without_per_channel(search, final, bool(qdq_settings(selective).per_channel))
+        if not final.per_channel:
+            spec, selective, _ = search.build(final.nodes, final.overrides, False)
+    return plan, final, spec, selective
+
+
+def _proposal_record(
+    report: Report,
+    model_path: Path,
+    prep: Prepared,
+    calib_src: str | Path,
+    search: Search,
+    plan: Plan,
+    spec: QuantSpec,
+    final: Trial,
+    seconds: float,
+    sel_path: Path | None,
+) -> Proposal:
+    """The proposal file's record; ``sel_path`` is where the selective model goes (``None``: nothing is
+    written, so the normalized model recorded is the report's)."""
+    cfg = report.config
+    target, static = search.target, search.trials[0]
+    return Proposal(
+        schema_version=SCHEMA_VERSION,
+        kind="proposal",
+        model_path=str(model_path.resolve()),
+        model_sha256=report.model.sha256,
+        normalized_model=str(prep.normalized_path.resolve()) if sel_path is not None else report.normalized_model,
+        nodes_to_exclude=spec.nodes_to_exclude,
+        tensor_overrides=spec.tensor_overrides,
+        per_channel=spec.per_channel,
+        reasons=_reasons(report, plan, spec, target, static, final, search.trials),
+        metric=target.metric if target.kind == "drop" else "output_sqnr_db",
+        fp32_metric=target.fp32 if target.kind == "drop" else math.inf,
+        static_metric=target.value(static),
+        expected_metric=target.value(final),
+        evaluations=len(search.trials),
+        search_seconds=seconds,
+        source="propose",
+        quantized_model=str(sel_path.resolve()) if sel_path is not None else None,
+        snippet=_snippet(report, model_path, prep, spec, calib_src),
+        quantizable_nodes=len(search.structure.excludable),
+        qdq_pairs_delta=final.qdq_pairs - static.qdq_pairs,
+        method=cfg.method,
+        activation_type=cfg.activation_type,
+        weight_type=cfg.weight_type,
+        base_per_channel=cfg.per_channel,
+        calibration_key=prep.ranges.key if prep.ranges is not None else "",
+        calib_max_samples=cfg.max_samples,
+        eval_samples=search.evaluator.samples,
+    )
+
+
+def _capture_nodes(
+    search: Search, plan: Plan, data: DataSet, config: SessionConfig, ranges: Ranges, name_map: dict[str, str]
+) -> tuple[tuple[NodeRecord, ...], tuple[WeightRecord, ...]]:
+    """Node records of the current variant: a short layer capture on a few calibration samples."""
+    _, model, _ = search.build(plan.nodes(), plan.overrides(), keep_float=plan.keep_float())
+    pairing = pair_models(search.normalized, model)
+    # re-ranking needs local and accumulated error only, not the fake-quant view
+    layers = measure_layers(
+        search.normalized, model, pairing, data, config, ranges.minmax(), fakequant_samples=0
+    )
+    qnodes = quantized_node_names(model, pairing)
+    nodes = node_records(search.normalized, layers.tensors, qnodes, name_map)
+    return nodes, weight_records(search.normalized, model, pairing)

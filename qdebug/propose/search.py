@@ -1,0 +1,326 @@
+"""The search state: what a candidate must reach, the variants tried, and the budget they spend.
+
+:class:`Search` is the one place that turns a configuration (nodes kept FP32,
+tensors given 16-bit activations, per-channel weights) into a score. Variants
+are re-quantized from the *cached* calibration ranges (never a recalibration;
+see ``benchmarks/bench_propose.py``) and scored with
+:class:`~qdebug.evaluate.Evaluator`; a configuration asked twice, or one whose
+quantized model equals an earlier one, is scored once, so a strategy may ask
+freely and only pays for what is new. Every scored variant is a :class:`Trial`
+in ``Search.trials``, the trace the proposal reports.
+
+A :class:`Plan` is a configuration in terms of units (see
+:mod:`qdebug.propose.blame`). The strategies in :mod:`qdebug.propose.strategy`
+build plans and score them with :func:`_evaluate_plan`; :func:`_final` and
+:func:`_without_per_channel` pick the answer from the trace afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from qdebug.calibrate import Ranges
+from qdebug.evaluate import EvalResult, Evaluator
+from qdebug.formatting import ACCURACY_METRICS
+from qdebug.graph.match import GraphIndex
+from qdebug.progress import Progress
+from qdebug.propose.blame import Unit
+from qdebug.propose.structure import Structure
+from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.records import TensorOverride
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a candidate must reach."""
+
+    metric: str
+    kind: str
+    """``drop`` (task metric vs FP32) or ``sqnr`` (worst output SQNR)."""
+    threshold: float
+    fp32: float
+    noise: float
+    """Smallest change of :meth:`value` that counts as a gain (one or two samples for accuracies)."""
+    basis: str = ""
+    """How a default threshold was derived, when it was (printed with it)."""
+
+    def value(self, result: EvalResult | Trial) -> float:
+        """The number compared with the threshold (of a fresh score or of a trial in the trace)."""
+        return result.output_sqnr_db if self.kind == "sqnr" else result.value
+
+    def met(self, result: EvalResult) -> bool:
+        """True when ``result`` reaches the threshold."""
+        v = self.value(result)
+        return not math.isnan(v) and v >= self.threshold - 1e-12
+
+    def describe(self) -> str:
+        """One line for the CLI and the reasons."""
+        if self.kind == "sqnr":
+            return f"worst output SQNR >= {self.threshold:.1f} dB"
+        if self.metric in ACCURACY_METRICS:
+            return f"{self.metric} >= {100 * self.threshold:.2f}% (FP32 {100 * self.fp32:.2f}%)"
+        basis = f"; {self.basis}" if self.basis else ""
+        return f"{self.metric} >= {self.threshold:.4g} (FP32 {self.fp32:.4g}{basis})"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One evaluated candidate."""
+
+    step: str
+    """``baseline``, ``per-channel``, ``candidates``, ``bisect``, ``gallop``, ``prune``, ``int16``."""
+    nodes: tuple[str, ...]
+    overrides: tuple[str, ...]
+    per_channel: bool
+    value: float
+    output_sqnr_db: float
+    met: bool
+    """The target is reached (regardless of ``max_nodes``)."""
+    qdq_pairs: int
+    """QuantizeLinear nodes in the variant (activations and weights)."""
+    quantize_seconds: float
+    eval_seconds: float
+
+
+class Search:
+    """Evaluates variants (cached by configuration) within a budget and keeps the trace."""
+
+    def __init__(
+        self,
+        normalized: onnx.ModelProto,
+        ranges: Ranges,
+        base_spec: QuantSpec,
+        evaluator: Evaluator,
+        target: Target,
+        structure: Structure,
+        budget: int,
+        int16_type: str,
+        progress: Progress,
+        max_nodes: int | None = None,
+    ) -> None:
+        self.normalized = normalized
+        self.ranges = ranges
+        self.base_spec = base_spec
+        self.evaluator = evaluator
+        self.target = target
+        self.structure = structure
+        self.budget = budget
+        self.int16_type = int16_type
+        self.progress = progress
+        self.trials: list[Trial] = []
+        self.cache: dict[tuple, Trial] = {}
+        """Trials by resolved configuration (nodes after closing leaks, overrides, per-channel)."""
+        self.equivalents: list[Trial] = []
+        """Trials answered from an equal model scored under another list (no evaluation spent): the final
+        choice considers them too, since their list may be the one that fits ``--max-nodes``."""
+        self.by_model: dict[str, Trial] = {}
+        """Trials by the sha256 of the quantized model they scored: equal models are scored once."""
+        self.resolved: dict[tuple, tuple] = {}
+        """Asked configuration -> resolved one: a repeated candidate is neither re-quantized nor re-scored."""
+        self.per_channel = base_spec.per_channel
+        self.max_nodes = max_nodes
+        self.held = 0
+        """Evaluations the growth may not spend (released before the answer is refined)."""
+
+    @property
+    def left(self) -> int:
+        """Evaluations left in the budget (less those held back for refining the answer)."""
+        return self.budget - len(self.trials) - self.held
+
+    def spec(self, nodes: Iterable[str], overrides: Iterable[str], per_channel: bool | None = None) -> QuantSpec:
+        """The QuantSpec of a variant."""
+        return dataclasses.replace(
+            self.base_spec,
+            per_channel=self.per_channel if per_channel is None else per_channel,
+            nodes_to_exclude=tuple(sorted(set(nodes), key=self.structure.order.__getitem__)),
+            tensor_overrides=tuple(TensorOverride(t, self.int16_type) for t in sorted(set(overrides))),
+        )
+
+    def build(
+        self,
+        nodes: Iterable[str],
+        overrides: Iterable[str] = (),
+        per_channel: bool | None = None,
+        keep_float: Iterable[str] = (),
+    ) -> tuple[QuantSpec, onnx.ModelProto, float]:
+        """Quantize a variant from the cached ranges; close leaks so ``keep_float`` tensors stay float."""
+        start = time.perf_counter()
+        nodes = set(nodes)
+        keep = set(keep_float)
+        for _ in range(4):
+            spec = self.spec(nodes, overrides, per_channel)
+            model = quantize_static_model(self.normalized, self.ranges, spec)
+            if not keep:
+                break
+            index = GraphIndex(model)
+            extra = set()
+            for t in keep:
+                dq = index.dequant_of(t)
+                if dq is None:
+                    continue
+                for consumer in index.consumers.get(dq[0], []):
+                    if consumer.name in self.structure.excludable and consumer.name not in nodes:
+                        extra.add(consumer.name)
+            if not extra:
+                break
+            nodes |= extra
+        return spec, model, time.perf_counter() - start
+
+    def evaluate(
+        self,
+        step: str,
+        nodes: Iterable[str],
+        overrides: Iterable[str] = (),
+        per_channel: bool | None = None,
+        keep_float: Iterable[str] = (),
+    ) -> Trial | None:
+        """Score one variant (``None`` when the budget is spent); identical variants are scored once."""
+        nodes, overrides, keep_float = frozenset(nodes), frozenset(overrides), frozenset(keep_float)
+        pc = self.per_channel if per_channel is None else per_channel
+        asked = (nodes, overrides, pc, keep_float)
+        known = self.resolved.get(asked)
+        if known is not None and known in self.cache:
+            return self.cache[known]
+        if self.left <= 0:
+            return None
+        spec, model, qsec = self.build(nodes, overrides, pc, keep_float)
+        key = (spec.nodes_to_exclude, tuple(o.tensor for o in spec.tensor_overrides), spec.per_channel)
+        self.resolved[asked] = key
+        if key in self.cache:
+            return self.cache[key]
+        # the same model from another list: excluding a node next to an excluded one often changes nothing
+        # in ORT's rewrite (review: 5 of 16 evaluations on a depthwise CNN re-scored identical models)
+        digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+        same = self.by_model.get(digest)
+        if same is not None:
+            trial = dataclasses.replace(same, step=step, nodes=key[0], overrides=key[1], per_channel=key[2])
+            self.cache[key] = trial
+            self.equivalents.append(trial)
+            return trial
+        result = self.evaluator.score(model, what="candidate quantized model")
+        qdq = sum(1 for n in model.graph.node if n.op_type == "QuantizeLinear")
+        trial = Trial(
+            step=step,
+            nodes=key[0],
+            overrides=key[1],
+            per_channel=key[2],
+            value=result.value,
+            output_sqnr_db=result.output_sqnr_db,
+            met=self.target.met(result),
+            qdq_pairs=qdq,
+            quantize_seconds=qsec,
+            eval_seconds=result.seconds,
+        )
+        self.trials.append(trial)
+        self.cache[key] = trial
+        self.by_model[digest] = trial
+        self.progress("search", len(self.trials), self.budget)
+        return trial
+
+    def fits(self, trial: Trial) -> bool:
+        """Whether a trial keeps at most ``max_nodes`` nodes FP32."""
+        return self.max_nodes is None or len(trial.nodes) <= self.max_nodes
+
+    def score(self, trial: Trial) -> float:
+        """The target's number for a trial (``-inf`` for nan)."""
+        v = self.target.value(trial)
+        return -math.inf if math.isnan(v) else v
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A candidate configuration: units kept FP32 and units given 16-bit activations."""
+
+    fp32: tuple[Unit, ...] = ()
+    int16: tuple[Unit, ...] = ()
+
+    def nodes(self) -> set[str]:
+        """Nodes to exclude."""
+        return {n for u in self.fp32 for n in u.nodes}
+
+    def overrides(self) -> set[str]:
+        """Tensors to quantize with 16 bits."""
+        return {t for u in self.int16 for t in u.tensors if t not in self.nodes_tensors()}
+
+    def nodes_tensors(self) -> set[str]:
+        """Tensors the FP32 units keep float (no point in overriding them)."""
+        return {u.key for u in self.fp32 if u.kind == "tensor"}
+
+    def keep_float(self) -> set[str]:
+        """Tensors whose Q/DQ must be gone in the rewritten graph (leaks: exclude the neighbour too)."""
+        return self.nodes_tensors()
+
+    def units(self) -> tuple[Unit, ...]:
+        """All units, FP32 ones first."""
+        return self.fp32 + self.int16
+
+    def with_units(self, units: Sequence[Unit], action: str) -> Plan:
+        """A copy of this plan with ``units`` added under ``action``."""
+        if action == "int16":
+            return Plan(self.fp32, self.int16 + tuple(units))
+        return Plan(self.fp32 + tuple(units), self.int16)
+
+
+Rerank = Callable[[Plan, bool], list[Unit]]
+"""Candidate units ranked again given what a plan already keeps float (the bool widens the ranking to every
+quantized tensor): a short layer capture of the plan's variant reveals error the first ranking masked."""
+
+
+def _evaluate_plan(search: Search, step: str, plan: Plan) -> Trial | None:
+    """Score ``plan`` (``None`` when the budget is spent); its FP32 tensors' leaks are closed first."""
+    return search.evaluate(step, plan.nodes(), plan.overrides(), keep_float=plan.keep_float())
+
+
+REFINE_EVALS = 6
+"""Evaluations the default budget holds back from the growth for refining its answer: pairs of nodes that
+only go together, and units tried alone (both had found smaller answers the budget left no room for)."""
+
+
+def default_budget(candidate_nodes: int) -> int:
+    """``2*ceil(log2 L) + 10`` evaluations for ``L`` candidate nodes to find an answer, plus
+    :func:`held_back` ones to minimize and refine it."""
+    return 2 * math.ceil(math.log2(max(candidate_nodes, 2))) + 10 + held_back(candidate_nodes)
+
+
+def held_back(candidate_nodes: int) -> int:
+    """Evaluations the growth may not spend: ``2*ceil(log2 L)`` for the group-testing minimization (a few
+    necessary units among ``L`` cost about that many each) plus :data:`REFINE_EVALS`."""
+    return 2 * math.ceil(math.log2(max(candidate_nodes, 2))) + REFINE_EVALS
+
+
+def _without_per_channel(search: Search, final: Trial, in_effect: bool) -> Trial:
+    """``final`` without per-channel weights when they do not earn their place.
+
+    Per-channel is adopted before the exclusions are searched; once they are
+    found it may change nothing (no weight with more than one scale is left)
+    or even hurt (on a depthwise CNN the final set scored 41.2 dB with it and
+    43.9 dB without). One more evaluation decides: the set without it is kept
+    when it meets the target as well, or scores at least as high.
+    """
+    if not in_effect:  # the same model either way: no evaluation needed
+        return dataclasses.replace(final, per_channel=False)
+    plain = search.evaluate("without per-channel", final.nodes, final.overrides, per_channel=False)
+    if plain is None:  # the budget is spent
+        return final
+    if (plain.met and final.met) or (plain.met, search.score(plain)) >= (final.met, search.score(final)):
+        return plain
+    return final
+
+
+def _final(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:
+    """The met trial if it fits ``max_nodes``; else the best trial that fits (fewest nodes among equals)."""
+    if met is not None and search.fits(met):
+        return plan, met
+    fitting = [t for t in [*search.trials, *search.equivalents] if search.fits(t)]
+    best = max(fitting, key=lambda t: (t.met, search.score(t), -len(t.nodes) - len(t.overrides)))
+    nodes, overrides = set(best.nodes), set(best.overrides)
+    fp32 = tuple(u for u in plan.fp32 if set(u.nodes) <= nodes)
+    int16 = tuple(u for u in plan.int16 if set(u.tensors) & overrides)
+    return Plan(fp32, int16), best

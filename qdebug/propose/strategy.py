@@ -1,0 +1,426 @@
+"""Search strategies: how the candidate units are turned into the smallest plan that meets the target.
+
+Each strategy is a function over :class:`~qdebug.propose.search.Search` (the
+budget, the cache and the trace) and :class:`~qdebug.propose.search.Plan`
+values; it scores plans with :func:`~qdebug.propose.search._evaluate_plan`
+and stops when ``search.left`` is spent. :func:`run_search` runs them in
+order:
+
+1. the baseline, then per-channel weights alone (the cheapest change);
+2. growth (:func:`_grow`): the ranked units are bisected (monotone prefix
+   search); when even all of them miss the target, the search turns greedy --
+   it adopts the shortest prefix that captures half of their gain
+   (:func:`_gallop`), *re-ranks given what is already excluded* and repeats
+   until the target is met or the gain stalls. If ``--max-nodes`` blocks it,
+   the growth is retried without the cap (pruning often brings the result
+   under it); if the blamed units cannot reach the target at all, once more
+   over every quantized tensor (:func:`_exclusions`);
+3. refinement: units, then single nodes, then pairs of nodes that turn out
+   unnecessary are pruned (:func:`_prune`); FP32 units are replaced by
+   16-bit activations where the target still holds (:func:`_cheapen`) and
+   16-bit tensors pruned (:func:`_prune_overrides`); units the ranking never
+   blamed are tried alone (:func:`_single_unit`).
+
+The cheapest option that meets the target is kept: per-channel < int16 < fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from qdebug.propose.blame import Unit
+from qdebug.propose.minimize import minimal_subset
+from qdebug.propose.search import Plan, Rerank, Search, Trial, _evaluate_plan
+
+
+def run_search(
+    search: Search,
+    initial: list[Unit],
+    rerank: Rerank,
+    allow: Sequence[str],
+    max_nodes: int | None,
+    widened: list[Unit] | None = None,
+    diagnosed: Sequence[Unit] = (),
+) -> tuple[Plan, Trial | None, int]:
+    """Baseline, per-channel, diagnoses, then grow / minimize / cheapen; returns (plan, met trial or None,
+    re-ranks).
+
+    The ``diagnosed`` units (:mod:`qdebug.propose.diagnose`) are tried together before any growth: when
+    they meet the target the answer is minimized from them alone; else they lead the ranking.
+
+    Per-channel weights alone are tried first (the cheapest change). When they
+    do not meet the target, the exclusions are searched *without* them: adopted
+    as soon as they helped a little, they had steered the search to larger
+    sets (7 nodes at 91.0 % where 2 nodes give 92.4 % without). Only when that
+    search fails, and per-channel helped, is it run again with per-channel on.
+    """
+    base = search.evaluate("baseline", ())
+    assert base is not None
+    if base.met:
+        return Plan(), base, 0
+    pc_helped: Trial | None = None
+    if "per-channel" in allow and not search.per_channel:
+        pc = search.evaluate("per-channel", (), per_channel=True)
+        if pc is not None and pc.met:
+            search.per_channel = True
+            return Plan(), pc, 0
+        if pc is not None and search.score(pc) > search.score(base) + search.target.noise:
+            pc_helped = pc
+    if "fp32" not in allow and "int16" not in allow:
+        return Plan(), None, 0
+    action = "fp32" if "fp32" in allow else "int16"
+    cap = max_nodes if action == "fp32" else None
+    diagnosis = _diagnosed(search, diagnosed, action)
+    if diagnosis is not None:
+        search.held = 0
+        plan, met = _refined(search, *diagnosis, action, allow, reserve=0)
+        return plan, met, 0
+    first = [u.nodes for u in diagnosed]
+    initial = [*diagnosed, *(u for u in initial if u.nodes not in first)]
+    plan, met, reranks = _exclusions(search, initial, rerank, action, cap, base, widened)
+    if met is None and pc_helped is not None and search.left > 0:
+        search.per_channel = True
+        plan, met, more = _exclusions(search, initial, rerank, action, cap, pc_helped, widened)
+        reranks += more
+    singles = action == "fp32" and bool(widened)
+    search.held = 0  # the evaluations held back are for the refinement below
+    if met is not None:  # the pairs leave the single-unit tries their budget
+        plan, met = _refined(search, plan, met, action, allow, reserve=SINGLE_TRIES if singles else 0)
+    if singles and widened and search.left > 0:
+        plan, met = _smaller_single(search, plan, met, initial, widened, cap)
+    return plan, met, reranks
+
+
+def _diagnosed(search: Search, diagnosed: Sequence[Unit], action: str) -> tuple[Plan, Trial] | None:
+    """The diagnosed units together, when they meet the target (one evaluation); else ``None``."""
+    if not diagnosed:
+        return None
+    plan = Plan().with_units(diagnosed, action)
+    trial = _evaluate_plan(search, "diagnosis", plan)
+    return (plan, trial) if trial is not None and trial.met else None
+
+
+SINGLE_TRIES = 4
+"""Units outside the blamed ranking tried alone after the search (one evaluation each)."""
+
+
+def _refined(
+    search: Search, plan: Plan, met: Trial, action: str, allow: Sequence[str], reserve: int
+) -> tuple[Plan, Trial]:
+    """A met plan made smaller and cheaper: pruned, FP32 units turned 16-bit when allowed, 16-bit tensors
+    pruned; ``reserve`` evaluations are left for the single-unit tries after it."""
+    plan, met = _prune(search, plan, action, met, reserve=reserve)
+    if action == "fp32" and "int16" in allow:
+        plan, met = _cheapen(search, plan, met)
+    if plan.int16:
+        plan, met = _prune_overrides(search, plan, met)
+    return plan, met
+
+
+def _smaller_single(
+    search: Search,
+    plan: Plan,
+    met: Trial | None,
+    initial: list[Unit],
+    widened: list[Unit],
+    cap: int | None,
+) -> tuple[Plan, Trial | None]:
+    """The answer replaced by one unblamed unit that meets the target alone, when the answer misses or keeps
+    several nodes; else the answer unchanged (see :func:`_single_unit`)."""
+    answered = met is not None and search.fits(met)
+    if answered and len(plan.nodes()) <= 1:
+        return plan, met
+    # smaller than the answer (a region of an unblamed tensor can hold several nodes), within the cap
+    room = len(met.nodes) - 1 if answered and met is not None else cap
+    blamed = {u.nodes for u in initial}
+    unblamed = [u for u in widened if u.nodes not in blamed][:SINGLE_TRIES]
+    single = _single_unit(search, unblamed, room)
+    return single if single is not None else (plan, met)
+
+
+def _exclusions(
+    search: Search,
+    initial: list[Unit],
+    rerank: Rerank,
+    action: str,
+    cap: int | None,
+    cur: Trial,
+    widened: list[Unit] | None,
+) -> tuple[Plan, Trial | None, int]:
+    """Grow a plan from ``cur``: within ``cap`` first; if that fails, without the cap (pruning often brings a
+    larger answer under it); if the blamed units cannot reach the target at all, over ``widened`` (every
+    quantized tensor)."""
+    plan, met, reranks = _grow(search, initial, rerank, action, cap, cur)
+    if met is None and cap is not None and search.left > 0:
+        plan, met, more = _grow(search, initial, rerank, action, None, cur)
+        reranks += more
+    if met is None and widened and search.left > 0:
+        plan, met, more = _grow(search, widened, rerank, action, None, cur, widen=True)
+        reranks += more
+    return plan, met, reranks
+
+
+def _single_unit(search: Search, ranking: list[Unit], cap: int | None) -> tuple[Plan, Trial] | None:
+    """The first unit of ``ranking`` that meets the target alone, within the budget left; ``None`` if none.
+
+    The ranking blames nodes by the error they *introduce*; a node after an
+    averaging step (a pooled Gemm head) introduces less than nothing although
+    its own weights and Q/DQ limit the output, so the growth never tries it.
+    On a 1-D conv model the search kept 4 of 6 nodes FP32 for 43 dB, and
+    reported the target missed with ``--max-nodes 1``, while the Gemm alone
+    gave 43.2 dB. So after the search, when its answer has several nodes or
+    misses, the first :data:`SINGLE_TRIES` units it never blamed (worst local
+    SQNR first) are tried alone.
+    """
+    for u in ranking:
+        if search.left <= 0:
+            return None
+        if cap is not None and len(u.nodes) > cap:
+            continue
+        plan = Plan().with_units([u], "fp32")
+        trial = _evaluate_plan(search, "single", plan)
+        # the nodes scored, not the unit's: closing a leak can add a consumer to the unit's list
+        if trial is not None and trial.met and search.fits(trial) and (cap is None or len(trial.nodes) <= cap):
+            return plan, trial
+    return None
+
+
+def _grow(
+    search: Search,
+    ranking: list[Unit],
+    rerank: Rerank,
+    action: str,
+    cap: int | None,
+    cur: Trial,
+    widen: bool = False,
+) -> tuple[Plan, Trial | None, int]:
+    """Bisect the ranked units; when all of them miss the target, adopt the gain and re-rank (greedy)."""
+    plan = Plan()
+    reranks = 0
+    reranked_for: Plan | None = None
+    while search.left > 0:
+        cands: list[Unit] = []
+        for u in ranking:
+            trial_plan = plan.with_units([*cands, u], action)
+            if cap is not None and len(trial_plan.nodes()) > cap and action == "fp32":
+                room = cap - len(plan.with_units(cands, action).nodes())
+                if room <= 0:
+                    continue
+                u = _cut_to(u, room)  # a region over the cap: where it starts may fit and help alone
+                trial_plan = plan.with_units([*cands, u], action)
+            if not _covers(plan.with_units(cands, action), u, action) and (
+                cap is None or len(trial_plan.nodes()) <= cap
+            ):
+                cands.append(u)
+        if cands:
+            full = _evaluate_plan(search, "candidates", plan.with_units(cands, action))
+            if full is None:
+                break
+            if full.met:
+                k = _bisect(search, plan, cands, action, len(cands))
+                plan = plan.with_units(cands[:k], action)
+                return plan, _evaluate_plan(search, "bisect", plan) or full, reranks
+            gain = search.score(full) - search.score(cur)
+            if gain > search.target.noise:
+                k, trial = _gallop(search, plan, cands, action, search.score(cur) + gain / 2, full)
+                plan, cur = plan.with_units(cands[:k], action), trial
+                if trial.met:
+                    return plan, trial, reranks
+                reranked_for = None  # progress: the ranking is re-made for the new plan below
+        if reranked_for == plan:
+            break  # nothing left to try, or stalled even after re-ranking
+        ranking = rerank(plan, widen)
+        reranks += 1
+        reranked_for = plan
+    return plan, None, reranks
+
+
+def _covers(plan: Plan, u: Unit, action: str) -> bool:
+    """True when ``u`` adds nothing to ``plan`` under ``action``."""
+    if action == "fp32":
+        return set(u.nodes) <= plan.nodes()
+    return set(u.tensors) <= ({t for x in plan.int16 for t in x.tensors} | plan.nodes_tensors())
+
+
+def _cut_to(u: Unit, room: int) -> Unit:
+    """``u`` cut to its first ``room`` nodes (topological order: where the float region starts), for a
+    ``--max-nodes`` cap its whole region does not fit.
+
+    The cap had dropped such regions whole: on the transformer fixture with
+    ``--max-nodes 1`` the proposal was empty (83.6 %), while keeping the
+    region's first node, the embedding Add, in FP32 gives 92.4 %.
+    """
+    if len(u.nodes) <= room:
+        return u
+    nodes = u.nodes[:room]
+    why = f"{u.why}; cut to {', '.join(nodes)} to fit --max-nodes"
+    return dataclasses.replace(u, key=f"node:{nodes[0]}", kind="node", nodes=nodes, tensors=(), why=why)
+
+
+def _bisect(search: Search, plan: Plan, cands: list[Unit], action: str, hi: int, lo: int = 0) -> int:
+    """Smallest prefix length in (lo, hi] that meets the target (``hi`` is known to meet it)."""
+    while hi - lo > 1 and search.left > 0:
+        mid = (lo + hi) // 2
+        t = _evaluate_plan(search, "bisect", plan.with_units(cands[:mid], action))
+        if t is None:
+            break
+        if t.met:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _gallop(
+    search: Search, plan: Plan, cands: list[Unit], action: str, wanted: float, full: Trial
+) -> tuple[int, Trial]:
+    """Smallest prefix 1, 2, 4, ... reaching ``wanted`` (half the gain of all candidates), or all of them."""
+    k = 1
+    while k < len(cands) and search.left > 0:
+        t = _evaluate_plan(search, "gallop", plan.with_units(cands[:k], action))
+        if t is None:
+            break
+        if t.met:
+            k2 = _bisect(search, plan, cands, action, k, k // 2)
+            return k2, _evaluate_plan(search, "bisect", plan.with_units(cands[:k2], action)) or t
+        if search.score(t) >= wanted:
+            return k, t
+        k *= 2
+    return len(cands), full
+
+
+def _prune(search: Search, plan: Plan, action: str, met: Trial, reserve: int = 0) -> tuple[Plan, Trial]:
+    """Shrink a met plan by group testing: to a minimal list of units, then (FP32) a minimal list of nodes,
+    then pairs of nodes that only go together (:func:`~qdebug.propose.minimize.minimal_subset`).
+
+    ``reserve`` evaluations are left for what comes after.
+    """
+
+    def units_meet(units: list[Unit]) -> bool | None:
+        if search.left <= reserve:
+            return None
+        t = _evaluate_plan(search, "minimize", Plan().with_units(units, action))
+        return None if t is None else t.met
+
+    units, _ = minimal_subset(list(plan.units()), units_meet)
+    plan = Plan().with_units(units, action)
+    met = _evaluate_plan(search, "minimize", plan) or met  # scored during the minimization: cached
+    if action != "fp32":
+        return plan, met
+
+    def nodes_meet(nodes: list[str]) -> bool | None:
+        if search.left <= reserve:
+            return None
+        t = search.evaluate("minimize", nodes)
+        return None if t is None else t.met
+
+    # a unit's members go in its order (producer first), the units in the plan's (likeliest culprits first)
+    nodes = list(dict.fromkeys(n for u in units for n in u.nodes if n in met.nodes))
+    nodes += [n for n in met.nodes if n not in nodes]  # consumers added to close a leak
+    kept, _ = minimal_subset(nodes, nodes_meet)
+    dropped = set(nodes) - set(kept)
+    alone = _scores_without(search, kept, reserve)
+    dropped |= _prune_pairs(search, kept, alone, reserve)
+    if dropped:
+        met = search.evaluate("minimize", [n for n in nodes if n not in dropped]) or met
+        smaller = [dataclasses.replace(u, nodes=tuple(x for x in u.nodes if x not in dropped)) for u in units]
+        plan = Plan(fp32=tuple(u for u in smaller if u.nodes))
+    return plan, met
+
+
+def _scores_without(search: Search, nodes: list[str], reserve: int) -> dict[str, float]:
+    """The score without each node, for an answer small enough to prune by pairs (mostly cached: the
+    minimization's last steps scored these sets)."""
+    if not 3 <= len(nodes) <= PAIR_PRUNE_MAX_NODES:
+        return {}
+    out = {}
+    for n in nodes:
+        if search.left <= reserve:
+            break
+        trial = search.evaluate("minimize", [m for m in nodes if m != n])
+        if trial is not None:
+            out[n] = search.score(trial)
+    return out
+
+
+PAIR_PRUNE_MAX_NODES = 8
+"""Answers up to this size are also pruned by pairs (at most 28 evaluations, within the budget)."""
+
+
+def _prune_pairs(search: Search, nodes: list[str], alone: dict[str, float], reserve: int = 0) -> set[str]:
+    """Nodes that can go two at a time although neither can go alone.
+
+    Two branches feeding one Concat: keeping either one FP32 leaves the Concat
+    mixing a float and a quantized input, and the target is missed, while
+    dropping both meets it (review: 5 nodes proposed where 3 meet the same
+    target, and --max-nodes 3 reported as missed). Pairs are tried in the
+    order of how close each node's removal alone came to the target
+    (``alone``: the score without it), so the budget goes to the likely ones
+    first; each success is kept and the pairs go on from there. ``reserve``
+    evaluations are left for what comes after.
+    """
+    if len(nodes) < 3 or len(nodes) > PAIR_PRUNE_MAX_NODES:
+        return set()
+    near = sorted((n for n in nodes if n in alone), key=lambda n: -alone[n])
+    pairs = sorted(
+        ((a, b) for i, a in enumerate(near) for b in near[i + 1 :]), key=lambda p: -(alone[p[0]] + alone[p[1]])
+    )
+    dropped: set[str] = set()
+    for a, b in pairs:
+        if search.left <= reserve:
+            break
+        if a in dropped or b in dropped or len(nodes) - len(dropped) <= 2:
+            continue
+        trial = search.evaluate("prune", [n for n in nodes if n not in dropped | {a, b}])
+        if trial is not None and trial.met:
+            dropped |= {a, b}
+    return dropped
+
+
+def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
+    """Replace FP32 units by 16-bit activations where the target still holds (weights stay 8-bit).
+
+    All units at once first (one evaluation); then, budget allowing, one unit at
+    a time from the least important.
+    """
+    if search.left <= 0 or not plan.fp32:
+        return plan, met
+    every = Plan(int16=plan.fp32)
+    t = _evaluate_plan(search, "int16", every)
+    if t is not None and t.met:
+        return every, t
+    if len(plan.fp32) == 1:
+        return plan, met
+    for u in reversed(plan.fp32):
+        if search.left <= 0:
+            break
+        mixed = Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16 + (u,))
+        t = _evaluate_plan(search, "int16", mixed)
+        if t is not None and t.met:
+            plan, met = mixed, t
+    return plan, met
+
+
+def _prune_overrides(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
+    """Drop 16-bit tensors the target turns out not to need, one at a time (last first).
+
+    A unit turned 16-bit carries every tensor of its region (an attention block: 5), where one is often
+    enough (review: 16-bit on the scores alone gave 92.6 % where all five gave 91.8 %).
+    """
+    tensors = sorted(plan.overrides(), key=lambda t: [t in u.tensors for u in plan.int16].index(True))
+    if len(tensors) <= 1:
+        return plan, met
+    dropped: set[str] = set()
+    for t in reversed(tensors):
+        if search.left <= 0 or len(tensors) - len(dropped) <= 1:
+            break
+        keep = [x for x in tensors if x not in dropped and x != t]
+        trial = search.evaluate("prune", plan.nodes(), keep, keep_float=plan.keep_float())
+        if trial is not None and trial.met:
+            dropped.add(t)
+            met = trial
+    if not dropped:
+        return plan, met
+    int16 = tuple(dataclasses.replace(u, tensors=tuple(x for x in u.tensors if x not in dropped)) for u in plan.int16)
+    return Plan(plan.fp32, tuple(u for u in int16 if u.tensors)), met

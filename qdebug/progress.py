@@ -10,6 +10,10 @@ from collections.abc import Callable
 Progress = Callable[[str, int, "int | None"], None]
 """``progress(stage, done, total)``: ``total`` is None when the count is not known in advance."""
 
+DETAIL = " · "
+"""Separates a stage's name from a detail that changes as it runs (``search · 12 changed · best ...``):
+displays keep one bar per name and show the latest detail with it."""
+
 
 def no_progress(stage: str, done: int, total: int | None) -> None:
     """The default callback: report nothing."""

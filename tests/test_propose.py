@@ -781,3 +781,13 @@ def test_a_custom_metric_defaults_to_a_relative_drop():
     given = make_target("hooks.py:iou", 0.8, 60, ProposeOptions(target_drop=0.05))
     assert given.threshold == pytest.approx(0.75) and "below FP32" not in given.describe()  # raw units
     assert make_target("top1", 0.9, 100, ProposeOptions()).threshold == pytest.approx(0.89)  # points
+
+
+def test_the_search_progress_says_what_is_tried_and_the_best_so_far(transformer, tmp_path, capsys):
+    """A search can take minutes: each line names the trial and the best answer so far (plain lines when
+    stderr is not a terminal, as here)."""
+    _, _, _, report_path, _ = transformer
+    assert main(["propose", str(report_path), "-o", str(tmp_path / "p.json")]) in (0, ExitCode.TARGET_NOT_MET)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("qdebug: search ")]
+    assert lines and all(" · " in x and " best " in x and "top1 " in x for x in lines)
+    assert "node" in lines[0] and ("(target " in lines[0] or " @ " in lines[0])

@@ -791,3 +791,17 @@ def test_the_search_progress_says_what_is_tried_and_the_best_so_far(transformer,
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("qdebug: search ")]
     assert lines and all(" · " in x and " best " in x and "top1 " in x for x in lines)
     assert "node" in lines[0] and ("(target " in lines[0] or " @ " in lines[0])
+
+
+def test_a_proposal_keeping_most_of_the_model_fp32_says_so():
+    """A proposal that keeps most nodes FP32 gives back the INT8 speed-up (one kept 99 % and was reported
+    as MET): it is named in one line, and the CLI exits 6 unless --accept-mostly-fp32."""
+    from qdebug.propose.run import _mostly_fp32
+
+    def trial(n: int) -> Trial:
+        nodes = tuple(f"n{i}" for i in range(n))
+        return Trial("minimize", nodes, (), False, 0.9, 30.0, True, 3, 0.0, 0.0)
+
+    line = _mostly_fp32(trial(6), 10)
+    assert "keeps 6 of 10 quantizable nodes (60 %) FP32" in line and "--accept-mostly-fp32" in line
+    assert _mostly_fp32(trial(5), 10) == "" and _mostly_fp32(trial(0), 0) == ""

@@ -15,7 +15,8 @@ points), 1 % of |FP32| for a module:function metric (in its own
 units), or 30 dB output SQNR for a metric without an FP32 value.
 
 exit codes: 0 when the target is met; 6 when no proposal within --max-nodes
-meets it (the best proposal found is still written); 3 when the model is not
+meets it (the best proposal found is still written), or when the one that
+meets it keeps most quantizable nodes FP32 (unless --accept-mostly-fp32); 3 when the model is not
 the one the report was made from.
 
 Example:
@@ -89,6 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", default="CPUExecutionProvider", help="ONNX Runtime execution provider")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
     p.add_argument("--snippet", action="store_true", help="also print the quantize_static snippet on stdout")
+    p.add_argument(
+        "--accept-mostly-fp32",
+        action="store_true",
+        help="exit 0 for a proposal that meets the target but keeps most quantizable nodes FP32 (default: "
+        "exit 6: most of the INT8 speed-up is gone)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -139,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return int(ExitCode.TARGET_NOT_MET)
+    if result.mostly_fp32:
+        print(f"qdebug: {result.mostly_fp32}", file=sys.stderr)
+        if not args.accept_mostly_fp32:
+            return int(ExitCode.TARGET_NOT_MET)
     return 0
 
 

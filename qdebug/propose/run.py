@@ -111,6 +111,9 @@ class ProposeResult:
     proposal_path: str | None = None
     notes: tuple[str, ...] = ()
     """What the user should know about how the proposal was made (printed by the CLI)."""
+    mostly_fp32: str = ""
+    """Why the answer gives back most of the INT8 speed-up, when it keeps most of the model FP32 (the CLI
+    prints it and exits 6 unless ``--accept-mostly-fp32``)."""
 
     @property
     def evaluations(self) -> int:
@@ -315,6 +318,25 @@ def _propose(
         seconds=seconds,
         proposal_path=str(output) if output is not None else None,
         notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static)),
+        mostly_fp32=_mostly_fp32(final, len(search.structure.excludable)),
+    )
+
+
+MOSTLY_FP32_SHARE = 0.5
+"""A proposal keeping more than this share of the quantizable nodes FP32 has given back most of the INT8
+speed-up (Q/DQ at every boundary, float kernels between): propose says so and exits 6 unless accepted."""
+
+
+def _mostly_fp32(final: Trial, quantizable: int) -> str:
+    """The plain line for an answer that keeps most of the model FP32 (``""`` when it does not)."""
+    if not quantizable or len(final.nodes) <= MOSTLY_FP32_SHARE * quantizable:
+        return ""
+    return (
+        f"the proposal keeps {len(final.nodes)} of {quantizable} quantizable nodes "
+        f"({100 * len(final.nodes) / quantizable:.0f} %) FP32: most of the INT8 speed-up is gone. Try "
+        "--allow fp32,int16,per-channel (16-bit activations, per-channel weights), dynamic quantization "
+        "(qdebug bench --variants fp32,dynamic,static), or a looser target; or keep the model FP32. "
+        "Pass --accept-mostly-fp32 to take this proposal anyway"
     )
 
 

@@ -101,11 +101,14 @@ def quantize_static_model(
     weight_type = _qtype(spec.weight_type)
     activation_type = _qtype(spec.activation_type)
     extra = spec.extra_options()
+    tensors = copy.deepcopy(ranges.tensors)
     try:
         with quiet_ort_logging():
             work = update_opset_version(
                 work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
             )
+            if default_opset(work) != default_opset(model):
+                carry_ranges_to_converted(model, work, tensors)
             if quant_format == "QOperator":
                 quantizer = ONNXQuantizer(
                     work,
@@ -115,7 +118,7 @@ def quantize_static_model(
                     True,
                     weight_type,
                     activation_type,
-                    copy.deepcopy(ranges.tensors),
+                    tensors,
                     [],
                     list(spec.nodes_to_exclude),
                     op_types_to_quantize(),
@@ -128,7 +131,7 @@ def quantize_static_model(
                     False,
                     weight_type,
                     activation_type,
-                    copy.deepcopy(ranges.tensors),
+                    tensors,
                     [],
                     list(spec.nodes_to_exclude),
                     op_types_to_quantize(),
@@ -141,9 +144,172 @@ def quantize_static_model(
     except Exception as e:
         raise _explain_quantizer_error(e, spec) from None
     _exact_passthrough_outputs(result)
+    check_quantized_loads(model, result)
     if out_path is not None:
         save_model(result, out_path)
     return result
+
+
+def carry_ranges_to_converted(before: onnx.ModelProto, after: onnx.ModelProto, tensors: Any) -> list[str]:
+    """Give tensors that an opset conversion added the calibrated ranges of the tensors they only reshape.
+
+    The ranges are calibrated on the normalized model; per-channel weights (opset 13) and 16-bit types
+    (opset 21, ORT's ``update_opset_version``) convert it afterwards with ``onnx.version_converter``. For
+    a ``Softmax`` or ``LogSoftmax`` of opset < 13 whose input rank is unknown to shape inference
+    (a ``Squeeze`` without axes on a dynamic dimension, a computed Reshape...) the converter keeps the
+    old 2-D meaning by writing Shape/Flatten/Softmax/Reshape, the Softmax making a new tensor
+    ``<name>_intermediate``. ORT's ``BaseQuantizer.adjust_tensor_ranges`` then sets the range of every
+    Softmax output, and ``TensorsData.__setitem__`` refuses a name it has no range for: "Only an existing
+    tensor can be modified, 'softmax_9.tmp_0_intermediate' is not." (the CRNN recognizers of issue 16).
+    A new tensor written by, or read by, an op that only moves values (Flatten, Reshape...) holds the
+    same values as its calibrated neighbour, so it gets that range; a Softmax output still without one
+    gets [0, 1], the range ORT gives every Softmax output anyway. Returns the tensors given a range.
+    """
+    import numpy as np
+    from onnxruntime.quantization.calibrate import TensorData
+
+    from qdebug.graph.ops import PERMUTATION_OPS
+    from qdebug.graph.unshare import value_names
+
+    data = getattr(tensors, "data", tensors)
+    old = value_names(before.graph)
+    new = [o for n in after.graph.node for o in n.output if o and o not in old and o not in data]
+    producer = {o: n for n in after.graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in after.graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    filled: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        for name in new:
+            if name in data:
+                continue
+            p = producer.get(name)
+            sources = [p.input[0]] if p is not None and p.op_type in PERMUTATION_OPS and p.input else []
+            sources += [
+                r.output[0] for r in readers.get(name, []) if r.op_type in PERMUTATION_OPS and r.input[0] == name
+            ]
+            source = next((s for s in sources if s in data), None)
+            if source is not None:
+                data[name] = copy.deepcopy(data[source])
+                filled.append(name)
+                changed = True
+    for n in after.graph.node:
+        if n.op_type == "Softmax" and n.output and n.output[0] and n.output[0] not in data:
+            data[n.output[0]] = TensorData(lowest=np.float32(0.0), highest=np.float32(1.0))
+            filled.append(n.output[0])
+    return filled
+
+
+LOAD_CHECK_MAX_BYTES = 256 << 20
+"""Quantized models with more weight bytes than this are not loaded by :func:`check_quantized_loads`."""
+
+
+def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto) -> None:
+    """Refuse a model ORT's quantizer wrote that ORT cannot load, naming the quantizer and the pattern.
+
+    ``model`` (the normalized FP32 model) loaded for calibration, so a quantized model that does not
+    load is the quantizer's doing: the error says so, with what triggered it and the way around it,
+    instead of a bare "cannot load" later from whatever step first opens the model. Checked first,
+    cheaply and by name: an activation of ``model`` whose name the quantizer gave a weight of its own
+    (``QDQQuantizer._dup_initializer``'s copy of a shared bias: the activation's readers then read
+    the bias, a model that fails to load -- or, where the shapes happen to broadcast, loads and
+    computes garbage), and a tensor name defined twice. Then ORT loads the model with optimizations
+    off: a few ms on small models, about 1 s for :data:`LOAD_CHECK_MAX_BYTES` of weights, above which
+    (propose builds dozens of variants) only the checks by name run.
+    """
+    clash = _activations_taken_by_weights(model, quantized) or _defined_twice(quantized) - _defined_twice(model)
+    if clash:
+        raise _invalid_quantized_model(model, quantized, sorted(clash), None)
+    if sum(len(t.raw_data) or 4 * len(t.float_data) for t in quantized.graph.initializer) > LOAD_CHECK_MAX_BYTES:
+        return
+    error = _ort_load_error(quantized)
+    if error is None or _ort_load_error(model) is not None:  # the FP32 model fails too: not the quantizer's
+        return
+    raise _invalid_quantized_model(model, quantized, [], error)
+
+
+def _activations_taken_by_weights(model: onnx.ModelProto, quantized: onnx.ModelProto) -> set[str]:
+    """Activations of ``model`` that ``quantized`` has a weight named like (``T`` or ``T_quantized``)."""
+    weights = {t.name for t in model.graph.initializer}
+    activations = {o for n in model.graph.node for o in n.output if o and o not in weights}
+    added = {t.name for t in quantized.graph.initializer} - weights
+    return {a for a in activations if a in added or f"{a}_quantized" in added}
+
+
+def _defined_twice(model: onnx.ModelProto) -> set[str]:
+    """Tensor names the main graph defines more than once (graph inputs, initializers, node outputs)."""
+    from collections import Counter
+
+    g = model.graph
+    defs = Counter(
+        [i.name for i in g.input] + [t.name for t in g.initializer] + [o for n in g.node for o in n.output if o]
+    )
+    return {name for name, k in defs.items() if k > 1}
+
+
+def _ort_load_error(model: onnx.ModelProto) -> str | None:
+    """ORT's first error line when it cannot load ``model`` (CPU, optimizations off), else None."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 1  # the session never runs
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    try:
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        text = str(e).strip()
+        return text.splitlines()[0] if text else e.__class__.__name__
+    return None
+
+
+def _invalid_quantized_model(
+    model: onnx.ModelProto, quantized: onnx.ModelProto, twice: list[str], error: str | None
+) -> QDebugError:
+    """The error for a quantized model ORT cannot load: which quantizer pattern made it, and the way out."""
+    import re
+    from collections import Counter
+
+    inits = {t.name for t in model.graph.initializer}
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    readers: Counter[str] = Counter(t for n in model.graph.node for t in n.input)
+    for name in twice:
+        base = next(
+            (b for b in inits if name.startswith(b) and name[len(b) :].isdigit() and readers[b] > 1), None
+        )
+        if base is None:
+            continue
+        owner = f"the output of node {producer[name]!r}" if name in producer else "the name of another tensor"
+        return QDebugError(
+            f"ONNX Runtime's quantizer wrote an invalid model: it copied the initializer {base!r} that several "
+            f"nodes share as {name!r} (QDQQuantizer._dup_initializer checks only initializer names), but "
+            f"{name!r} is {owner}, whose readers it rewired to the copy",
+            "give every node reading a shared bias (Conv, Gemm...) its own copy under a name no tensor has before "
+            "quantizing: qdebug's normalization does (qdebug.graph.unshare.unshare_biases), and "
+            "qdebug.graph.unshare.snippet() gives the lines for your own quantize_static call",
+            ExitCode.MODEL,
+        )
+    if twice:
+        return QDebugError(
+            "ONNX Runtime's quantizer wrote an invalid model: it gives tensor(s) "
+            f"{', '.join(repr(n) for n in twice[:3])} a second definition",
+            "keep the nodes that write or read them out of quantization (nodes_to_exclude) and report the "
+            "model to qdebug",
+            ExitCode.MODEL,
+        )
+    node = re.search(r"Node \(([^)]*)\) Op \(([^)]*)\)", error or "")
+    where = f" at node {node.group(1)!r} ({node.group(2)})" if node else ""
+    return QDebugError(
+        f"ONNX Runtime's quantizer wrote a model ORT cannot load{where} although the FP32 model loads: "
+        f"{(error or '')[:300]}",
+        "this is a bug in ORT's quantizer: keep the node named here and its neighbours out of quantization "
+        "(nodes_to_exclude), and report the model to qdebug",
+        ExitCode.MODEL,
+    )
 
 
 def _exact_passthrough_outputs(model: onnx.ModelProto) -> None:
@@ -311,5 +477,3 @@ def quantize_dynamic_model(
             "restrict the op types with --dynamic-ops MatMul",
             ExitCode.MODEL,
         ) from None
-
-

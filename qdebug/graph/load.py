@@ -11,6 +11,9 @@ mutating its input, never touching the user's file):
 * a graph input or initializer that is also listed as a graph output gets an
   ``Identity`` (ORT's quantizer asserts "Graph is not a DAG" on it); an
   initializer output reads its own copy, so it is never quantized;
+* a bias initializer that several Conv/Gemm/normalization nodes read gets one copy per node,
+  under a name no tensor has (ORT's quantizer would copy it itself, possibly under an
+  activation's name: :mod:`qdebug.graph.unshare`);
 * ``If`` nodes whose condition is a constant are inlined (the taken branch
   replaces the node) when asked -- ORT quantizes no subgraph;
 * shape inference that survives dynamic dimensions (symbolic, then with
@@ -237,6 +240,7 @@ def normalize(
         _constants_to_initializers(model.graph, [])
     _drop_initializer_inputs(model.graph, notes)
     _outputs_that_are_inputs(model.graph, notes)
+    _unshare_biases(model, notes)
     _check_known_domains(model, loaded.path)
     model = _infer_shapes(model, notes)
     return NormalizedModel(
@@ -469,6 +473,35 @@ def _outputs_that_are_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
             f"initializer(s) {', '.join(copied)} are graph outputs and also read by nodes: the outputs read a "
             "copy, so they stay exact when the weights are quantized (model data, not activations)"
         )
+
+
+def _unshare_biases(model: ModelProto, notes: list[str]) -> None:
+    """Give each reader of a shared bias its own copy (:func:`qdebug.graph.unshare.unshare_biases`).
+
+    ORT's quantizer copies a shared bias itself under ``f"{name}{k}"``, a name it checks against
+    initializers only: where that is an activation's name, the quantized model does not load.
+    """
+    from qdebug.graph.unshare import unshare_biases
+
+    done = unshare_biases(model)
+    if not done:
+        return
+    shown = "; ".join(
+        f"{u.original} -> " + ", ".join(f"{copy} for {node}" for node, copy in u.copies) for u in done[:3]
+    )
+    more = f" and {len(done) - 3} more" if len(done) > 3 else ""
+    clash = [c for u in done for c in u.collisions]
+    why = (
+        f"here {', '.join(repr(c) for c in clash[:3])} {'is' if len(clash) == 1 else 'are'} already the name of "
+        "another tensor, whose readers it would have rewired to the bias (a model ORT cannot load)"
+        if clash
+        else "it checks only initializer names, so a copy can take an activation's name"
+    )
+    notes.append(
+        f"gave {len(done)} bias initializer(s) read by several nodes one copy per node ({shown}{more}): ORT's "
+        f"quantizer copies a shared bias itself as <name>0, <name>1... and {why}; quantize_static on your "
+        "own model needs the same unsharing first (qdebug.graph.unshare.snippet)"
+    )
 
 
 def _constant_bool(graph: onnx.GraphProto, name: str) -> bool | None:

@@ -6,6 +6,7 @@ ORT alone keeps each fixture honest: if a future ORT fixes it, that test skips a
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -220,3 +221,17 @@ def test_copies_are_named_unlike_any_tensor_subgraphs_included():
     assert [(u.original, u.copies) for u in done] == [("b", (("g1", "b__copy2"), ("g2", "b__copy3")))]
     assert done[0].ort_names == ("b0",) and done[0].collisions == ()
     assert [n.input[-1] for n in model.graph.node[:3]] == ["b__copy2", "b__copy3", "b"]
+
+
+def test_the_proposal_snippet_unshares_before_quantize_static(tmp_path, monkeypatch):
+    """The snippet propose hands over must not hit the bug in the user's own quantize_static call: it
+    unshares the biases first, and the model it writes loads."""
+    model, data = shared_bias_cnn(tmp_path)
+    report, proposal = tmp_path / "r.json", tmp_path / "p.json"
+    assert main(["analyze", str(model), "--calib", str(data), "-o", str(report), "-q"]) == 0
+    assert main(["propose", str(report), "-o", str(proposal), "-q", "--accept-mostly-fp32"]) in (0, 6)
+    snippet = json.loads(proposal.read_text())["snippet"]
+    assert "unshare_biases(model)" in snippet and "'model.unshared.onnx'" in snippet
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, "snippet.py", "exec"), {"__name__": "__main__"})
+    ort.InferenceSession(str(tmp_path / "model.selective.onnx"), providers=["CPUExecutionProvider"])

@@ -15,8 +15,12 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import onnx
+
 from qdebug.data import fixed_batch
 from qdebug.formatting import ACCURACY_METRICS
+from qdebug.graph.unshare import snippet as unshare_snippet
+from qdebug.graph.unshare import unshare_biases
 from qdebug.prepare import Prepared
 from qdebug.propose.search import Plan, Target, Trial
 from qdebug.quantize import QuantSpec, float16_exclusions
@@ -120,8 +124,14 @@ def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, 
     excluded += tuple(n for n in float16_exclusions(prep.normalized) if n not in excluded)
     renamed = {new for new, old in prep.name_map.items() if new != old}
     target_model = prep.normalized_path if any(n in renamed for n in excluded) else model_path
-    return quantize_snippet(
-        str(Path(target_model).resolve()),
+    model_file = str(Path(target_model).resolve())
+    prelude = ""
+    if target_model == model_path and _hits_shared_bias_bug(model_path):
+        # the user's own quantize_static would rewire an activation to a bias copy (ORT's _dup_initializer)
+        prelude = unshare_snippet(model_file, "model.unshared.onnx") + "\n"
+        model_file = "model.unshared.onnx"
+    return prelude + quantize_snippet(
+        model_file,
         excluded,
         method=report.config.method,
         per_channel=spec.per_channel,
@@ -157,3 +167,10 @@ def _nothing_quantized(final: Trial, static: Trial) -> tuple[str, ...]:
         f"{static.qdq_pairs}): on this target, quantizing this model does not pay; try a looser "
         "--target-drop or 16-bit activations (--allow fp32,int16), or keep the model FP32",
     )
+
+
+def _hits_shared_bias_bug(model_path: Path) -> bool:
+    """Whether ORT's quantizer would give a copy of a shared bias the name of an existing tensor in the
+    user's model (qdebug's normalization unshares it; the snippet must too)."""
+    proto = onnx.load(str(model_path), load_external_data=False)
+    return any(u.collisions for u in unshare_biases(proto))

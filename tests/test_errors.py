@@ -747,8 +747,8 @@ def test_the_readme_api_example_uses_only_exported_names():
 # tests/test_errors.py::test_unwritable_output_checked_before_work skips when run as root (as here and in
 # most containers/CI): the read-only check then never runs. Simulating the permission keeps it running.
 def test_unwritable_output_checked_before_work_even_as_root(tmp_path, capsys, monkeypatch):
-    import qdebug.prepare
     import qdebug.files as rio
+    import qdebug.prepare
 
     model = small_cnn(tmp_path / "m.onnx")
     calib = small_data(tmp_path / "c.npz")

@@ -20,9 +20,12 @@ The loop (:class:`Harness`), identical for every variant:
   timing; each batch is copied into them with ``np.copyto`` -- nothing is
   allocated per batch;
 * inputs and outputs are bound once per shape with ORT IO binding, outputs to
-  preallocated numpy buffers (fallbacks, in order: outputs allocated by ORT,
-  then plain ``session.run`` on the preallocated inputs; the mode used is
-  reported);
+  preallocated numpy buffers shaped like a real first run's outputs (fallbacks,
+  in order: outputs allocated by ORT, then plain ``session.run`` on the
+  preallocated inputs; the mode used is reported). A model whose declared
+  output shape disagrees with what ORT returns goes straight to ORT's own
+  outputs (ORT refuses a buffer of the real shape), and the result's
+  ``declared_shapes`` names the wrong declaration (:func:`declared_shape_mismatches`);
 * warm-up runs (every batch shape, ``warmup`` times) are excluded;
 * one timed batch = refill the bound inputs + run; timings go into a
   preallocated array; the garbage collector is paused during the timed passes;
@@ -80,6 +83,46 @@ class Step:
     """Samples in the batch."""
 
 
+def declared_shape_mismatches(session: Any, outputs: Sequence[Any]) -> dict[str, str]:
+    """Output name -> a note, for each output whose array, as ORT returned it, contradicts its declared shape.
+
+    ORT checks an output bound to a buffer against the declared shape (after
+    its own shape inference) and refuses one of another rank or fixed size
+    ("Invalid rank for output: ... Got: 3 Expected: 2") -- even a buffer of
+    exactly the shape ORT itself returned. Such a declaration is the model's
+    fault: ORT can only allocate that model's outputs on each run, and with
+    default logging it warns about the output on every run. Shared with
+    ``qdebug.verify``'s timing, so both say it in the same words.
+    """
+    notes = {}
+    for meta, value in zip(session.get_outputs(), outputs, strict=False):
+        shape = getattr(value, "shape", None)
+        if shape is None or _conforms(meta.shape, shape):
+            continue
+        notes[meta.name] = (
+            f"the model declares output '{meta.name}' as {_dims(meta.shape)} but ONNX Runtime returns "
+            f"{_dims(shape)}: the declaration is wrong (ORT warns about it on every run and refuses output "
+            "buffers of the real shape), so ORT allocates this output on every timed run; fix or clear "
+            "the output's shape in the model"
+        )
+    return notes
+
+
+def _conforms(declared: Sequence[Any], shape: Sequence[int]) -> bool:
+    """Whether ORT accepts an output of ``shape`` for ``declared`` (``[]``: ORT knows no shape, checks none;
+    a named or unknown dimension takes any size)."""
+    if not declared:
+        return True
+    if len(declared) != len(shape):
+        return False
+    return all(not isinstance(d, int) or d < 0 or d == n for d, n in zip(declared, shape, strict=True))
+
+
+def _dims(shape: Sequence[Any]) -> str:
+    """``[N, seqlen]``, ``[8, 5, 8]``: an unnamed unknown dimension shows as ``?``."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 def _rows(batch: Mapping[str, np.ndarray]) -> int:
     """Samples in one batch: :func:`qdebug.data.feed_rows`'s rule (axis 0 of the first batched input; 1
     when every input is a scalar), restated because this module imports nothing of qdebug."""
@@ -105,6 +148,8 @@ class Harness:
         self.input_names = [i.name for i in session.get_inputs() if i.name in batches[0]]
         self.output_names = [o.name for o in session.get_outputs()]
         self.notes: list[str] = []
+        self.declared: dict[str, str] = {}
+        """:func:`declared_shape_mismatches`, each output's note from the first batch shape that showed it."""
         sizes = [_rows(b) for b in batches]
         self.full_size = max(sizes)
         by_shape: dict[tuple, tuple[tuple[np.ndarray, ...], Callable[[], Any], str]] = {}
@@ -198,9 +243,11 @@ class Harness:
         return run
 
     def _bind(self, bufs: tuple[np.ndarray, ...], use_iobinding: bool) -> tuple[Callable[[], Any], str]:
+        """The run of one batch shape, its outputs in buffers shaped like a real first run's outputs."""
         sess = self.session
         feeds = dict(zip(self.input_names, bufs, strict=True))
         reference = sess.run(self.output_names, feeds)
+        wrong = self._note_declared(reference)
         if not use_iobinding:
             return (lambda: sess.run(self.output_names, feeds)), SESSION_RUN
         try:
@@ -210,6 +257,8 @@ class Harness:
         except Exception as e:  # a provider that refuses host-memory inputs
             self.notes.append(f"IO binding refused ({e.__class__.__name__}); timed with session.run")
             return (lambda: sess.run(self.output_names, feeds)), SESSION_RUN
+        if wrong:  # ORT refuses any buffer for such an output: no attempt, no second note
+            return self._ort_outputs_or_run(bufs, feeds)
         outs = [np.empty_like(r) for r in reference]
         try:
             for name, out in zip(self.output_names, outs, strict=True):
@@ -223,13 +272,27 @@ class Harness:
                 f"outputs could not be bound to preallocated buffers ({e.__class__.__name__}); "
                 "ORT allocates them"
             )
-            try:
-                return self._ort_outputs(bufs), IOBINDING_ORT_OUTPUTS
-            except Exception as e2:
-                self.notes.append(f"IO binding failed ({e2.__class__.__name__}); timed with session.run")
-                return (lambda: sess.run(self.output_names, feeds)), SESSION_RUN
+            return self._ort_outputs_or_run(bufs, feeds)
         self._keep(io, outs)
         return (lambda: sess.run_with_iobinding(io)), IOBINDING_PREALLOCATED
+
+    def _note_declared(self, reference: Sequence[Any]) -> bool:
+        """Record the outputs ``reference`` shows declared wrongly (each output once); whether there are any."""
+        wrong = declared_shape_mismatches(self.session, reference)
+        for name, note in wrong.items():
+            self.declared.setdefault(name, note)
+        return bool(wrong)
+
+    def _ort_outputs_or_run(
+        self, bufs: tuple[np.ndarray, ...], feeds: Mapping[str, np.ndarray]
+    ) -> tuple[Callable[[], Any], str]:
+        """Outputs allocated by ORT on each run; plain ``session.run`` when even that binding fails."""
+        try:
+            return self._ort_outputs(bufs), IOBINDING_ORT_OUTPUTS
+        except Exception as e:
+            self.notes.append(f"IO binding failed ({e.__class__.__name__}); timed with session.run")
+            sess, names = self.session, self.output_names
+            return (lambda: sess.run(names, feeds)), SESSION_RUN
 
     def _keep(self, io: Any, outs: list[np.ndarray]) -> None:
         """Keep the binding and its output buffers alive as long as the harness."""
@@ -423,6 +486,7 @@ class _Opened:
             "mode": harness.mode,
             "shapes": harness.shapes,
             "notes": harness.notes,
+            "declared_shapes": list(harness.declared.values()),
             "peak_rss": mem["peak"],
             "rss_before_session": self.before_session,
             "rss_after_session": self.after_session,

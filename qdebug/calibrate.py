@@ -170,6 +170,35 @@ def _native_stderr_silenced() -> Iterator[None]:
         os.close(saved)
 
 
+@contextlib.contextmanager
+def _quiet_calibration_session() -> Iterator[None]:
+    """ORT's calibrator creates its session with log severity ERROR for the block (same options otherwise).
+
+    Its own session has default logging, so a model whose declared output shape ORT's result contradicts
+    ("VerifyOutputSizes: Expected shape from model of {-1,-1} does not match actual shape of {8,5,8}")
+    printed ORT's warning once per calibration batch; verify and bench say it once in their notes. The
+    setting is the session's, so nothing process-wide changes (unlike ORT's default logger severity).
+    """
+    from onnxruntime.quantization.calibrate import CalibraterBase
+
+    def create_inference_session(self: Any) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.log_severity_level = 3
+        self.infer_session = ort.InferenceSession(
+            self.augmented_model_path, sess_options=opts, providers=self.execution_providers
+        )
+
+    original = CalibraterBase.__dict__["create_inference_session"]
+    CalibraterBase.create_inference_session = create_inference_session  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CalibraterBase.create_inference_session = original  # type: ignore[method-assign]
+
+
 def _run_calibrator(
     model_path: Path,
     data: DataSet,
@@ -183,7 +212,7 @@ def _run_calibrator(
 
     with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp, quiet_ort_logging():
         try:
-            with _native_stderr_silenced():
+            with _native_stderr_silenced(), _quiet_calibration_session():
                 calibrator = create_calibrator(
                     model_path,
                     ops,

@@ -32,11 +32,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 
 from qdebug.analysis import quantized_node_names
+from qdebug.bench_child import declared_shape_mismatches
 from qdebug.calibrate import op_types_to_quantize
 from qdebug.capture import SessionConfig, make_session
 from qdebug.data import DataSet, data_notes, feed_rows, open_data
@@ -88,6 +90,7 @@ def time_sessions(
     runs: int = 50,
     warmup: int = 5,
     cancelled: Callable[[], bool] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Timing]:
     """Latency of each model on the same batch, measured fairly.
 
@@ -97,30 +100,41 @@ def time_sessions(
     rounds of :data:`CHUNK_RUNS` per model in turn, so that CPU frequency or
     background load changes affect all models alike while each model's thread
     pool runs undisturbed by the others' spinning workers within a round.
+
+    Outputs: ORT allocates them on the first run and the binding reuses them.
+    A model whose declared output shape disagrees with what ORT returns cannot
+    reuse them (ORT checks a bound output against the declaration: "Invalid
+    rank for output ... Got: 3 Expected: 2" had ended verify with a
+    traceback), so a real first run of each model is compared with its
+    declaration; on a mismatch every model's outputs are bound afresh before
+    each run (all alike, so the comparison stays fair) and ``notes`` gets one
+    line per wrong output, naming it with the declared and the returned shape.
     """
-    bound = {}
-    for name, model in models.items():
-        session = make_session(model, config, what=f"{name} model")
-        io = session.io_binding()
-        for i in session.get_inputs():
-            if i.name in feeds:  # an optional input the data leaves out: ORT runs without it
-                io.bind_cpu_input(i.name, np.asarray(feeds[i.name], order="C"))
-        for o in session.get_outputs():
-            io.bind_output(o.name)
-        bound[name] = (session, io)
-    for session, io in bound.values():
+    sessions = {name: make_session(model, config, what=f"{name} model") for name, model in models.items()}
+    inputs = {k: np.asarray(v, order="C") for k, v in feeds.items()}
+    wrong = _declared_shape_notes(sessions, inputs)
+    bound = _bound_runs(sessions, inputs, fresh_outputs=bool(wrong))
+    if bound is None:  # ORT refused its own kept outputs for a reason the declaration does not show
+        wrong.append(
+            "ONNX Runtime refused to reuse a model's outputs from one run to the next: every model's "
+            "outputs are allocated by ORT on each timed run"
+        )
+        bound = _bound_runs(sessions, inputs, fresh_outputs=True) or {}
+    if notes is not None:
+        notes.extend(wrong)
+    for run in bound.values():
         for _ in range(warmup):
-            session.run_with_iobinding(io)
+            run()
     samples: dict[str, list[float]] = {name: [] for name in bound}
     done = 0
     while done < runs:
         if cancelled is not None and cancelled():
             break
         chunk = min(CHUNK_RUNS, runs - done)
-        for name, (session, io) in bound.items():
+        for name, run in bound.items():
             for _ in range(chunk):
                 t0 = time.perf_counter()
-                session.run_with_iobinding(io)
+                run()
                 samples[name].append(time.perf_counter() - t0)
         done += chunk
     batch = feed_rows(feeds)
@@ -143,6 +157,79 @@ def time_sessions(
             provider=provider,
         )
     return out
+
+
+def _declared_shape_notes(sessions: Mapping[str, Any], inputs: Mapping[str, np.ndarray]) -> list[str]:
+    """One real (untimed) run of each session: a note per output whose declared shape ORT's array
+    contradicts, each output once (every variant keeps the FP32 model's graph outputs)."""
+    out: dict[str, str] = {}
+    for name, session in sessions.items():
+        feeds = {i.name: inputs[i.name] for i in session.get_inputs() if i.name in inputs}
+        try:
+            returned = session.run(None, feeds)
+        except Exception as e:
+            raise _run_failure(name, e) from None
+        for output, note in declared_shape_mismatches(session, returned).items():
+            out.setdefault(output, note)
+    return list(out.values())
+
+
+def _bound_runs(
+    sessions: Mapping[str, Any], inputs: Mapping[str, np.ndarray], *, fresh_outputs: bool
+) -> dict[str, Callable[[], None]] | None:
+    """Each session's timed step over IOBinding, tried twice; None when ORT refuses reused outputs.
+
+    ``fresh_outputs``: the outputs are bound anew before every run, so ORT
+    allocates them each time and never checks a kept one against the
+    declaration. Otherwise the outputs ORT allocated on the first run are
+    reused, as a deployment binding its buffers once would.
+    """
+    bound = {}
+    for name, session in sessions.items():
+        io = session.io_binding()
+        for i in session.get_inputs():
+            if i.name in inputs:  # an optional input the data leaves out: ORT runs without it
+                io.bind_cpu_input(i.name, inputs[i.name])
+        run = _fresh_run(session, io) if fresh_outputs else _reused_run(session, io)
+        try:
+            run()
+            run()  # the second run is the one that checks the outputs kept from the first
+        except Exception as e:
+            if not fresh_outputs:
+                return None
+            raise _run_failure(name, e) from None
+        bound[name] = run
+    return bound
+
+
+def _reused_run(session: Any, io: Any) -> Callable[[], None]:
+    """A run whose outputs ORT allocates once and the binding keeps."""
+    for o in session.get_outputs():
+        io.bind_output(o.name)
+    return lambda: session.run_with_iobinding(io)
+
+
+def _fresh_run(session: Any, io: Any) -> Callable[[], None]:
+    """A run that binds its outputs anew first, so that ORT allocates them (of whatever shape) each time."""
+    names = [o.name for o in session.get_outputs()]
+
+    def run() -> None:
+        io.clear_binding_outputs()
+        for n in names:
+            io.bind_output(n)
+        session.run_with_iobinding(io)
+
+    return run
+
+
+def _run_failure(name: str, e: Exception) -> QDebugError:
+    """The error for a variant ORT cannot run while it is timed (it ran when it was scored)."""
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else e.__class__.__name__
+    return QDebugError(
+        f"ONNX Runtime cannot run the {name} model for timing: {first}",
+        "pass --runs 0 to skip the timing, and check the model's outputs with onnx.checker",
+        ExitCode.MODEL,
+    )
 
 
 def _percentile(sorted_xs: Sequence[float], q: float) -> float:
@@ -341,12 +428,14 @@ def verify(
                 return _cancelled(proposal, source)
             models = {"fp32": ctx.prep.normalized, "static": built.static_model, "selective": built.selective_model}
             paths, sizes = _saved_models(models, output, ctx, loaded)
-            timings = _timings(models, ctx, options, progress, cancelled)
+            timing_notes: list[str] = []
+            timings = _timings(models, ctx, options, progress, cancelled, timing_notes)
             if timings is None:
                 return _cancelled(proposal, source)
             progress("timing", 3, 3)
             columns = _columns(ctx.evaluator.fp32_value, built, proposal, sizes, paths, timings)
             result = _verify_result(ctx, loaded, proposal, source, options, built, columns, start)
+            result = dataclasses.replace(result, notes=result.notes + tuple(timing_notes))
             if output is not None:
                 atomic_write_text(output, dumps(result))
             return result
@@ -501,8 +590,9 @@ def _timings(
     options: VerifyOptions,
     progress: Progress,
     cancelled: Callable[[], bool],
+    notes: list[str] | None = None,
 ) -> dict[str, Timing] | None:
-    """Latency of every variant (none with ``runs`` 0); None once cancelled."""
+    """Latency of every variant (none with ``runs`` 0); None once cancelled. What limits it goes to ``notes``."""
     if options.runs <= 0:
         return {}
     progress("timing", 2, 3)
@@ -513,6 +603,7 @@ def _timings(
         runs=options.runs,
         warmup=options.warmup,
         cancelled=cancelled,
+        notes=notes,
     )
     return None if cancelled() else timings
 

@@ -44,7 +44,10 @@ LIGHT = (
     "qdebug.errors",
     "qdebug.graph.ops",
 )
-COMMANDS = ("qdebug.pipeline", "qdebug.propose", "qdebug.verify", "qdebug.bench", "qdebug.bench_child")
+COMMANDS = ("qdebug.pipeline", "qdebug.propose", "qdebug.verify", "qdebug.bench")
+MEASURING_CHILD = "qdebug.bench_child"
+"""bench's measuring process: a leaf of the engine layer that imports nothing of qdebug (what it measures is
+the model's memory), so verify may share its pure helpers."""
 FRONT_ENDS = ("qdebug.cli", "qdebug.tui", "qdebug.__main__")
 TUI_THIRD_PARTY = ("textual", "rich", "numpy")
 GRAPH_MAY_IMPORT = ("qdebug.records", "qdebug.errors", "qdebug.files", "qdebug.progress", "qdebug.graph")
@@ -318,3 +321,8 @@ def test_light_modules_the_tui_probe_does_not_import_load_no_onnx():
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_measuring_child_imports_nothing_of_qdebug():
+    own = [i for i in IMPORTS if i.importer == MEASURING_CHILD and i.target.startswith("qdebug")]
+    assert not own, "\n".join(map(str, own))

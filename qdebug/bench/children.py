@@ -238,6 +238,15 @@ def run_children_interleaved(
             log.close()
 
 
+def declared_shape_notes(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The measuring processes' notes on a wrongly declared output shape (``declared_shapes``), each once.
+
+    Every variant keeps the FP32 model's graph outputs, so every process finds the same declaration
+    wrong: the report says it once rather than once per variant.
+    """
+    return list(dict.fromkeys(n for r in results.values() for n in r.get("declared_shapes", ())))
+
+
 def _tail_stats(ns: list[int], size: int, sizes: list[int]) -> LatencyStats | None:
     """Statistics of the smaller batches (``size`` 0: of several sizes, reported at their mean size)."""
     if not ns:

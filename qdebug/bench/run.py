@@ -31,6 +31,7 @@ from qdebug.bench.chart import chart_svg
 from qdebug.bench.children import (
     _tail_stats,
     child_spec,
+    declared_shape_notes,
     latency_stats,
     run_children_interleaved,
     write_batches,
@@ -124,6 +125,7 @@ def _run_bench(
     source = "eval" if eval_data is not None else "calib"
     scores, layer_reports = _scores(built, evaluator, options, prep, workdir, config, source, progress, notes)
     measured = _measured(built, evaluator, options, progress)
+    notes.extend(declared_shape_notes(measured))
 
     variants = [_variant_result(b, scores.get(b.name), measured.get(b.name)) for b in built]
     variants = [_with_layers(v, layer_reports.get(v.name), workdir) for v in variants]

@@ -149,7 +149,7 @@ def _analyze(
     qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
-    notes.extend(_report_notes(prep.normalized, qproto, layers, nodes, qnodes))
+    notes.extend(_report_notes(prep.normalized, qproto, layers, nodes, qnodes, weights))
     task, result = _task_metric(prep, eval_set, layers, nodes, qproto, config, options, dyn_nodes, notes)
     report = assemble_report(
         prep,
@@ -297,13 +297,14 @@ def _report_notes(
     layers: LayerErrors,
     nodes: tuple[NodeRecord, ...],
     quantized_nodes: set[str],
+    weights: tuple[WeightRecord, ...] = (),
 ) -> list[str]:
     """The notes read from the measurement itself, in the report's order (:mod:`qdebug.analysis.notes`)."""
     return [
         *instrumentation_notes(layers),
         *kernel_gap_notes(layers.tensors, layers.deployed_head, skip=layers.aliases, nodes=nodes),
         *concat_range_notes(fp32, layers.tensors),
-        *collapsed_range_notes(layers.tensors, nodes),
+        *collapsed_range_notes(layers.tensors, nodes, weights),
         *folded_activation_notes(nodes, layers.tensors),
         *structure_notes(fp32, qproto, quantized_nodes),
     ]

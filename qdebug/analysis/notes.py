@@ -12,6 +12,12 @@ evaluation metric's scope from :func:`qdebug.evaluate.metric_scope_note`.
 * ranges one scale cannot serve: :func:`concat_range_notes`, :func:`collapsed_range_notes`;
 * what ORT folded or left in float: :func:`folded_activation_notes`, :func:`structure_notes`;
 * evaluation values outside the calibrated range: :func:`eval_range_notes`.
+
+A note that advises keeping a node out of quantization fires only on measured loss: a tensor whose own
+Q/DQ loses nothing -- a constant (a detector's stride, range [8, 8]), an exactly representable tensor (a
+one-hot of 0/1: local SQNR inf), a tensor ORT does not quantize -- is never named, and a consumer's error
+counts only where its own quantization cannot explain it. Those notes had told users to exclude nodes
+that lose nothing (three on one detector).
 """
 
 from __future__ import annotations
@@ -22,14 +28,40 @@ from collections.abc import Collection, Sequence
 import numpy as np
 import onnx
 
+from qdebug.analysis.build import SQNR_CAP_DB
 from qdebug.analysis.measure import LayerErrors
 from qdebug.calibrate import Ranges
 from qdebug.evaluate import Evaluator
+from qdebug.formatting import fmt_db
 from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset
 from qdebug.graph.match import is_qdq_model
 from qdebug.graph.ops import PERMUTATION_OPS
 from qdebug.quantize import float16_exclusions, nonfinite_range_exclusions
-from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, TensorRecord, folded_into
+from qdebug.records import (
+    KERNEL_GAP_DB,
+    ErrorStats,
+    NodeRecord,
+    QuantParams,
+    TensorRecord,
+    WeightRecord,
+    folded_into,
+)
+
+NEGLIGIBLE_SQNR_DB = 60.0
+"""A deployed SQNR above this loses nothing a task notices (8-bit tensors sit at 30-50 dB): the kernel-gap
+and instrumentation notes do not fire there, however wide the gap to a near-exact fake-quant value."""
+
+
+def _capped_gap(better: float, deployed: float) -> float:
+    """``better - deployed`` with ``better`` capped at :data:`SQNR_CAP_DB` (exact counts as the cap, as in
+    ``introduced_db``), and 0 where the deployed side loses nothing measurable (at or above
+    :data:`NEGLIGIBLE_SQNR_DB`): 130 against 100 dB is no kernel problem, inf against 25 dB is one (it had
+    been skipped as an infinite gap). ``nan`` when either side is undefined or deployed is ``-inf``."""
+    if math.isnan(better) or math.isnan(deployed) or deployed == -math.inf:
+        return math.nan
+    if deployed >= NEGLIGIBLE_SQNR_DB:
+        return 0.0
+    return min(better, SQNR_CAP_DB) - deployed
 
 
 def kernel_gap_notes(
@@ -56,7 +88,7 @@ def kernel_gap_notes(
         deployed = (same_samples or {}).get(t.name, t.accumulated)
         if deployed is None or t.accumulated_fakequant is None:
             continue
-        gap = t.accumulated_fakequant.sqnr_db - deployed.sqnr_db
+        gap = _capped_gap(t.accumulated_fakequant.sqnr_db, deployed.sqnr_db)
         if not math.isfinite(gap):
             continue
         measured[t.name] = gap
@@ -101,7 +133,8 @@ def kernel_gap_notes(
         return t.producer, f" (from {t.producer})" if t.producer else ""
 
     where = ", ".join(
-        f"{t.name}{origin(t)[1]}: {d.sqnr_db:.1f} dB deployed vs {t.accumulated_fakequant.sqnr_db:.1f} dB fake-quant"
+        f"{t.name}{origin(t)[1]}: {d.sqnr_db:.1f} dB deployed vs "
+        f"{fmt_db(t.accumulated_fakequant.sqnr_db)} dB fake-quant"
         for _, _, t, d in shown
     )
     inherited = len(gaps) - len(starts)
@@ -125,34 +158,63 @@ def _qspan(t: TensorRecord) -> float:
     return max(t.summary.max, 0.0) - min(t.summary.min, 0.0)
 
 
+def _usable(q: QuantParams | None) -> bool:
+    """A Q/DQ pair with a scale the notes can reason with (a user's model may hold an infinite one)."""
+    return q is not None and math.isfinite(q.scale) and q.scale > 0
+
+
+def _requantized(value: float, q: QuantParams) -> float | None:
+    """``value`` after QuantizeLinear/DequantizeLinear with ``q`` (round half to even, saturating);
+    ``None`` for types without integer levels (float8)."""
+    try:
+        info = np.iinfo(np.dtype(q.qtype))
+    except TypeError:
+        return None
+    level = min(max(float(np.rint(value / q.scale)) + q.zero_point, info.min), info.max)
+    return (level - q.zero_point) * q.scale
+
+
+def _exact_on_grid(t: TensorRecord, q: QuantParams) -> bool:
+    """A constant tensor (a stride, an anchor) whose one value lands on ``q``'s grid: that scale loses none
+    of it, however coarse it is."""
+    s = t.summary
+    if s is None or s.min != s.max:
+        return False
+    back = _requantized(s.min, q)
+    return back is not None and abs(back - s.min) <= 1e-6 * max(abs(s.min), q.scale)
+
+
 def concat_range_notes(fp32: onnx.ModelProto, tensors: tuple[TensorRecord, ...]) -> list[str]:
     """Notes naming Concat outputs whose inputs' ranges differ by > :data:`CONCAT_RANGE_RATIO`.
 
     One scale for the concatenated tensor is sized by the widest input, so a narrow
-    input (0-1 class scores next to pixel box coordinates) keeps only a few levels.
+    input (0-1 class scores next to pixel box coordinates) keeps only a few levels. Only where that scale
+    exists and loses something: the output quantized (no shared scale otherwise), its local SQNR finite
+    (an exact concatenation wipes nothing out), and the narrow input not a constant the grid holds exactly.
     """
     by_name = {t.name: t for t in tensors}
     notes = []
     for node in fp32.graph.node:
         if node.op_type != "Concat" or not node.output or node.output[0] not in by_name:
             continue
+        out = by_name[node.output[0]]
+        if not _usable(out.quant) or out.local is None or not math.isfinite(out.local.sqnr_db):
+            continue
+        assert out.quant is not None
         parts = [by_name[i] for i in node.input if i in by_name and by_name[i].summary is not None]
         spans = [(_qspan(t), t) for t in parts if math.isfinite(_qspan(t)) and _qspan(t) > 0]
-        if len(spans) < 2:
+        lossy = [(span, t) for span, t in spans if not _exact_on_grid(t, out.quant)]
+        if len(spans) < 2 or not lossy:
             continue
-        lo_span, small = min(spans, key=lambda x: x[0])
+        lo_span, small = min(lossy, key=lambda x: x[0])
         hi_span = max(x[0] for x in spans)
         if hi_span <= CONCAT_RANGE_RATIO * lo_span:
             continue
-        out = by_name[node.output[0]]
-        detail = ""
-        if out.quant is not None and out.quant.scale > 0:
-            detail = (
-                f"; its shared scale {out.quant.scale:.4g} leaves {small.name} about "
-                f"{lo_span / out.quant.scale:.1f} quantization level(s)"
-            )
-        if out.local is not None:
-            detail += f"; local SQNR of {out.name}: {out.local.sqnr_db:.1f} dB"
+        detail = (
+            f"; its shared scale {out.quant.scale:.4g} leaves {small.name} about "
+            f"{lo_span / out.quant.scale:.1f} quantization level(s); local SQNR of {out.name}: "
+            f"{out.local.sqnr_db:.1f} dB"
+        )
         ranges = ", ".join(f"{t.name} [{t.summary.min:.4g}, {t.summary.max:.4g}]" for t in parts if t.summary)
         notes.append(
             f"Concat {node.name} joins inputs whose ranges differ by {hi_span / lo_span:.0f}x ({ranges}): "
@@ -167,7 +229,14 @@ COLLAPSED_SHARE = 0.5
 """A quantized tensor with at least this share of its values in one quantization step has lost them."""
 
 COLLAPSE_INTRODUCED_DB = 20.0
-"""...when a consumer then introduces at least this much error (the damage shows downstream)."""
+"""...when a consumer then introduces at least this much error (the damage shows downstream)..."""
+
+COLLAPSE_HARMLESS_DB = 30.0
+"""...to below this SQNR at its output (above it the consumer has lost nothing worth keeping it FP32)..."""
+
+COLLAPSE_MARGIN_DB = 6.0
+"""...and at least this far below what the consumer's own quantization (its output Q/DQ, its weights)
+explains: a MatMul reading an exact one-hot tensor falls from "120" to 43 dB by its own rounding alone."""
 
 
 def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[TensorRecord, ...]) -> list[str]:
@@ -188,33 +257,85 @@ def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[Tensor
     ]
 
 
-def collapsed_range_notes(tensors: tuple[TensorRecord, ...], nodes: tuple[NodeRecord, ...]) -> list[str]:
+def _lossy(t: TensorRecord) -> bool:
+    """Its own Q/DQ loses something measurable: quantized with a usable scale, not a constant (one value
+    needs one step: a stride of 8 has no "other values" to erase), local SQNR finite (exact 0/1 is inf)."""
+    if not _usable(t.quant) or t.summary is None or t.summary.min == t.summary.max:
+        return False
+    return t.local is not None and math.isfinite(t.local.sqnr_db)
+
+
+def _own_sqnr(nodes: Sequence[NodeRecord], weights: Sequence[WeightRecord]) -> dict[str, float]:
+    """Per node, the SQNR of what its own quantization adds: its outputs' Q/DQ and its weights (inf: none)."""
+    own = {n.name: n.local_sqnr_db if not math.isnan(n.local_sqnr_db) else math.inf for n in nodes}
+    for w in weights:
+        if w.node in own and not math.isnan(w.error.sqnr_db):
+            own[w.node] = min(own[w.node], w.error.sqnr_db)
+    return own
+
+
+def _damaged_consumer(t: TensorRecord, by_node: dict[str, NodeRecord], own: dict[str, float]) -> NodeRecord | None:
+    """The consumer of ``t`` that introduces the most error beyond what its own quantization explains;
+    ``None`` when none loses measurably (:data:`COLLAPSE_INTRODUCED_DB` and the two after it).
+
+    ``introduced_db`` is measured from the consumer's worst input, so an error its other inputs bring is
+    not put on ``t``."""
+    found = []
+    for name in t.consumers:
+        c = by_node.get(name)
+        if c is None or not (math.isfinite(c.accumulated_sqnr_db) and math.isfinite(c.introduced_db)):
+            continue
+        if (
+            c.introduced_db >= COLLAPSE_INTRODUCED_DB
+            and c.accumulated_sqnr_db < COLLAPSE_HARMLESS_DB
+            and c.accumulated_sqnr_db + COLLAPSE_MARGIN_DB < own.get(c.name, math.inf)
+        ):
+            found.append(c)
+    return max(found, key=lambda c: c.introduced_db, default=None)
+
+
+def _excludable(n: NodeRecord | None) -> bool:
+    """Listing ``n`` in nodes_to_exclude changes the model (older reports: it is quantized)."""
+    return n is not None and (n.excludable if n.excludable is not None else n.quantized)
+
+
+def collapsed_range_notes(
+    tensors: tuple[TensorRecord, ...],
+    nodes: tuple[NodeRecord, ...],
+    weights: Sequence[WeightRecord] = (),
+) -> list[str]:
     """Notes naming tensors whose range is set by a few huge values (an additive mask of -1e9): most values
     share one quantization step, which SQNR hides (the huge values carry nearly all the energy), and the
-    error first shows in a consumer (the Softmax), which the ranking would blame instead."""
+    error first shows in a consumer (the Softmax), which the ranking would blame instead.
+
+    Only on measured loss (:func:`_lossy`, :func:`_damaged_consumer`): a constant or exactly represented
+    tensor also has its values in one or two steps, and a MatMul reading it "introduced 85.5 dB" by its own
+    rounding from an exact input; the note had told users to keep both out of quantization. ``weights``
+    (the report's) let a consumer's own weight error count as explained.
+    """
     by_node = {n.name: n for n in nodes}
+    own = _own_sqnr(nodes, weights)
     notes = []
     for t in tensors:
         h, q = t.histogram, t.quant
-        if h is None or q is None or not (math.isfinite(q.scale) and q.scale > 0) or t.summary is None:
+        if h is None or q is None or not _lossy(t):
             continue
         total = sum(h.ref_counts)
         if not total or max(h.ref_counts) < COLLAPSED_SHARE * total:
             continue
-        hurt = [by_node[c] for c in t.consumers if c in by_node]
-        hurt = [
-            n for n in hurt if math.isfinite(n.introduced_db) and n.introduced_db >= COLLAPSE_INTRODUCED_DB
-        ]
-        if not hurt:
+        hit = _damaged_consumer(t, by_node, own)
+        if hit is None:
             continue
-        worst = max(hurt, key=lambda n: n.introduced_db)
-        sqnr = f"{t.accumulated.sqnr_db:.1f} dB" if t.accumulated is not None else "fine"
+        assert t.summary is not None and t.accumulated is not None
+        keep = [n for n in dict.fromkeys((t.producer, hit.name)) if n and _excludable(by_node.get(n))]
+        what = " and ".join(keep) if keep else f"the nodes that quantize {t.name}"
         notes.append(
             f"{t.name}: {max(h.ref_counts) / total:.0%} of its values fall in one quantization step (scale "
             f"{q.scale:.3g} for the range [{t.summary.min:.3g}, {t.summary.max:.3g}]), although its SQNR looks "
-            f"{sqnr} (the largest values carry the energy); {worst.name} ({worst.op_type}) then introduces "
-            f"{worst.introduced_db:.1f} dB. A range set by outliers such as mask values of -1e9 erases the other "
-            f"values: keep {t.producer or t.name} and {worst.name} out of quantization"
+            f"{fmt_db(t.accumulated.sqnr_db)} dB (the largest values carry the energy); {hit.name} "
+            f"({hit.op_type}) reading it falls to {hit.accumulated_sqnr_db:.1f} dB SQNR, which its own "
+            f"quantization ({fmt_db(own.get(hit.name, math.inf))} dB) does not explain. A range set by outliers "
+            f"such as mask values of -1e9 erases the other values: keep {what} out of quantization"
         )
     return notes
 
@@ -286,12 +407,12 @@ def instrumentation_notes(layers: LayerErrors) -> list[str]:
     if layers.first_batch_sqnr is None:
         return []
     deployed, instrumented = layers.first_batch_sqnr
-    finite = math.isfinite(deployed) and math.isfinite(instrumented)
-    if not finite or instrumented - deployed <= KERNEL_GAP_DB:
+    gap = _capped_gap(instrumented, deployed)  # 140 against 100 dB misses nothing worth a note
+    if not math.isfinite(gap) or gap <= KERNEL_GAP_DB:
         return []
     return [
         f"the deployed quantized model's outputs are worse than the instrumented one's ({deployed:.1f} against "
-        f"{instrumented:.1f} dB SQNR on the first batch): exposing its tensors changed how ORT fuses its integer "
+        f"{fmt_db(instrumented)} dB SQNR on the first batch): exposing its tensors changed how ORT fuses its integer "
         "kernels (int8 activations, S8S8, do this), so the per-layer numbers describe un-fused kernels and "
         "miss part of the deployed loss (uint8 activations, ORT's default, keep the fusions)"
     ]
@@ -307,6 +428,9 @@ def eval_range_notes(
     *and* outside everything calibration saw: the calibration set does not cover the evaluation data, and
     those values are clipped (a regression head reached 2x its calibrated range on 5 of 160 samples, its
     error was 20x, and nothing said why; the report's per-tensor numbers are measured on calibration data).
+
+    Only beyond half a quantization step past the outermost level: up to there a value rounds to that level
+    with no more error than any value inside the range (a last-digit overshoot is no clipping).
     """
     by_name = {t.name: t for t in tensors}
     node_of = {n.name: n for n in nodes}
@@ -327,7 +451,7 @@ def eval_range_notes(
     found = []
     for name in evaluator.output_names:
         rec = by_name.get(name)
-        if rec is None or rec.quant is None or rec.summary is None or rec.quant.axis is not None:
+        if rec is None or not _usable(rec.quant) or rec.summary is None or rec.quant.axis is not None:
             continue
         try:
             info = np.iinfo(np.dtype(rec.quant.qtype))
@@ -335,12 +459,13 @@ def eval_range_notes(
             continue
         lo = min((info.min - rec.quant.zero_point) * rec.quant.scale, rec.summary.min)
         hi = max((info.max - rec.quant.zero_point) * rec.quant.scale, rec.summary.max)
+        half = rec.quant.scale / 2
         outside = far = 0
         for batch, size in zip(evaluator.reference, evaluator.sizes, strict=True):
             arr = batch[name]
             if arr.dtype.kind != "f" or arr.size == 0:
                 continue
-            beyond = (arr < lo) | (arr > hi)
+            beyond = (arr < lo - half) | (arr > hi + half)
             if not beyond.any():
                 continue
             far = max(far, float(np.max(np.abs(arr[beyond]))))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from qdebug.cli.common import add_quant_arguments, analyze_options, fmt_db, fmt_metric, non_negative_int
 from qdebug.cli.progress import stderr_progress
-from qdebug.formatting import ACCURACY_METRICS
+from qdebug.formatting import ACCURACY_METRICS, prefix_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", default=None, help="also write one CSV row per node to this path")
     p.add_argument(
         "--top", type=non_negative_int, default=10, help="rows in the worst-layers summary (default: 10)"
+    )
+    p.add_argument(
+        "--wide", action="store_true", help="full node names in the summary (default: shortened to fit)"
     )
     p.add_argument(
         "--engine",
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.csv:
         atomic_write_text(args.csv, report_to_csv(report))
-    print_summary(report, args.top)
+    print_summary(report, args.top, wide=args.wide)
     print(f"\nreport written to {args.output}", file=sys.stderr)
     return 0
 
@@ -125,12 +128,43 @@ def rank_nodes(report) -> list:
     return ranked(report.nodes)
 
 
-def print_summary(report, top: int = 10) -> None:
-    """Worst layers by introduced error, and the model-level metric, on stdout."""
-    from rich.console import Console
-    from rich.table import Table
+def name_column(
+    names: list[str],
+    cols: tuple[str, ...],
+    rows: list[tuple[str, ...]],
+    console,
+    wide: bool,
+    wrapped: int = 0,
+) -> tuple[list[str], str]:
+    """``(shown names, dropped prefix)`` for a rich table whose first column is ``names``.
 
-    from qdebug.records import folded_into
+    ``rows``: the other columns' cells. The names get what those columns leave of the console's width
+    (:func:`~qdebug.formatting.table_names`: the common prefix dropped, cut in the middle); the last
+    ``wrapped`` columns are prose rich wraps, counted at most 30 cells wide. ``wide``: full names, and a
+    console wide enough to print them unbroken when it is not a terminal. Shared by propose's table.
+    """
+    from qdebug.formatting import cells, name_column_width, table_names, table_overhead
+
+    others = [max([len(c), *(cells(r[i]) for r in rows)]) for i, c in enumerate(cols[1:])]
+    for i in range(len(others) - wrapped, len(others)):
+        others[i] = min(others[i], 30)
+    if wide:
+        need = table_overhead(others) + max([len(cols[0]), *map(cells, names)])
+        if not console.is_terminal:
+            console.width = max(console.width, need)
+        return names, ""
+    prefix, shown = table_names(names, name_column_width(console.width, others))
+    return shown, prefix
+
+
+def print_summary(report, top: int = 10, wide: bool = False) -> None:
+    """Worst layers by introduced error, and the model-level metric, on stdout.
+
+    Node names are shortened to fit (their common prefix said once above the table, the rest cut in the
+    middle); ``wide``: full names (the report and the CSV always have them).
+    """
+    from rich.console import Console
+
 
     # names and notes come from the model: printed as they are, never read as Rich markup
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
@@ -168,33 +202,69 @@ def print_summary(report, top: int = 10) -> None:
         console.print(f"output {o.name}: SQNR {fmt_db(o.error.sqnr_db)} dB, max-abs {o.error.max_abs:.4g}")
     if report.deployed_gap > 0:
         console.print(f"instrumented vs deployed quantized outputs differ by up to {report.deployed_gap:.3g}")
+    _worst_table(console, report, top, wide)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    if report.not_captured:
+        console.print(
+            f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)"
+        )
+
+
+EXACT_INPUT = "(exact input)"
+"""What the summary prints for an ``introduced_db`` measured from exact inputs (the 120 dB cap minus the
+output's SQNR): a MatMul reading an exact one-hot tensor showed "85.5" and read as the worst layer."""
+
+
+def _introduced(node) -> str:
+    """The introduced-error cell: the number, or :data:`EXACT_INPUT` where it is only the cap."""
+    from qdebug.analysis.build import from_exact_input
+
+    return EXACT_INPUT if from_exact_input(node) else fmt_db(node.introduced_db)
+
+
+def _worst_table(console, report, top: int, wide: bool) -> None:
+    """The worst-nodes table, and what its ``(float)`` marks mean."""
+    from rich.table import Table
+
+    from qdebug.records import folded_into
+
     ranked = rank_nodes(report)[:top]
     folded = folded_into(report.nodes, report.tensors)
-    table = Table(title=f"worst {len(ranked)} nodes by the noise they add ({report.samples} samples)")
-    for col in ("node", "op", "added noise dB", "introduced dB", "local SQNR", "accum. SQNR", "KL"):
-        table.add_column(col, justify="left" if col in ("node", "op") else "right")
-    for n in ranked:
-        kl = "-" if math.isnan(n.kl) else f"{n.kl:.3g}"
-        table.add_row(
-            n.name,
+    cols = ("node", "op", "added noise dB", "introduced dB", "local SQNR", "accum. SQNR", "KL")
+    rows = [
+        (
             n.op_type if n.quantized else f"{n.op_type} ({'folded' if n.name in folded else 'float'})",
             fmt_db(n.added_noise_db),
-            fmt_db(n.introduced_db),
+            _introduced(n),
             fmt_db(n.local_sqnr_db),
             fmt_db(n.accumulated_sqnr_db),
-            kl,
+            "-" if math.isnan(n.kl) else f"{n.kl:.3g}",
         )
+        for n in ranked
+    ]
+    names, prefix = name_column([n.name for n in ranked], cols, rows, console, wide)
+    if prefix:
+        console.print(prefix_note(prefix))
+    table = Table(title=f"worst {len(ranked)} nodes by the noise they add ({report.samples} samples)")
+    for col in cols:
+        if col == "node":  # already fitted (or --wide): rich must not cut it again
+            table.add_column(col, no_wrap=not wide, overflow="fold" if wide else "ellipsis")
+        else:
+            table.add_column(col, justify="left" if col == "op" else "right")
+    for name, row in zip(names, rows, strict=True):
+        table.add_row(name, *row)
     console.print(table)
     if any(not n.quantized and n.name not in folded for n in ranked):
         console.print(
             "(float): not quantized; it passes on, and may amplify, the error it receives from the quantized "
             "nodes upstream"
         )
-    for note in report.notes:
-        console.print(f"note: {note}")
-    if report.not_captured:
+    if any(row[2] == EXACT_INPUT for row in rows):
         console.print(
-            f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)"
+            f"{EXACT_INPUT}: the node's float inputs are exact (SQNR inf or above 120 dB, or none carries "
+            "error), so the SQNR drop across it is not measured (the report holds 120 dB minus its output's "
+            "SQNR); what it loses shows in added noise and accum. SQNR"
         )
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric, positive_float, provider_list
-from qdebug.formatting import fmt_size
+from qdebug.formatting import fmt_size, prefix_note, table_names
 
 if TYPE_CHECKING:  # qdebug.bench loads onnxruntime: imported when a command runs, not for --help
     from qdebug.bench import BenchOptions
@@ -148,6 +148,23 @@ def _ms(x: float) -> str:
     return "-" if not math.isfinite(x) else (f"{x:.3f}" if x < 10 else f"{x:.1f}")
 
 
+WORST_NAME_WIDTH = 48
+"""Cells for one node name in the worst-layers lines (three per line; the full names are in the JSON)."""
+
+
+def _print_worst_layers(console, report: BenchReport) -> None:
+    """Each variant's three worst layers, their names shortened together (:func:`table_names`)."""
+    shown = [(v, v.worst_layers[:3]) for v in report.variants if v.worst_layers]
+    names = [w.node for _, worst in shown for w in worst]
+    prefix, short = table_names(names, WORST_NAME_WIDTH)
+    if prefix:
+        console.print(prefix_note(prefix, "the results JSON and the per-layer reports"))
+    it = iter(short)
+    for v, worst in shown:
+        text = ", ".join(f"{next(it)} ({w.op_type}, adds {fmt_db(w.added_noise_db)} dB noise)" for w in worst)
+        console.print(f"{v.name}: worst layers {text}; per-layer report {v.layer_report} (qdebug tui)")
+
+
 def print_table(report: BenchReport) -> None:
     """The machine, one row per variant, the tail batches and notes, on stdout."""
     from rich.console import Console
@@ -213,12 +230,7 @@ def print_table(report: BenchReport) -> None:
             f"{what}, timed separately, not padded): "
             + "  ".join(f"{v.name} p50 {_ms(v.tail.p50_ms)} ms" for v in tails)
         )
-    for v in report.variants:
-        if v.worst_layers:
-            worst = ", ".join(
-                f"{w.node} ({w.op_type}, adds {fmt_db(w.added_noise_db)} dB noise)" for w in v.worst_layers[:3]
-            )
-            console.print(f"{v.name}: worst layers {worst}; per-layer report {v.layer_report} (qdebug tui)")
+    _print_worst_layers(console, report)
     for v in report.variants:
         if v.error:
             console.print(Text(f"{v.name} failed", style="red") + Text(f": {v.error}"))

@@ -31,6 +31,7 @@ import math
 import sys
 
 from qdebug.cli.common import finite_float, fmt_metric, provider_list
+from qdebug.formatting import prefix_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -91,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
     p.add_argument("--snippet", action="store_true", help="also print the quantize_static snippet on stdout")
     p.add_argument(
+        "--wide", action="store_true", help="full node names in the proposal table (default: shortened to fit)"
+    )
+    p.add_argument(
         "--accept-mostly-fp32",
         action="store_true",
         help="exit 0 for a proposal that meets the target but keeps most quantizable nodes FP32 (default: "
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             eval_data=args.eval,
             progress=progress,
         )
-    print_summary(result)
+    print_summary(result, wide=args.wide)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.snippet:
@@ -153,10 +157,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_summary(result) -> None:
-    """Target, metric FP32 / static / selective, what is excluded and why, and the search cost."""
+def print_summary(result, wide: bool = False) -> None:
+    """Target, metric FP32 / static / selective, what is excluded and why, and the search cost.
+
+    ``wide``: full node names in the table (default: shortened to fit, as in analyze's summary).
+    """
     from rich.console import Console
-    from rich.table import Table
 
     # names and reasons come from the model: printed as they are, never read as Rich markup
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
@@ -185,11 +191,35 @@ def print_summary(result) -> None:
         f"total {result.seconds:.1f} s"
     )
     if p.reasons:
-        table = Table(title="proposal")
-        for col in ("node", "op", "action", "introduced dB", "region", "why"):
+        _reasons_table(console, p.reasons, wide)
+
+
+def _reasons_table(console, reasons, wide: bool) -> None:
+    """One row per excluded node or override: names fitted as analyze's table fits them (``wide``: whole)."""
+    from rich.table import Table
+
+    from qdebug.cli.analyze import name_column
+
+    cols = ("node", "op", "action", "introduced dB", "region", "why")
+    rows = [
+        (
+            r.op_type,
+            r.action,
+            "-" if math.isnan(r.introduced_db) else f"{r.introduced_db:.1f}",
+            str(r.region) if r.region >= 0 else "-",
+            r.reason.split("; ")[0],
+        )
+        for r in reasons
+    ]
+    names, prefix = name_column([r.node for r in reasons], cols, rows, console, wide, wrapped=1)
+    if prefix:
+        console.print(prefix_note(prefix))
+    table = Table(title="proposal")
+    for col in cols:
+        if col == "node":  # already fitted (or --wide): rich must not cut it again
+            table.add_column(col, no_wrap=not wide, overflow="fold" if wide else "ellipsis")
+        else:
             table.add_column(col, justify="right" if col in ("introduced dB", "region") else "left")
-        for r in p.reasons:
-            intro = "-" if math.isnan(r.introduced_db) else f"{r.introduced_db:.1f}"
-            why = r.reason.split("; ")[0]
-            table.add_row(r.node, r.op_type, r.action, intro, str(r.region) if r.region >= 0 else "-", why)
-        console.print(table)
+    for name, row in zip(names, rows, strict=True):
+        table.add_row(name, *row)
+    console.print(table)

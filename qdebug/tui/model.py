@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdebug.formatting import ACCURACY_METRICS
+from qdebug.formatting import (
+    ACCURACY_METRICS,
+    MIN_NAME_WIDTH,  # names are never cut shorter (the table scrolls sideways instead)
+    cells,
+    common_prefix,
+    distinct_shortened,
+    shorten,
+)
 from qdebug.records import (
     SCHEMA_VERSION,
     NodeReason,
@@ -182,8 +189,6 @@ CELL_TEXT = {
 """How each numeric column writes a node's value in the table."""
 
 _OP_ABBREVIATIONS = (("Normalization", "Norm"), ("Average", "Avg"))
-MIN_NAME_WIDTH = 12
-"""Names are never cut shorter than this (the table scrolls sideways instead)."""
 MAX_OP_WIDTH = 14
 """Longest op type shown when the table is short of space (custom ops beyond it end in ``…``)."""
 
@@ -195,35 +200,10 @@ def short_op(op: str) -> str:
     return op
 
 
-def cells(text: str) -> int:
-    """Terminal cells ``text`` takes: wide (CJK) characters take two."""
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def _fit(chars: Iterable[str], budget: int) -> str:
-    out, used = [], 0
-    for ch in chars:
-        w = cells(ch)
-        if used + w > budget:
-            break
-        out.append(ch)
-        used += w
-    return "".join(out)
-
-
 def middle_ellipsis(text: str, width: int) -> str:
-    """``text`` cut to ``width`` cells by replacing its middle with ``…`` (both ends stay readable).
-
-    Cells, not characters: a name of wide characters cut by characters overflowed its column, and the
-    table then cut its end.
-    """
-    if cells(text) <= width:
-        return text
-    if width <= 1:
-        return "…"[:width]
-    head = (width - 1) // 2
-    tail = _fit(reversed(text), width - 1 - head)[::-1]
-    return _fit(text, width - 1 - cells(tail)) + "…" + tail
+    """``text`` cut to ``width`` cells by replacing its middle with ``…`` (:func:`qdebug.formatting.shorten`,
+    the one shortening every table uses)."""
+    return shorten(text, width)
 
 
 @dataclass(frozen=True)
@@ -233,15 +213,29 @@ class TableLayout:
     widths: dict[str, int]
     short_ops: bool
     """Op types are abbreviated (``LayerNorm``) because the full names do not fit."""
+    prefix: str = ""
+    """Start common to every node name, dropped from the name column because the names did not fit
+    (the column header says it; the detail pane shows the full name)."""
+    renamed: tuple[tuple[str, str], ...] = ()
+    """(name, shown) for the few names that plain middle elision would have made equal to another
+    (:func:`~qdebug.formatting.distinct_shortened`); a tuple, so layouts still compare cheaply."""
 
     @property
     def total(self) -> int:
         """Width of all columns together."""
         return sum(self.widths.values())
 
+    @cached_property
+    def _renamed(self) -> dict[str, str]:
+        return dict(self.renamed)
+
     def name(self, name: str) -> str:
-        """A node name as the table shows it (middle-ellipsized to fit)."""
-        return middle_ellipsis(name, self.widths["name"] - 1)
+        """A node name as the table shows it: the common prefix dropped, cut in the middle to fit."""
+        if name in self._renamed:
+            return self._renamed[name]
+        if self.prefix and name.startswith(self.prefix):
+            name = name[len(self.prefix) :]
+        return shorten(name, self.widths["name"] - 1)
 
     def op(self, op: str) -> str:
         """An op type as the table shows it."""
@@ -254,8 +248,9 @@ def table_layout(nodes: Sequence[NodeRecord], available: int | None = None) -> T
     """Widths that show every number in full and give the names what is left of ``available`` cells.
 
     Numeric columns are as wide as their longest value (or label plus sort
-    arrow) plus a gap; op types are abbreviated, and then names cut in the
-    middle, only when the natural widths do not fit. ``None``: natural widths.
+    arrow) plus a gap. When the natural widths do not fit, the prefix common to
+    all names is dropped first, then op types are abbreviated, then names cut
+    in the middle (kept distinct). ``None``: natural widths.
     """
     widths: dict[str, int] = {}
     for col in COLUMNS:
@@ -268,13 +263,30 @@ def table_layout(nodes: Sequence[NodeRecord], available: int | None = None) -> T
     op_w = 1 + max([len("Op"), *(len(n.op_type) for n in nodes)])
     short_w = 1 + max([len("Op"), *(len(short_op(n.op_type)) for n in nodes)])
     short_ops = False
+    prefix = ""
+    if available is not None and fixed + op_w + name_w > available:
+        prefix = common_prefix([n.name for n in nodes])
+        name_w = 1 + max([len("Node"), *(cells(n.name) - cells(prefix) for n in nodes)])
     if available is not None and fixed + op_w + name_w > available:
         short_ops = True
         op_w = min(short_w, MAX_OP_WIDTH + 1)
         name_w = max(min(name_w, available - fixed - op_w), MIN_NAME_WIDTH + 1)
     widths["name"] = name_w
     widths["op"] = op_w
-    return TableLayout(widths={c.key: widths[c.key] for c in COLUMNS}, short_ops=short_ops)
+    return TableLayout(
+        widths={c.key: widths[c.key] for c in COLUMNS},
+        short_ops=short_ops,
+        prefix=prefix,
+        renamed=_renamed([n.name[len(prefix) :] for n in nodes], prefix, name_w - 1),
+    )
+
+
+def _renamed(stripped: list[str], prefix: str, width: int) -> tuple[tuple[str, str], ...]:
+    """The (full name, shown) pairs where keeping rows distinct changed plain middle elision."""
+    shown = distinct_shortened(stripped, width)
+    return tuple(
+        (prefix + name, s) for name, s in zip(stripped, shown, strict=True) if s != shorten(name, width)
+    )
 
 
 # --------------------------------------------------------------------------- fuzzy search

@@ -23,6 +23,7 @@ from textual.widgets import DataTable, Input, Label, OptionList, ProgressBar, Se
 from textual.widgets.data_table import ColumnKey, RowKey
 from textual.widgets.option_list import Option
 
+from qdebug.formatting import shorten
 from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
 from qdebug.tui.benchview import (
@@ -330,7 +331,7 @@ class NodeTable(DataTable):
         self.column_layout = layout
         if same_columns and len(rows) == self.row_count and all(n.name in self.rows for n in rows):
             for col in COLUMNS:
-                self.columns[ColumnKey(col.key)].label = _header(model, col)
+                self.columns[ColumnKey(col.key)].label = _header(model, col, layout)
             for n in rows:  # an exclusion changed since the row was drawn (sorted by X, say)
                 excluded = model.is_excluded(n.name)
                 if self._cells.get(n.name, (None,))[0] != excluded:
@@ -342,7 +343,7 @@ class NodeTable(DataTable):
         else:
             self.clear(columns=True)
             for col in COLUMNS:
-                self.add_column(_header(model, col), key=col.key, width=layout.widths[col.key])
+                self.add_column(_header(model, col, layout), key=col.key, width=layout.widths[col.key])
             for n in rows:
                 self.add_row(*self._row(model, n, layout), key=n.name)
         if rows:
@@ -396,11 +397,18 @@ class NodeTable(DataTable):
             self.post_message(self.SortRequested(str(event.column_key.value)))
 
 
-def _header(model: LayerModel, col: Column) -> Text:
-    """Column ``col``'s header label, with the sort arrow on the sort column."""
+def _header(model: LayerModel, col: Column, layout: TableLayout | None = None) -> Text:
+    """Column ``col``'s header label, with the sort arrow on the sort column.
+
+    The name column says which prefix its names lost (``Node▲ jax2tf_get_…/``), cut to the column.
+    """
     label = Text(col.label)
     if col.key == model.sort_key:
         label.append("▼" if model.descending else "▲", style="bold")
+    if col.key == "name" and layout is not None and layout.prefix:
+        room = layout.widths["name"] - 1 - label.cell_len - 1
+        if room >= 4:
+            label.append(" " + shorten(layout.prefix, room), style="dim")
     label.justify = "right" if col.numeric or col.key == "excluded" else "left"
     return label
 

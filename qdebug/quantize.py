@@ -43,12 +43,28 @@ class QuantSpec:
 
         opts: dict[str, Any] = {}
         if self.tensor_overrides:
-            opts["TensorQuantOverrides"] = {
-                o.tensor: [{"quant_type": getattr(QuantType, o.quant_type)}] for o in self.tensor_overrides
-            }
+            opts["TensorQuantOverrides"] = {o.tensor: [_override_options(o, QuantType)] for o in self.tensor_overrides}
         if self.keep_removable_activations:
             opts["QDQKeepRemovableActivations"] = True
         return opts
+
+
+def _override_options(o: TensorOverride, quant_type: Any) -> dict[str, Any]:
+    """One ``TensorQuantOverrides`` entry: only the keys the override sets (ORT reads a range as float32
+    arrays, like its calibrated ones)."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    if o.quant_type:
+        out["quant_type"] = getattr(quant_type, o.quant_type)
+    if o.rmin is not None and o.rmax is not None:
+        out["rmin"] = np.array(o.rmin, dtype=np.float32)
+        out["rmax"] = np.array(o.rmax, dtype=np.float32)
+    if o.axis is not None:
+        out["axis"] = o.axis
+    if o.reduce_range:
+        out["reduce_range"] = True
+    return out
 
 
 def _qtype(name: str) -> Any:
@@ -96,7 +112,8 @@ def quantize_static_model(
         extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
         spec = dataclasses.replace(spec, nodes_to_exclude=tuple(spec.nodes_to_exclude) + extra_excluded)
     work = copy.deepcopy(model)
-    if spec.per_channel and default_opset(work) < PER_CHANNEL_OPSET:
+    per_channel_weights = spec.per_channel or any(o.axis is not None for o in spec.tensor_overrides)
+    if per_channel_weights and default_opset(work) < PER_CHANNEL_OPSET:
         work = _upgrade_for_per_channel(work)
     weight_type = _qtype(spec.weight_type)
     activation_type = _qtype(spec.activation_type)

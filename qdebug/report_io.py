@@ -374,12 +374,19 @@ def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
             raise bad(field, value, QUANT_TYPES)
     overrides: dict[str, TensorOverride] = {}
     for o in proposal.tensor_overrides:
-        if o.quant_type not in QUANT_TYPES:
+        if o.quant_type not in QUANT_TYPES and (o.quant_type or o.describe() == "no change"):
             raise bad(f"quant_type for tensor {o.tensor!r}:", o.quant_type, QUANT_TYPES)
-        if overrides.setdefault(o.tensor, o).quant_type != o.quant_type:
+        _check_range(o, path)
+        first = overrides.setdefault(o.tensor, o)
+        if first.quant_type != o.quant_type:
             raise QDebugError(
-                f"proposal {path} gives tensor {o.tensor!r} two types: "
-                f"{overrides[o.tensor].quant_type} and {o.quant_type}",
+                f"proposal {path} gives tensor {o.tensor!r} two types: {first.quant_type} and {o.quant_type}",
+                "keep one override per tensor",
+                ExitCode.INPUT,
+            )
+        if first != o:
+            raise QDebugError(
+                f"proposal {path} gives tensor {o.tensor!r} two overrides: {first.describe()} and {o.describe()}",
                 "keep one override per tensor",
                 ExitCode.INPUT,
             )
@@ -388,6 +395,18 @@ def _checked_fields(proposal: Proposal, path: Path) -> Proposal:
         nodes_to_exclude=tuple(dict.fromkeys(proposal.nodes_to_exclude)),
         tensor_overrides=tuple(overrides.values()),
     )
+
+
+def _check_range(o: TensorOverride, path: Path) -> None:
+    """A clipped range needs both ends, finite, low below high (ORT refuses one end alone)."""
+    if o.rmin is None and o.rmax is None:
+        return
+    if o.rmin is None or o.rmax is None or not (math.isfinite(o.rmin) and math.isfinite(o.rmax)) or o.rmin >= o.rmax:
+        raise QDebugError(
+            f"proposal {path} gives tensor {o.tensor!r} the range [{o.rmin}, {o.rmax}]",
+            "give both rmin and rmax, finite, rmin < rmax (or re-run qdebug propose)",
+            ExitCode.INPUT,
+        )
 
 
 def load_bench(path: str | Path) -> BenchReport:

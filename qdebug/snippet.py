@@ -161,9 +161,7 @@ def _call_lines(
     extra = ""
     if tensor_overrides:
         lines.append("tensor_overrides = {")
-        lines.extend(
-            f"    {o.tensor!r}: [{{'quant_type': QuantType.{o.quant_type}}}]," for o in tensor_overrides
-        )
+        lines.extend(f"    {o.tensor!r}: [{{{_override_text(o)}}}]," for o in tensor_overrides)
         lines.append("}")
         extra = "\n    extra_options={'TensorQuantOverrides': tensor_overrides},"
     lines += [
@@ -180,3 +178,17 @@ def _call_lines(
         ")",
     ]
     return lines
+
+
+def _override_text(o: TensorOverride) -> str:
+    """The keys of one ``TensorQuantOverrides`` entry, as Python source (ORT wants ranges as arrays)."""
+    parts = []
+    if o.quant_type:
+        parts.append(f"'quant_type': QuantType.{o.quant_type}")
+    if o.rmin is not None and o.rmax is not None:
+        parts.append(f"'rmin': np.float32({o.rmin!r}), 'rmax': np.float32({o.rmax!r})")
+    if o.axis is not None:
+        parts.append(f"'axis': {o.axis}")
+    if o.reduce_range:
+        parts.append("'reduce_range': True")
+    return ", ".join(parts)

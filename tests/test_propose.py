@@ -415,7 +415,7 @@ class _FakeSearch:
     def left(self) -> int:
         return self.budget - len(self.trials)
 
-    def evaluate(self, step, nodes, overrides=(), per_channel=None, keep_float=()):
+    def evaluate(self, step, nodes, overrides=(), per_channel=None, keep_float=(), fixes=()):
         key = (tuple(sorted(nodes)), tuple(sorted(overrides)))
         if key in self.cache:
             return self.cache[key]
@@ -533,7 +533,7 @@ def test_per_channel_is_not_adopted_for_the_exclusion_search_when_fp32_alone_mee
     which then needed 7 nodes at 91.0 % where 2 nodes meet the target without it."""
 
     class PerChannelSearch(_FakeSearch):
-        def evaluate(self, step, nodes, overrides=(), per_channel=None, keep_float=()):
+        def evaluate(self, step, nodes, overrides=(), per_channel=None, keep_float=(), fixes=()):
             pc = self.per_channel if per_channel is None else per_channel
             key = (tuple(sorted(nodes)), tuple(sorted(overrides)), pc)
             if key in self.cache:
@@ -740,7 +740,10 @@ def test_a_proposal_that_leaves_nothing_quantized_says_so(tmp_path, capsys):
     args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--eval", str(tmp_path / "e.npz")]
     assert main([*args, "-o", str(report), "-q"]) == 0
     capsys.readouterr()
-    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop)]) == 0
+    # keeping every node FP32 gives the speed-up back: exit 6, unless the user accepts it
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop)]) == ExitCode.TARGET_NOT_MET
+    assert "most of the INT8 speed-up is gone" in capsys.readouterr().err
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "--accept-mostly-fp32"]) == 0
     out = "".join(capsys.readouterr())
     selective = onnx.load(str(tmp_path / "p.selective.onnx"))
     assert not any(n.op_type == "QuantizeLinear" for n in selective.graph.node)  # the premise
@@ -762,7 +765,8 @@ def test_qdq_pairs_delta_is_selective_minus_static(cnn, tmp_path):
     assert main(["analyze", str(model), "--calib", str(calib), "-o", str(out), "-q"]) == 0
     report = load_report(out)
     # an output SQNR the full static model misses (32 dB on this CNN): nodes must be excluded
-    result = propose(report, output=tmp_path / "p.json", options=ProposeOptions(target_sqnr=40.0))
+    options = ProposeOptions(target_sqnr=40.0, allow=("fp32",))  # no per-node fix: nodes go FP32
+    result = propose(report, output=tmp_path / "p.json", options=options)
     p = result.proposal
     assert p.nodes_to_exclude, "precondition: the proposal excludes nodes"
     static, selective = _q(tmp_path / "r_files" / "quantized.onnx"), _q(p.quantized_model)

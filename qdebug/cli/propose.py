@@ -56,10 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-nodes", type=int, default=None, metavar="K", help="keep at most K nodes FP32")
     p.add_argument(
         "--allow",
-        default="fp32",
+        default="fp32,clip,per-channel,reduce-range",
         metavar="LIST",
-        help="comma list of fp32, int16, per-channel (default: fp32); the cheapest that meets the "
-        "target is kept: per-channel < int16 < fp32",
+        help="comma list of fp32, clip, per-channel, reduce-range, int16 (default: all but int16, which "
+        "runs as float on the CPU provider); the cheapest change that meets the target is kept, per node: "
+        "per-channel weights for the whole model, else a clipped range < per-channel weights < 7-bit "
+        "weights < 16-bit activations < fp32",
     )
     p.add_argument("--model", default=None, help="FP32 model (default: the path recorded in the report)")
     p.add_argument("--calib", default=None, help="calibration data (default: the report's)")

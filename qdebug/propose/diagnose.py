@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from qdebug.analysis.build import from_exact_input
 from qdebug.propose.blame import Unit
 from qdebug.propose.structure import Structure
 from qdebug.records import NodeRecord, Report, TensorRecord
@@ -35,7 +36,8 @@ def diagnosed_units(structure: Structure, report: Report) -> list[Unit]:
     nodes = {n.name: n for n in report.nodes}
     found: list[tuple[float, str, str]] = []  # (severity, tensor, why)
     for node in structure.model.graph.node:
-        if node.op_type == "Concat" and node.output and node.output[0] in tensors:
+        out = tensors.get(node.output[0]) if node.op_type == "Concat" and node.output else None
+        if out is not None and out.quant is not None and _lossy(out):  # one shared scale that loses
             hit = _mixed_concat(node.name, [tensors[i] for i in node.input if i in tensors])
             if hit is not None:
                 found.append((hit[0], node.output[0], hit[1]))
@@ -109,7 +111,8 @@ def _lossy(t: TensorRecord) -> bool:
 
 def _worst_consumer(t: TensorRecord, nodes: dict[str, NodeRecord]) -> str | None:
     hurt = [nodes[c] for c in t.consumers if c in nodes and math.isfinite(nodes[c].introduced_db)]
-    hurt = [n for n in hurt if n.introduced_db >= HURT_DB]
+    # a capped number from exact inputs is no damage (analyze's notes read it the same way)
+    hurt = [n for n in hurt if n.introduced_db >= HURT_DB and not from_exact_input(n)]
     if not hurt:
         return None
     worst = max(hurt, key=lambda n: n.introduced_db)

@@ -90,6 +90,16 @@ def _reasons(
                 k,
             )
         )
+    for k, f in enumerate(plan.fixed, start=len(plan.fp32) + len(plan.int16)):
+        out.append(
+            reason(
+                f.unit.blamed,
+                f.kind,
+                f"{f.why} instead of keeping {', '.join(f.unit.nodes)} FP32 (the nodes keep their integer "
+                f"kernels); {f.unit.why}",
+                k,
+            )
+        )
     if spec.per_channel and not report.config.per_channel:
         # its own step's gain, not the whole proposal's (which credited it with the exclusions' gain too)
         alone = next((t for t in trials if t.step == "per-channel"), None)

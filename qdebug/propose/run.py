@@ -44,7 +44,9 @@ from qdebug.progress import Progress, no_progress
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
+from qdebug.propose.fixes import fix_for
 from qdebug.propose.search import (
+    Fix,
     Plan,
     Rerank,
     Search,
@@ -61,8 +63,12 @@ from qdebug.quantize import QuantSpec
 from qdebug.records import SCHEMA_VERSION, AnalysisConfig, NodeRecord, Proposal, Report, WeightRecord
 from qdebug.report_io import dumps, load_report
 
-ACTIONS = ("fp32", "int16", "per-channel")
-"""What ``--allow`` accepts: keep nodes FP32, 16-bit activations, per-channel weights."""
+ACTIONS = ("fp32", "int16", "per-channel", "clip", "reduce-range")
+"""What ``--allow`` accepts: keep nodes FP32, 16-bit activations, per-channel weights (the whole model's,
+else one node's), a clipped activation range, 7-bit weights for one node."""
+
+DEFAULT_ALLOW = ("fp32", "clip", "per-channel", "reduce-range")
+"""Every action that keeps integer kernels on the CPU provider (16-bit activations run as float there)."""
 RERANK_SAMPLES = 32
 """Calibration samples used by one re-ranking capture."""
 
@@ -79,7 +85,7 @@ class ProposeOptions:
     """Instead: worst output SQNR (dB) the selective model must reach."""
     max_nodes: int | None = None
     """Most nodes the proposal may keep out of quantization (None: no limit)."""
-    allow: tuple[str, ...] = ("fp32",)
+    allow: tuple[str, ...] = DEFAULT_ALLOW
     metric: str | None = None
     """Task metric (default: the report's, else top1 when the data has labels)."""
     eval_max_samples: int | None = None
@@ -173,6 +179,12 @@ def _check_allow(allow: Sequence[str]) -> tuple[str, ...]:
     if "fp32" not in out and "int16" not in out and "per-channel" not in out:
         raise QDebugError(
             "--allow needs fp32, int16 or per-channel", "e.g. --allow fp32,int16", ExitCode.USAGE
+        )
+    if "fp32" not in out and ({"clip", "reduce-range"} & set(out)):
+        raise QDebugError(
+            "--allow clip and reduce-range refine the nodes an FP32 search finds",
+            "add fp32 (e.g. --allow fp32,clip,reduce-range)",
+            ExitCode.USAGE,
         )
     return out
 
@@ -297,7 +309,12 @@ def _propose(
     rerank = _reranker(search, prep, calib_src, cfg, options, config, progress)
     widened = rank_units(structure, report.nodes, report.weights, widen=True)
     diagnosed = diagnosed_units(structure, report)
-    plan, met, reranks = run_search(search, initial, rerank, allow, options.max_nodes, widened, diagnosed)
+    def fixer(unit: Unit, kind: str) -> Fix | None:
+        return fix_for(unit, kind, structure, report, search.per_channel)
+
+    plan, met, reranks = run_search(
+        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer
+    )
     plan, final, spec, selective = _selective(search, report, plan, met)
     static = search.trials[0]
     seconds = time.perf_counter() - start
@@ -464,11 +481,11 @@ def _selective(
     """The answer and its model: the met trial that fits (else the best that does), per-channel weights
     dropped when the report's settings had none and they do not earn their place."""
     plan, final = _final(search, plan, met)
-    spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel)
+    spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel, fixes=final.fixes)
     if spec.per_channel and not report.config.per_channel:
         final = _without_per_channel(search, final, bool(qdq_settings(selective).per_channel))
         if not final.per_channel:
-            spec, selective, _ = search.build(final.nodes, final.overrides, False)
+            spec, selective, _ = search.build(final.nodes, final.overrides, False, fixes=final.fixes)
     return plan, final, spec, selective
 
 

@@ -100,6 +100,8 @@ class Trial:
     """QuantizeLinear nodes in the variant (activations and weights)."""
     quantize_seconds: float
     eval_seconds: float
+    fixes: tuple[TensorOverride, ...] = ()
+    """Per-node fixes that keep nodes INT8 (a clipped range, one node's per-channel or 7-bit weights)."""
 
 
 class Search:
@@ -147,13 +149,21 @@ class Search:
         """Evaluations left in the budget (less those held back for refining the answer)."""
         return self.budget - len(self.trials) - self.held
 
-    def spec(self, nodes: Iterable[str], overrides: Iterable[str], per_channel: bool | None = None) -> QuantSpec:
-        """The QuantSpec of a variant."""
+    def spec(
+        self,
+        nodes: Iterable[str],
+        overrides: Iterable[str],
+        per_channel: bool | None = None,
+        fixes: Iterable[TensorOverride] = (),
+    ) -> QuantSpec:
+        """The QuantSpec of a variant: FP32 nodes, 16-bit tensors, per-node fixes (on other tensors)."""
+        int16 = set(overrides)
+        fixed = sorted((f for f in set(fixes) if f.tensor not in int16), key=lambda f: f.tensor)
         return dataclasses.replace(
             self.base_spec,
             per_channel=self.per_channel if per_channel is None else per_channel,
             nodes_to_exclude=tuple(sorted(set(nodes), key=self.structure.order.__getitem__)),
-            tensor_overrides=tuple(TensorOverride(t, self.int16_type) for t in sorted(set(overrides))),
+            tensor_overrides=tuple(TensorOverride(t, self.int16_type) for t in sorted(int16)) + tuple(fixed),
         )
 
     def build(
@@ -162,13 +172,14 @@ class Search:
         overrides: Iterable[str] = (),
         per_channel: bool | None = None,
         keep_float: Iterable[str] = (),
+        fixes: Iterable[TensorOverride] = (),
     ) -> tuple[QuantSpec, onnx.ModelProto, float]:
         """Quantize a variant from the cached ranges; close leaks so ``keep_float`` tensors stay float."""
         start = time.perf_counter()
         nodes = set(nodes)
         keep = set(keep_float)
         for _ in range(4):
-            spec = self.spec(nodes, overrides, per_channel)
+            spec = self.spec(nodes, overrides, per_channel, fixes)
             model = quantize_static_model(self.normalized, self.ranges, spec)
             if not keep:
                 break
@@ -193,18 +204,22 @@ class Search:
         overrides: Iterable[str] = (),
         per_channel: bool | None = None,
         keep_float: Iterable[str] = (),
+        fixes: Iterable[TensorOverride] = (),
     ) -> Trial | None:
         """Score one variant (``None`` when the budget is spent); identical variants are scored once."""
         nodes, overrides, keep_float = frozenset(nodes), frozenset(overrides), frozenset(keep_float)
+        fixes = frozenset(fixes)
         pc = self.per_channel if per_channel is None else per_channel
-        asked = (nodes, overrides, pc, keep_float)
+        asked = (nodes, overrides, pc, keep_float, fixes)
         known = self.resolved.get(asked)
         if known is not None and known in self.cache:
             return self.cache[known]
         if self.left <= 0:
             return None
-        spec, model, qsec = self.build(nodes, overrides, pc, keep_float)
-        key = (spec.nodes_to_exclude, tuple(o.tensor for o in spec.tensor_overrides), spec.per_channel)
+        spec, model, qsec = self.build(nodes, overrides, pc, keep_float, fixes)
+        int16 = tuple(o.tensor for o in spec.tensor_overrides if o.quant_type == self.int16_type)
+        fixed = tuple(o for o in spec.tensor_overrides if o.quant_type != self.int16_type)
+        key = (spec.nodes_to_exclude, int16, spec.per_channel, fixed)
         self.resolved[asked] = key
         if key in self.cache:
             return self.cache[key]
@@ -213,7 +228,9 @@ class Search:
         digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
         same = self.by_model.get(digest)
         if same is not None:
-            trial = dataclasses.replace(same, step=step, nodes=key[0], overrides=key[1], per_channel=key[2])
+            trial = dataclasses.replace(
+                same, step=step, nodes=key[0], overrides=key[1], per_channel=key[2], fixes=key[3]
+            )
             self.cache[key] = trial
             self.equivalents.append(trial)
             return trial
@@ -230,6 +247,7 @@ class Search:
             qdq_pairs=qdq,
             quantize_seconds=qsec,
             eval_seconds=result.seconds,
+            fixes=key[3],
         )
         self.trials.append(trial)
         self.cache[key] = trial
@@ -261,15 +279,39 @@ class Search:
 def _size(trial: Trial) -> str:
     """``3 nodes``, ``3 nodes + 2 16-bit``: what a trial changes."""
     text = f"{len(trial.nodes)} node{'s' if len(trial.nodes) != 1 else ''}"
-    return f"{text} + {len(trial.overrides)} 16-bit" if trial.overrides else text
+    if trial.overrides:
+        text += f" + {len(trial.overrides)} 16-bit"
+    return f"{text} + {len(trial.fixes)} fixed" if trial.fixes else text
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A unit kept INT8 by a cheaper change than FP32 (:data:`FIXES`)."""
+
+    unit: Unit
+    kind: str
+    """One of :data:`FIXES`."""
+    overrides: tuple[TensorOverride, ...]
+    why: str
+    """What the change is, in numbers (the clipped range and the share of values it keeps)."""
+
+
+FIXES = ("clip", "per-channel", "reduce-range")
+"""Per-node fixes tried, in this order, before 16-bit activations and FP32: a clipped activation range
+(from the cached histogram), per-channel weights for that node, 7-bit weights (u8s8 kernels without VNNI)."""
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A candidate configuration: units kept FP32 and units given 16-bit activations."""
+    """A candidate configuration: units kept FP32, units given 16-bit activations, units fixed cheaper."""
 
     fp32: tuple[Unit, ...] = ()
     int16: tuple[Unit, ...] = ()
+    fixed: tuple[Fix, ...] = ()
+
+    def fixes(self) -> set[TensorOverride]:
+        """The per-node fixes' overrides."""
+        return {o for f in self.fixed for o in f.overrides}
 
     def nodes(self) -> set[str]:
         """Nodes to exclude."""
@@ -289,13 +331,13 @@ class Plan:
 
     def units(self) -> tuple[Unit, ...]:
         """All units, FP32 ones first."""
-        return self.fp32 + self.int16
+        return self.fp32 + self.int16 + tuple(f.unit for f in self.fixed)
 
     def with_units(self, units: Sequence[Unit], action: str) -> Plan:
         """A copy of this plan with ``units`` added under ``action``."""
         if action == "int16":
-            return Plan(self.fp32, self.int16 + tuple(units))
-        return Plan(self.fp32 + tuple(units), self.int16)
+            return Plan(self.fp32, self.int16 + tuple(units), self.fixed)
+        return Plan(self.fp32 + tuple(units), self.int16, self.fixed)
 
 
 Rerank = Callable[[Plan, bool], list[Unit]]
@@ -305,7 +347,7 @@ quantized tensor): a short layer capture of the plan's variant reveals error the
 
 def _evaluate_plan(search: Search, step: str, plan: Plan) -> Trial | None:
     """Score ``plan`` (``None`` when the budget is spent); its FP32 tensors' leaks are closed first."""
-    return search.evaluate(step, plan.nodes(), plan.overrides(), keep_float=plan.keep_float())
+    return search.evaluate(step, plan.nodes(), plan.overrides(), keep_float=plan.keep_float(), fixes=plan.fixes())
 
 
 REFINE_EVALS = 6
@@ -321,8 +363,13 @@ def default_budget(candidate_nodes: int) -> int:
 
 def held_back(candidate_nodes: int) -> int:
     """Evaluations the growth may not spend: ``2*ceil(log2 L)`` for the group-testing minimization (a few
-    necessary units among ``L`` cost about that many each) plus :data:`REFINE_EVALS`."""
-    return 2 * math.ceil(math.log2(max(candidate_nodes, 2))) + REFINE_EVALS
+    necessary units among ``L`` cost about that many each), :data:`REFINE_EVALS` and :data:`FIX_EVALS`."""
+    return 2 * math.ceil(math.log2(max(candidate_nodes, 2))) + REFINE_EVALS + FIX_EVALS
+
+
+FIX_EVALS = 6
+"""Evaluations for trying per-node fixes (a clipped range, one node's per-channel or 7-bit weights) on the
+minimized answer's units before leaving them FP32."""
 
 
 def _without_per_channel(search: Search, final: Trial, in_effect: bool) -> Trial:
@@ -336,7 +383,9 @@ def _without_per_channel(search: Search, final: Trial, in_effect: bool) -> Trial
     """
     if not in_effect:  # the same model either way: no evaluation needed
         return dataclasses.replace(final, per_channel=False)
-    plain = search.evaluate("without per-channel", final.nodes, final.overrides, per_channel=False)
+    plain = search.evaluate(
+        "without per-channel", final.nodes, final.overrides, per_channel=False, fixes=final.fixes
+    )
     if plain is None:  # the budget is spent
         return final
     if (plain.met and final.met) or (plain.met, search.score(plain)) >= (final.met, search.score(final)):
@@ -353,4 +402,5 @@ def _final(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:
     nodes, overrides = set(best.nodes), set(best.overrides)
     fp32 = tuple(u for u in plan.fp32 if set(u.nodes) <= nodes)
     int16 = tuple(u for u in plan.int16 if set(u.tensors) & overrides)
-    return Plan(fp32, int16), best
+    fixed = tuple(f for f in plan.fixed if set(f.overrides) <= set(best.fixes))
+    return Plan(fp32, int16, fixed), best

@@ -27,11 +27,11 @@ The cheapest option that meets the target is kept: per-channel < int16 < fp32.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from qdebug.propose.blame import Unit
 from qdebug.propose.minimize import minimal_subset
-from qdebug.propose.search import Plan, Rerank, Search, Trial, _evaluate_plan
+from qdebug.propose.search import FIXES, Fix, Plan, Rerank, Search, Trial, _evaluate_plan
 
 
 def run_search(
@@ -42,6 +42,7 @@ def run_search(
     max_nodes: int | None,
     widened: list[Unit] | None = None,
     diagnosed: Sequence[Unit] = (),
+    fixer: Fixer | None = None,
 ) -> tuple[Plan, Trial | None, int]:
     """Baseline, per-channel, diagnoses, then grow / minimize / cheapen; returns (plan, met trial or None,
     re-ranks).
@@ -74,7 +75,7 @@ def run_search(
     diagnosis = _diagnosed(search, diagnosed, action)
     if diagnosis is not None:
         search.held = 0
-        plan, met = _refined(search, *diagnosis, action, allow, reserve=0)
+        plan, met = _refined(search, *diagnosis, action, allow, reserve=0, fixer=fixer)
         return plan, met, 0
     first = [u.nodes for u in diagnosed]
     initial = [*diagnosed, *(u for u in initial if u.nodes not in first)]
@@ -86,7 +87,8 @@ def run_search(
     singles = action == "fp32" and bool(widened)
     search.held = 0  # the evaluations held back are for the refinement below
     if met is not None:  # the pairs leave the single-unit tries their budget
-        plan, met = _refined(search, plan, met, action, allow, reserve=SINGLE_TRIES if singles else 0)
+        reserve = SINGLE_TRIES if singles else 0
+        plan, met = _refined(search, plan, met, action, allow, reserve=reserve, fixer=fixer)
     if singles and widened and search.left > 0:
         plan, met = _smaller_single(search, plan, met, initial, widened, cap)
     return plan, met, reranks
@@ -101,16 +103,29 @@ def _diagnosed(search: Search, diagnosed: Sequence[Unit], action: str) -> tuple[
     return (plan, trial) if trial is not None and trial.met else None
 
 
+Fixer = Callable[[Unit, str], Fix | None]
+"""The per-node fix of a kind for a unit, or None where it does not apply (:mod:`qdebug.propose.fixes`)."""
+
 SINGLE_TRIES = 4
 """Units outside the blamed ranking tried alone after the search (one evaluation each)."""
 
 
 def _refined(
-    search: Search, plan: Plan, met: Trial, action: str, allow: Sequence[str], reserve: int
+    search: Search,
+    plan: Plan,
+    met: Trial,
+    action: str,
+    allow: Sequence[str],
+    reserve: int,
+    fixer: Fixer | None = None,
 ) -> tuple[Plan, Trial]:
-    """A met plan made smaller and cheaper: pruned, FP32 units turned 16-bit when allowed, 16-bit tensors
-    pruned; ``reserve`` evaluations are left for the single-unit tries after it."""
+    """A met plan made smaller and cheaper: minimized, FP32 units kept INT8 by a per-node fix where one
+    suffices, then turned 16-bit when allowed, 16-bit tensors pruned; ``reserve`` evaluations are left for
+    the single-unit tries after it."""
     plan, met = _prune(search, plan, action, met, reserve=reserve)
+    kinds = [k for k in FIXES if k in allow]
+    if action == "fp32" and fixer is not None and kinds:
+        plan, met = _fix_cheaper(search, plan, met, kinds, fixer)
     if action == "fp32" and "int16" in allow:
         plan, met = _cheapen(search, plan, met)
     if plan.int16:
@@ -378,6 +393,26 @@ def _prune_pairs(search: Search, nodes: list[str], alone: dict[str, float], rese
     return dropped
 
 
+def _fix_cheaper(
+    search: Search, plan: Plan, met: Trial, kinds: Sequence[str], fixer: Fixer
+) -> tuple[Plan, Trial]:
+    """Keep each FP32 unit INT8 with the first fix of ``kinds`` (cheapest first) that still meets the
+    target, one unit at a time (last first); a fix that does not apply costs no evaluation."""
+    for u in reversed(plan.fp32):
+        for kind in kinds:
+            if search.left <= 0:
+                return plan, met
+            fix = fixer(u, kind)
+            if fix is None:
+                continue
+            candidate = Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16, (*plan.fixed, fix))
+            trial = _evaluate_plan(search, f"fix {kind}", candidate)
+            if trial is not None and trial.met:
+                plan, met = candidate, trial
+                break
+    return plan, met
+
+
 def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
     """Replace FP32 units by 16-bit activations where the target still holds (weights stay 8-bit).
 
@@ -386,7 +421,7 @@ def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
     """
     if search.left <= 0 or not plan.fp32:
         return plan, met
-    every = Plan(int16=plan.fp32)
+    every = Plan(int16=plan.fp32, fixed=plan.fixed)
     t = _evaluate_plan(search, "int16", every)
     if t is not None and t.met:
         return every, t
@@ -395,7 +430,7 @@ def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
     for u in reversed(plan.fp32):
         if search.left <= 0:
             break
-        mixed = Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16 + (u,))
+        mixed = Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16 + (u,), plan.fixed)
         t = _evaluate_plan(search, "int16", mixed)
         if t is not None and t.met:
             plan, met = mixed, t
@@ -416,11 +451,11 @@ def _prune_overrides(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Tria
         if search.left <= 0 or len(tensors) - len(dropped) <= 1:
             break
         keep = [x for x in tensors if x not in dropped and x != t]
-        trial = search.evaluate("prune", plan.nodes(), keep, keep_float=plan.keep_float())
+        trial = search.evaluate("prune", plan.nodes(), keep, keep_float=plan.keep_float(), fixes=plan.fixes())
         if trial is not None and trial.met:
             dropped.add(t)
             met = trial
     if not dropped:
         return plan, met
     int16 = tuple(dataclasses.replace(u, tensors=tuple(x for x in u.tensors if x not in dropped)) for u in plan.int16)
-    return Plan(plan.fp32, tuple(u for u in int16 if u.tensors)), met
+    return Plan(plan.fp32, tuple(u for u in int16 if u.tensors), plan.fixed), met

@@ -7,11 +7,35 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TensorOverride:
-    """A per-tensor quantization override (ORT ``TensorQuantOverrides``), e.g. 16-bit activations."""
+    """A per-tensor quantization override (ORT ``TensorQuantOverrides``): 16-bit activations, a clipped
+    range, per-channel or reduced-range weights for one node -- the per-node fixes propose tries before
+    keeping a node FP32."""
 
     tensor: str
-    quant_type: str
-    """``QUInt16``/``QInt16``/``QUInt8``/``QInt8`` (names of ``onnxruntime.quantization.QuantType``)."""
+    quant_type: str = ""
+    """``QUInt16``/``QInt16``/``QUInt8``/``QInt8`` (names of ``onnxruntime.quantization.QuantType``);
+    ``""``: the base quantization's type."""
+    rmin: float | None = None
+    """With ``rmax``: the range this activation is quantized over instead of its calibrated one (a range
+    clipped to where nearly all values lie, so a few outliers stop costing every other value its levels)."""
+    rmax: float | None = None
+    axis: int | None = None
+    """Per-channel quantization of this weight along ``axis`` (one node's weights, not the whole model's)."""
+    reduce_range: bool | None = None
+    """7-bit weights: u8s8 integer kernels on x86 CPUs without VNNI cannot saturate their 16-bit sums."""
+
+    def describe(self) -> str:
+        """What the override changes, in a few words (``16-bit``, ``range [-3, 5]``, ``per-channel``)."""
+        parts = []
+        if self.quant_type:
+            parts.append({"QUInt16": "16-bit", "QInt16": "16-bit"}.get(self.quant_type, self.quant_type))
+        if self.rmin is not None and self.rmax is not None:
+            parts.append(f"range [{self.rmin:.4g}, {self.rmax:.4g}]")
+        if self.axis is not None:
+            parts.append(f"per-channel (axis {self.axis})")
+        if self.reduce_range:
+            parts.append("7-bit (reduce_range)")
+        return ", ".join(parts) or "no change"
 
 
 @dataclass(frozen=True)
@@ -22,7 +46,9 @@ class NodeReason:
     original_name: str
     op_type: str
     action: str
-    """``fp32`` (kept out of quantization) or ``int16`` (16-bit activations)."""
+    """``fp32`` (kept out of quantization), ``int16`` (16-bit activations), ``per-channel`` (the whole
+    model's weights when ``node`` is empty, else that node's), ``clip`` (a clipped activation range) or
+    ``reduce-range`` (7-bit weights): the per-node fixes keep the node INT8."""
     reason: str
     introduced_db: float = float("nan")
     local_sqnr_db: float = float("nan")

@@ -1,0 +1,134 @@
+"""Per-node fixes cheaper than FP32: what keeps a culprit's integer kernels and still removes its error.
+
+A node kept FP32 costs Q/DQ pairs at its boundary and a float kernel; often a smaller change does the
+job, and each is one ``TensorQuantOverrides`` entry built from what the report already holds (no
+recalibration):
+
+- ``clip``: the unit's activations quantized over the range that holds nearly all of their calibration
+  values (from the cached histogram), so a few outliers stop costing every other value its levels;
+- ``per-channel``: per-channel weights for the unit's weighted nodes only (one scale per output
+  channel), when the model's weights are per-tensor;
+- ``reduce-range``: 7-bit weights for the unit's weighted nodes, for the integer-kernel gap analyze
+  measures (u8s8 kernels on x86 CPUs without VNNI saturate their 16-bit sums), only where it measured one.
+
+:func:`fix_for` returns ``None`` where a fix does not apply, so the search spends no evaluation on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+
+from qdebug.propose.blame import Unit
+from qdebug.propose.search import Fix
+from qdebug.propose.structure import Structure
+from qdebug.records import KERNEL_GAP_DB, Report, TensorOverride, TensorRecord
+
+CLIP_KEEP = 0.9999
+"""Share of a tensor's calibration values the clipped range keeps (the rest saturate)."""
+CLIP_MIN_GAIN = 2.0
+"""A clipped range must be at least this many times narrower than the calibrated one to be worth a try."""
+
+
+def fix_for(unit: Unit, kind: str, structure: Structure, report: Report, per_channel: bool) -> Fix | None:
+    """The ``kind`` fix of ``unit`` (``clip``, ``per-channel``, ``reduce-range``), or ``None`` where it does
+    not apply (no histogram to clip, no weights, already per-channel, no kernel gap measured)."""
+    tensors = {t.name: t for t in report.tensors}
+    if kind == "clip":
+        return _clip(unit, tensors)
+    weights = _weights(unit, structure)
+    if not weights:
+        return None
+    if kind == "per-channel" and not per_channel:
+        overrides = tuple(TensorOverride(w, axis=axis) for w, axis in weights)
+        why = f"per-channel weights for {', '.join(n for n in unit.nodes if _weighted(structure, n))}"
+        return Fix(unit, kind, overrides, why)
+    if kind == "reduce-range" and _kernel_gap(unit, tensors):
+        overrides = tuple(TensorOverride(w, reduce_range=True) for w, _ in weights)
+        why = "7-bit weights (reduce_range) where analyze measured the integer kernels losing to fake-quant"
+        return Fix(unit, kind, overrides, why)
+    return None
+
+
+def _clip(unit: Unit, tensors: dict[str, TensorRecord]) -> Fix | None:
+    overrides, spans = [], []
+    for name in unit.tensors or (unit.key,):
+        t = tensors.get(name)
+        clipped = _clipped_range(t) if t is not None else None
+        if clipped is not None:
+            overrides.append(TensorOverride(name, rmin=clipped[0], rmax=clipped[1]))
+            spans.append(f"{name} to [{clipped[0]:.4g}, {clipped[1]:.4g}]")
+    if not overrides:
+        return None
+    why = f"range clipped to {CLIP_KEEP:.2%} of its calibration values: {'; '.join(spans)}"
+    return Fix(unit, "clip", tuple(overrides), why)
+
+
+def _clipped_range(t: TensorRecord) -> tuple[float, float] | None:
+    """The narrowest histogram-bin range holding :data:`CLIP_KEEP` of the values (0 kept inside, as ORT
+    does), when it is at least :data:`CLIP_MIN_GAIN` times narrower than the calibrated range."""
+    h, q = t.histogram, t.quant
+    if h is None or q is None or t.summary is None or not h.ref_counts:
+        return None
+    total = sum(h.ref_counts)
+    if total <= 0:
+        return None
+    tail = (1.0 - CLIP_KEEP) / 2 * total
+    lo, seen = 0, 0
+    while lo < len(h.ref_counts) - 1 and seen + h.ref_counts[lo] <= tail:
+        seen += h.ref_counts[lo]
+        lo += 1
+    hi, seen = len(h.ref_counts) - 1, 0
+    while hi > lo and seen + h.ref_counts[hi] <= tail:
+        seen += h.ref_counts[hi]
+        hi -= 1
+    rmin, rmax = min(h.edges[lo], 0.0), max(h.edges[hi + 1], 0.0)
+    full = max(t.summary.max, 0.0) - min(t.summary.min, 0.0)
+    if not (math.isfinite(rmin) and math.isfinite(rmax)) or rmax <= rmin or full < CLIP_MIN_GAIN * (rmax - rmin):
+        return None
+    return float(rmin), float(rmax)
+
+
+def _weighted(structure: Structure, node: str) -> bool:
+    return bool(structure.graph.nodes[node]["weighted"])
+
+
+def _weights(unit: Unit, structure: Structure) -> list[tuple[str, int]]:
+    """(weight initializer, per-channel axis) of the unit's weighted nodes: the output-channel axis as
+    ORT quantizes it (Conv 0, ConvTranspose 1, Gemm by transB, MatMul the last)."""
+    out = []
+    wanted = {n for n in unit.nodes if _weighted(structure, n)}
+    for node in (n for n in structure.model.graph.node if n.name in wanted):
+        if len(node.input) < 2 or node.input[1] not in structure.index.inits:
+            continue
+        weight = structure.index.inits[node.input[1]]
+        axis = _channel_axis(node, len(weight.dims))
+        if axis is not None:
+            out.append((weight.name, axis))
+    return out
+
+
+def _channel_axis(node: onnx.NodeProto, rank: int) -> int | None:
+    if rank < 2:
+        return None
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    return rank - 1  # MatMul: [in, out]
+
+
+def _kernel_gap(unit: Unit, tensors: dict[str, TensorRecord]) -> bool:
+    """Whether analyze measured the deployed kernels losing to fake-quant on the unit's tensors."""
+    for name in (*unit.tensors, unit.key):
+        t = tensors.get(name)
+        if t is None or t.accumulated is None or t.accumulated_fakequant is None:
+            continue
+        gap = t.accumulated_fakequant.sqnr_db - t.accumulated.sqnr_db
+        if math.isfinite(gap) and gap > KERNEL_GAP_DB:
+            return True
+    return False

@@ -16,7 +16,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -230,15 +230,7 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
             ExitCode.INPUT,
         )
     if data.get("schema_version") != schema_version:
-        found = data.get("schema_version")
-        what = f"{found!r} (a {type(found).__name__}, not the integer {schema_version})" if found == str(
-            schema_version
-        ) else repr(found)
-        raise QDebugError(
-            f"{path} has {kind} schema version {what}, this qdebug reads version {schema_version}",
-            "re-create it with this version of qdebug",
-            ExitCode.INPUT,
-        )
+        data = _migrated(data, path, kind, schema_version)
     try:
         return from_jsonable(cls, data)
     except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as e:
@@ -248,6 +240,59 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
             ExitCode.INPUT,
         ) from None
 
+
+def _migrated(data: dict, path: Path, kind: str, schema_version: int) -> dict:
+    """``data`` of an older schema version brought to ``schema_version`` (see :data:`_MIGRATIONS`), or the
+    one-line refusal naming the version found and the versions this qdebug reads."""
+    found = data.get("schema_version")
+    steps = _MIGRATIONS.get(_KINDS.get(kind, kind), {}) if schema_version == SCHEMA_VERSION else {}
+    if type(found) is int and found in steps:
+        return {**steps[found](data), "schema_version": schema_version}
+    what = (
+        f"{found!r} (a {type(found).__name__}, not the integer {schema_version})"
+        if found == str(schema_version)
+        else repr(found)
+    )
+    reads = " and ".join(str(v) for v in (*sorted(steps), schema_version))
+    newer = type(found) is int and found > schema_version
+    raise QDebugError(
+        f"{path} has {kind} schema version {what}, this qdebug reads version{'s' if steps else ''} {reads}",
+        "it was written by a newer qdebug: upgrade qdebug, or re-create it with this version"
+        if newer
+        else "re-create it with this version of qdebug",
+        ExitCode.INPUT,
+    )
+
+
+_V2_FOLDED_NOTE = "ORT folded the following"
+"""How schema-2 reports marked, in ``TensorRecord.note``, a tensor whose Relu/Clip ORT folded (frozen: the
+migration below is the only reader of that text, and only of version-2 files)."""
+
+
+def _report_from_v2(data: dict) -> dict:
+    """Schema 2 -> 3: every tensor gets ``folded_into``, derived from its note as version 2's readers did
+    (a tensor whose note carries :data:`_V2_FOLDED_NOTE` was folded into its consumer: ORT folds a Relu/Clip
+    only into a tensor that it alone reads). Nothing else changed."""
+    tensors = data.get("tensors")
+    if not isinstance(tensors, list):
+        return data  # from_jsonable explains
+    return {**data, "tensors": [_tensor_from_v2(t) for t in tensors]}
+
+
+def _tensor_from_v2(t: Any) -> Any:
+    if not isinstance(t, dict) or "folded_into" in t:
+        return t
+    note, consumers = t.get("note"), t.get("consumers")
+    folded = isinstance(note, str) and _V2_FOLDED_NOTE in note and isinstance(consumers, list) and consumers
+    return {**t, "folded_into": consumers[0] if folded else None}
+
+
+_MIGRATIONS: dict[str, dict[int, Callable[[dict], dict]]] = {
+    "report": {2: _report_from_v2},
+    "proposal": {2: lambda data: data},  # the version number is shared; these layouts did not change
+    "verify": {2: lambda data: data},
+}
+"""Per kind of file, the older schema versions it is brought up from, each with its step to the current one."""
 
 _KINDS = {"bench result": "bench"}
 """Names used in messages -> the ``kind`` field the files carry."""

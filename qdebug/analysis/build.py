@@ -126,6 +126,7 @@ def _tensor_records(
                 accumulated_fakequant=(
                     a.fakequant.result() if a.fakequant is not None and a.fakequant.count else None
                 ),
+                folded_into=p.folded_into,
             )
         )
     return out

@@ -26,7 +26,7 @@ import onnx
 from onnx import numpy_helper
 
 from qdebug.graph.ops import DQ_OPS, Q_OPS, REMOVABLE
-from qdebug.records import FOLDED_NOTE, QuantParams
+from qdebug.records import QuantParams
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class TensorPair:
     folded: tuple[float, float] | None = None
     """(lo, hi) of a Relu/Clip that ORT folded into this tensor's quantization: the pre-Q value in the
     QDQ model is then the *pre-activation* value, and the local error compares ``clip(pre, lo, hi)``."""
+    folded_into: str | None = None
+    """On the activation's *input*: the Relu/Clip node ORT folded (this tensor has no counterpart; the
+    activation's output, whose pair carries ``folded``, stands in for it). ``TensorRecord.folded_into``."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ def pair_models(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> Pairing:
     tensor_map: dict[str, str] = {}
     notes: dict[str, str] = {}
     folded: dict[str, tuple[float, float]] = {}
+    folded_into: dict[str, str] = {}
     for idx, name in enumerate(fi.inputs):
         if name in qi.inputs:
             tensor_map[name] = name
@@ -212,8 +216,9 @@ def pair_models(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> Pairing:
             src = node.input[positions[0]]
             tensor_map[node.output[0]] = tensor_map.pop(src)
             folded[node.output[0]] = _activation_bounds(node, fi)
-            notes[src] = (
-                f"no counterpart in the quantized model: {FOLDED_NOTE} {node.op_type} "
+            folded_into[src] = node.name
+            notes[src] = (  # for people: folded_into is the data
+                f"no counterpart in the quantized model: ORT folded the following {node.op_type} "
                 f"({node.name}) into the quantization range of its output"
             )
             continue
@@ -226,9 +231,8 @@ def pair_models(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> Pairing:
     for name in _float_activation_order(fp32, fi):
         q = tensor_map.get(name)
         if q is None:
-            pairs.append(
-                TensorPair(name, None, None, None, notes.get(name, "no counterpart in the quantized model"))
-            )
+            note = notes.get(name, "no counterpart in the quantized model")
+            pairs.append(TensorPair(name, None, None, None, note, folded_into=folded_into.get(name)))
             continue
         dq = qi.dequant_of(q)
         if dq is None:

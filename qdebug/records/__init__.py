@@ -6,12 +6,12 @@ submodules, since both define a ``VariantResult``) hold the results of those com
 """
 
 from qdebug.records.proposal import (
+    FrontierPoint,
     NodeReason,
     Proposal,
     TensorOverride,
 )
 from qdebug.records.report import (
-    FOLDED_NOTE,
     KERNEL_GAP_DB,
     METHODS,
     QUANT_TYPES,
@@ -34,9 +34,9 @@ from qdebug.records.report import (
 )
 
 __all__ = [
+    "FrontierPoint",
     "AnalysisConfig",
     "ErrorStats",
-    "FOLDED_NOTE",
     "Histogram",
     "KERNEL_GAP_DB",
     "METHODS",

@@ -57,6 +57,24 @@ class NodeReason:
 
 
 @dataclass(frozen=True)
+class FrontierPoint:
+    """One configuration propose measured on the evaluation set and timed with verify's harness: a point
+    of the accuracy-vs-latency trade-off it reports next to its answer."""
+
+    label: str
+    """``fp32``, ``static`` (full INT8), ``proposal``, ``smaller`` (the best that changes less than the
+    proposal), ``larger`` (the best that changes more), ``dynamic`` (``quantize_dynamic``)."""
+    changed: str
+    """What differs from full static INT8, in words (``3 nodes FP32 + 1 clipped``)."""
+    nodes_fp32: int
+    metric: float
+    output_sqnr_db: float
+    met: bool
+    p50_ms: float
+    p95_ms: float
+
+
+@dataclass(frozen=True)
 class Proposal:
     """A mixed-precision proposal: the input of ``verify``/``bench`` and the TUI's export format."""
 
@@ -109,3 +127,6 @@ class Proposal:
     eval_samples: int = 0
     """Evaluation samples the metrics above were measured on (fewer than the data holds with
     ``--eval-max-samples``; 0: not recorded)."""
+    frontier: tuple[FrontierPoint, ...] = ()
+    """The verified frontier (empty: not timed, ``--time-runs 0``): FP32, static, the proposal and a few
+    neighbours, each scored and timed alike on one evaluation batch."""

@@ -16,8 +16,11 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 2
-"""Bumped on any incompatible change of the report layout; readers refuse other versions."""
+SCHEMA_VERSION = 3
+"""Bumped on any incompatible change of the report layout (proposal and verify files share it).
+
+Readers migrate the versions :mod:`qdebug.report_io` knows (2: ``TensorRecord.folded_into`` derived from
+the tensor's note, as version 2's readers did) and refuse any other with the reason."""
 
 
 METHODS = ("minmax", "entropy", "percentile", "distribution")
@@ -112,7 +115,12 @@ class TensorRecord:
     MatMul/Conv saturating 16-bit intermediates on x86 CPUs without VNNI.
     """
     note: str = ""
-    """Why a field is missing (e.g. removed activation, not captured inside a subgraph)."""
+    """Why a field is missing (e.g. removed activation, not captured inside a subgraph): for people, never parsed."""
+    folded_into: str | None = None
+    """The Relu/Clip node (normalized name) that consumed this tensor and that ORT folded into the quantization
+    range of its own output (asymmetric activations): this tensor then has no Q/DQ and no counterpart of its
+    own, and the activation's output shows the error of this tensor's producer. ``None`` otherwise.
+    Written by the pairing (:func:`qdebug.graph.match.pair_models`); read through :func:`folded_into`."""
 
 
 @dataclass(frozen=True)
@@ -302,21 +310,19 @@ class Report:
 KERNEL_GAP_DB = 3.0
 """Deployed-vs-fake-quant gap (dB) above which a tensor's integer kernel is blamed (analysis notes, TUI)."""
 
-FOLDED_NOTE = "ORT folded the following"
-"""How :func:`qdebug.graph.match.pair_models` marks a tensor whose Relu/Clip ORT folded into its Q/DQ."""
-
 
 def folded_into(nodes: Sequence[NodeRecord], tensors: Sequence[TensorRecord]) -> dict[str, str]:
-    """Activation node -> the producer ORT folded it into (its input carries :data:`FOLDED_NOTE`).
+    """Activation node -> the producer ORT folded it into (from :attr:`TensorRecord.folded_into` of its input).
 
     The activation then shows that producer's Q/DQ error and is not quantized itself; the notes, the
-    kernel-gap attribution and the summary's labels all read this one map.
+    kernel-gap attribution and the summary's labels all read this one map, in node order. The activation
+    must read the tensor and a node of ``nodes`` produce it.
     """
-    folded = {t.name for t in tensors if FOLDED_NOTE in t.note}
+    source = {t.folded_into: t.name for t in tensors if t.folded_into is not None}
     producer = {o: n.name for n in nodes for o in n.outputs if o}
     out = {}
-    for node in nodes:
-        src = next((i for i in node.inputs if i in folded), None)
-        if src is not None and src in producer:
+    for node in nodes:  # in node order, as the notes list them
+        src = source.get(node.name)
+        if src is not None and src in node.inputs and src in producer:
             out[node.name] = producer[src]
     return out

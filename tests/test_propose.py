@@ -743,7 +743,7 @@ def test_a_proposal_that_leaves_nothing_quantized_says_so(tmp_path, capsys):
     # keeping every node FP32 gives the speed-up back: exit 6, unless the user accepts it
     assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop)]) == ExitCode.TARGET_NOT_MET
     assert "most of the INT8 speed-up is gone" in capsys.readouterr().err
-    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "--accept-mostly-fp32"]) == 0
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "--accept-no-speedup"]) == 0
     out = "".join(capsys.readouterr())
     selective = onnx.load(str(tmp_path / "p.selective.onnx"))
     assert not any(n.op_type == "QuantizeLinear" for n in selective.graph.node)  # the premise
@@ -799,7 +799,7 @@ def test_the_search_progress_says_what_is_tried_and_the_best_so_far(transformer,
 
 def test_a_proposal_keeping_most_of_the_model_fp32_says_so():
     """A proposal that keeps most nodes FP32 gives back the INT8 speed-up (one kept 99 % and was reported
-    as MET): it is named in one line, and the CLI exits 6 unless --accept-mostly-fp32."""
+    as MET): it is named in one line, and the CLI exits 6 unless --accept-no-speedup."""
     from qdebug.propose.run import _mostly_fp32
 
     def trial(n: int) -> Trial:
@@ -807,5 +807,5 @@ def test_a_proposal_keeping_most_of_the_model_fp32_says_so():
         return Trial("minimize", nodes, (), False, 0.9, 30.0, True, 3, 0.0, 0.0)
 
     line = _mostly_fp32(trial(6), 10)
-    assert "keeps 6 of 10 quantizable nodes (60 %) FP32" in line and "--accept-mostly-fp32" in line
+    assert "keeps 6 of 10 quantizable nodes (60 %) FP32" in line and "--allow fp32,int16,per-channel" in line
     assert _mostly_fp32(trial(5), 10) == "" and _mostly_fp32(trial(0), 0) == ""

@@ -16,8 +16,8 @@ units), or 30 dB output SQNR for a metric without an FP32 value.
 
 exit codes: 0 when the target is met; 6 when no proposal within --max-nodes
 meets it (the best proposal found is still written), or when the one that
-meets it keeps most quantizable nodes FP32 (unless --accept-mostly-fp32); 3 when the model is not
-the one the report was made from.
+meets it gives the INT8 speed-up back (unless --accept-no-speedup); 3 when
+the model is not the one the report was made from.
 
 Example:
   qdebug propose report.json --target-drop 1 --max-nodes 8 -o proposal.json
@@ -97,10 +97,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--wide", action="store_true", help="full node names in the proposal table (default: shortened to fit)"
     )
     p.add_argument(
-        "--accept-mostly-fp32",
+        "--accept-no-speedup",
         action="store_true",
-        help="exit 0 for a proposal that meets the target but keeps most quantizable nodes FP32 (default: "
-        "exit 6: most of the INT8 speed-up is gone)",
+        help="exit 0 for a proposal that meets the target but gives the INT8 speed-up back: it keeps most "
+        "quantizable nodes FP32, or the verified frontier timed it slower than FP32 while full static is "
+        "faster (default: exit 6)",
+    )
+    p.add_argument(
+        "--time-runs",
+        type=int,
+        default=20,
+        metavar="N",
+        help="timed runs per point of the verified frontier (FP32, static, the proposal, its neighbours, "
+        "dynamic), with verify's harness; 0: no frontier (default: 20)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
@@ -125,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         use_cache=not args.no_cache,
         providers=providers,
         threads=args.threads,
+        time_runs=args.time_runs,
     )
     with stderr_progress(not args.quiet) as progress:
         result = propose(
@@ -152,9 +162,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return int(ExitCode.TARGET_NOT_MET)
-    if result.mostly_fp32:
-        print(f"qdebug: {result.mostly_fp32}", file=sys.stderr)
-        if not args.accept_mostly_fp32:
+    if result.no_speedup:
+        print(f"qdebug: {result.no_speedup}", file=sys.stderr)
+        if not args.accept_no_speedup:
             return int(ExitCode.TARGET_NOT_MET)
     return 0
 
@@ -180,7 +190,7 @@ def print_summary(result, wide: bool = False) -> None:
     console.print(
         f"nodes kept FP32: {len(p.nodes_to_exclude)} of {p.quantizable_nodes} quantizable "
         f"({share}); "
-        f"16-bit tensors: {len(p.tensor_overrides)}; per-channel: {p.per_channel}; "
+        f"{_overrides_text(p.tensor_overrides)}; per-channel: {p.per_channel}; "
         f"Q/DQ pairs vs static: {p.qdq_pairs_delta:+d}"
     )
     trials = result.trials
@@ -194,6 +204,32 @@ def print_summary(result, wide: bool = False) -> None:
     )
     if p.reasons:
         _reasons_table(console, p.reasons, wide)
+    if p.frontier:
+        _frontier_table(console, p.frontier, name)
+
+
+def _overrides_text(overrides) -> str:
+    """``16-bit tensors: 2`` and the per-node fixes (clipped ranges, one node's per-channel or 7-bit
+    weights) counted apart."""
+    int16 = sum(1 for o in overrides if o.quant_type in ("QUInt16", "QInt16"))
+    fixes = len(overrides) - int16
+    return f"16-bit tensors: {int16}" + (f"; per-node fixes (INT8 kept): {fixes}" if fixes else "")
+
+
+def _frontier_table(console, frontier, metric: str) -> None:
+    """The verified frontier: each point built, scored and timed alike (p50 vs FP32)."""
+    from rich.table import Table
+
+    fp32 = next((f for f in frontier if f.label == "fp32"), None)
+    table = Table(title="verified frontier (each point built, scored and timed alike)")
+    for col, just in (("", "left"), ("changes", "left"), (metric, "right"), ("met", "left"), ("p50 ms", "right"),
+                      ("vs FP32", "right")):  # fmt: skip
+        table.add_column(col, justify=just)
+    for f in frontier:
+        ratio = f"{fp32.p50_ms / f.p50_ms:.2f}x" if fp32 is not None and f.p50_ms > 0 else "-"
+        table.add_row(f.label, f.changed, fmt_metric(metric, f.metric), "yes" if f.met else "no", f"{f.p50_ms:.3g}",
+                      ratio)  # fmt: skip
+    console.print(table)
 
 
 def _reasons_table(console, reasons, wide: bool) -> None:

@@ -13,6 +13,7 @@ re-ranking capture (:func:`_reranker`), the strategies
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 import time
@@ -45,6 +46,7 @@ from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
 from qdebug.propose.fixes import fix_for
+from qdebug.propose.frontier import TIME_RUNS, speed_verdict, verified_frontier
 from qdebug.propose.search import (
     Fix,
     Plan,
@@ -60,7 +62,7 @@ from qdebug.propose.search import (
 from qdebug.propose.strategy import run_search
 from qdebug.propose.structure import Structure
 from qdebug.quantize import QuantSpec
-from qdebug.records import SCHEMA_VERSION, AnalysisConfig, NodeRecord, Proposal, Report, WeightRecord
+from qdebug.records import SCHEMA_VERSION, AnalysisConfig, FrontierPoint, NodeRecord, Proposal, Report, WeightRecord
 from qdebug.report_io import dumps, load_report
 
 ACTIONS = ("fp32", "int16", "per-channel", "clip", "reduce-range")
@@ -93,6 +95,8 @@ class ProposeOptions:
     max_evaluations: int | None = None
     """Evaluation budget (None: ``2*ceil(log2 L) + 10`` for ``L`` candidate nodes)."""
     rerank_samples: int = RERANK_SAMPLES
+    time_runs: int = TIME_RUNS
+    """Timed runs per point of the verified frontier (0: no frontier, no speed verdict)."""
     use_cache: bool = True
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     threads: int = 0
@@ -117,9 +121,10 @@ class ProposeResult:
     proposal_path: str | None = None
     notes: tuple[str, ...] = ()
     """What the user should know about how the proposal was made (printed by the CLI)."""
-    mostly_fp32: str = ""
-    """Why the answer gives back most of the INT8 speed-up, when it keeps most of the model FP32 (the CLI
-    prints it and exits 6 unless ``--accept-mostly-fp32``)."""
+    no_speedup: str = ""
+    """Why the answer gives the INT8 speed-up back, when it does: it keeps most of the model FP32, or the
+    frontier timed it slower than FP32 while static is faster (the CLI prints it and exits 6 unless
+    ``--accept-no-speedup``)."""
 
     @property
     def evaluations(self) -> int:
@@ -309,6 +314,7 @@ def _propose(
     rerank = _reranker(search, prep, calib_src, cfg, options, config, progress)
     widened = rank_units(structure, report.nodes, report.weights, widen=True)
     diagnosed = diagnosed_units(structure, report)
+
     def fixer(unit: Unit, kind: str) -> Fix | None:
         return fix_for(unit, kind, structure, report, search.per_channel)
 
@@ -317,9 +323,11 @@ def _propose(
     )
     plan, final, spec, selective = _selective(search, report, plan, met)
     static = search.trials[0]
+    frontier, speed_notes, no_speedup = _speed(search, prep, evaluator, final, selective, options, progress)
     seconds = time.perf_counter() - start
     sel_path = selective_model_path(output) if output is not None else None
     proposal = _proposal_record(report, model_path, prep, calib_src, search, plan, spec, final, seconds, sel_path)
+    proposal = dataclasses.replace(proposal, frontier=frontier)
     if output is not None and sel_path is not None:
         save_model(selective, sel_path)
         atomic_write_text(output, dumps(proposal))
@@ -334,9 +342,31 @@ def _propose(
         max_evaluations=search.budget,
         seconds=seconds,
         proposal_path=str(output) if output is not None else None,
-        notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static)),
-        mostly_fp32=_mostly_fp32(final, len(search.structure.excludable)),
+        notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static), *speed_notes),
+        no_speedup=no_speedup,
     )
+
+
+def _speed(
+    search: Search,
+    prep: Prepared,
+    evaluator: Evaluator,
+    final: Trial,
+    selective: onnx.ModelProto,
+    options: ProposeOptions,
+    progress: Progress,
+) -> tuple[tuple[FrontierPoint, ...], list[str], str]:
+    """The verified frontier, notes on it, and the line saying the answer gives the speed-up back (``""``
+    when it does not): it keeps most of the model FP32, or it is timed slower than FP32 beyond the noise."""
+    frontier, notes = verified_frontier(search, prep, evaluator, final, selective, options.time_runs, progress)
+    lines, slow = speed_verdict(frontier)
+    mostly = _mostly_fp32(final, len(search.structure.excludable))
+    if not slow:
+        notes.extend(lines)
+    reasons = [x for x in (mostly, *(lines if slow else [])) if x]
+    if not reasons:
+        return frontier, notes, ""
+    return frontier, notes, "; ".join(reasons) + ". Pass --accept-no-speedup to take this proposal anyway"
 
 
 MOSTLY_FP32_SHARE = 0.5
@@ -352,8 +382,7 @@ def _mostly_fp32(final: Trial, quantizable: int) -> str:
         f"the proposal keeps {len(final.nodes)} of {quantizable} quantizable nodes "
         f"({100 * len(final.nodes) / quantizable:.0f} %) FP32: most of the INT8 speed-up is gone. Try "
         "--allow fp32,int16,per-channel (16-bit activations, per-channel weights), dynamic quantization "
-        "(qdebug bench --variants fp32,dynamic,static), or a looser target; or keep the model FP32. "
-        "Pass --accept-mostly-fp32 to take this proposal anyway"
+        "(qdebug bench --variants fp32,dynamic,static), or a looser target; or keep the model FP32"
     )
 
 

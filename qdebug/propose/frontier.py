@@ -1,0 +1,179 @@
+"""The verified frontier: what the answer costs in speed, next to the few alternatives that matter.
+
+A proposal that meets the target by keeping half the model FP32 has given back the INT8 speed-up, and
+one that keeps 99 % is a slower FP32 model. So propose times its answer with verify's fair harness
+(:func:`qdebug.timing.time_sessions`: one session each, same batch, same threads, interleaved rounds)
+next to FP32, full static INT8, ``quantize_dynamic``, and the best configurations it scored that change
+less or more than the answer; every point is a model actually built and scored, never an estimate.
+:func:`speed_verdict` then says in one line when the answer is no faster than FP32 while static is,
+beyond the timing noise, and names the best option it measured.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import onnx
+
+from qdebug.errors import QDebugError
+from qdebug.evaluate import EvalResult, Evaluator
+from qdebug.prepare import Prepared
+from qdebug.progress import Progress
+from qdebug.propose.search import Search, Trial
+from qdebug.quantize import quantize_dynamic_model
+from qdebug.records import FrontierPoint
+from qdebug.records.verify import Timing
+from qdebug.timing import time_sessions
+
+TIME_RUNS = 20
+"""Timed runs per frontier point (``--time-runs``; 0 skips the frontier)."""
+
+
+def verified_frontier(
+    search: Search,
+    prep: Prepared,
+    evaluator: Evaluator,
+    final: Trial,
+    selective: onnx.ModelProto,
+    runs: int,
+    progress: Progress,
+) -> tuple[tuple[FrontierPoint, ...], list[str]]:
+    """The frontier points (FP32 first) and notes on what could not be measured."""
+    if runs <= 0 or not evaluator.batches:
+        return (), []
+    notes: list[str] = []
+    static = search.trials[0]
+    entries: list[tuple[str, Trial | None, EvalResult | None, onnx.ModelProto]] = [
+        ("fp32", None, None, prep.normalized),
+        ("static", static, None, search.build((), (), static.per_channel)[1]),
+        ("proposal", final, None, selective),
+    ]
+    for label, trial in _neighbours(search, final):
+        model = search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)[1]
+        entries.append((label, trial, None, model))
+    dynamic = _dynamic(prep, evaluator, notes)
+    if dynamic is not None:
+        entries.append(("dynamic", None, dynamic[1], dynamic[0]))
+    progress("frontier", 0, len(entries))
+    models = {e[0]: e[3] for e in entries}
+    timings = time_sessions(models, evaluator.batches[0].feeds, evaluator.config, runs=runs, notes=notes)
+    progress("frontier", len(entries), len(entries))
+    points = tuple(_point(search, label, trial, result, timings[label]) for label, trial, result, _ in entries)
+    return points, notes
+
+
+def _neighbours(search: Search, final: Trial) -> list[tuple[str, Trial]]:
+    """The best-scoring trial that changes less than the answer, and the best that changes more (when it
+    scores higher): what a looser target, or a stricter one, would cost."""
+    size = _size(final)
+    pool = [t for t in [*search.trials, *search.equivalents] if search.fits(t) and t is not search.trials[0]]
+    smaller = [t for t in pool if 0 < _size(t) < size]
+    larger = [t for t in pool if _size(t) > size and search.score(t) > search.score(final)]
+    out = []
+    if smaller:
+        out.append(("smaller", max(smaller, key=lambda t: (search.score(t), -_size(t)))))
+    if larger:
+        out.append(("larger", max(larger, key=lambda t: (search.score(t), -_size(t)))))
+    return out
+
+
+def _size(trial: Trial) -> int:
+    return len(trial.nodes) + len(trial.overrides) + len(trial.fixes)
+
+
+def _dynamic(prep: Prepared, evaluator: Evaluator, notes: list[str]) -> tuple[onnx.ModelProto, EvalResult] | None:
+    """``quantize_dynamic`` of the normalized model, scored (``None`` with a note when ORT cannot build it)."""
+    with tempfile.TemporaryDirectory(prefix="qdebug-dynamic-") as tmp:
+        path = Path(tmp) / "dynamic.onnx"
+        try:
+            quantize_dynamic_model(prep.normalized_path, path)
+            model = onnx.load(str(path))
+            return model, evaluator.score(model, what="dynamic quantized model")
+        except QDebugError as e:
+            notes.append(f"the frontier has no dynamic-quantization point: {e.message}")
+            return None
+
+
+def _point(search: Search, label: str, trial: Trial | None, result: EvalResult | None, timing: Timing) -> FrontierPoint:
+    target = search.target
+    if trial is not None:
+        value, sqnr, met, nodes = trial.value, trial.output_sqnr_db, trial.met, len(trial.nodes)
+    elif result is not None:
+        value, sqnr, met, nodes = result.value, result.output_sqnr_db, target.met(result), 0
+    else:  # FP32 itself
+        value, sqnr, met, nodes = target.fp32, math.inf, True, -1
+    return FrontierPoint(label, _changed(label, trial), nodes, value, sqnr, met, timing.p50_ms, timing.p95_ms)
+
+
+def _changed(label: str, trial: Trial | None) -> str:
+    if label == "fp32":
+        return "no quantization"
+    if label == "dynamic":
+        return "quantize_dynamic (weights INT8, activations at run time)"
+    if trial is None or _size(trial) == 0:
+        return "full static INT8" + (" (per-channel weights)" if trial is not None and trial.per_channel else "")
+    parts = []
+    if trial.nodes:
+        parts.append(f"{len(trial.nodes)} node{'s' if len(trial.nodes) != 1 else ''} FP32")
+    if trial.overrides:
+        parts.append(f"{len(trial.overrides)} tensor(s) 16-bit")
+    if trial.fixes:
+        parts.append(f"{len(trial.fixes)} per-node fix(es)")
+    return " + ".join(parts) + (", per-channel weights" if trial.per_channel else "")
+
+
+def speed_verdict(points: Sequence[FrontierPoint]) -> tuple[list[str], bool]:
+    """(lines for the user, whether the answer gave the speed-up back) from the frontier.
+
+    Judged beyond the timing noise only: the answer gives the speed-up back when its median is slower
+    than FP32's 95th percentile while static's 95th percentile beats FP32's median. When static itself is
+    no faster than FP32, quantization buys no speed on this machine: said so, and the answer is judged on
+    accuracy alone. Another measured point that also meets the target and is faster than the answer is
+    named either way (``quantize_dynamic`` often is, on a transformer).
+    """
+    by = {p.label: p for p in points}
+    fp32, static, answer = by.get("fp32"), by.get("static"), by.get("proposal")
+    if fp32 is None or static is None or answer is None:
+        return [], False
+    lines, slow = [], False
+    if static.p95_ms >= fp32.p50_ms:
+        lines.append(
+            f"full static INT8 is not faster than FP32 here beyond the timing noise (p50 {static.p50_ms:.3g} vs "
+            f"{fp32.p50_ms:.3g} ms): on this CPU and provider quantization buys little or no speed (check its "
+            "int8 support, e.g. VNNI); the proposal is judged on accuracy alone"
+        )
+    elif answer.p50_ms > fp32.p95_ms:
+        slow = True
+        lines.append(
+            f"the proposal is slower than FP32 (p50 {answer.p50_ms:.3g} vs {fp32.p50_ms:.3g} ms; full static "
+            f"{static.p50_ms:.3g} ms): it gives the INT8 speed-up back. Best option measured: "
+            f"{_best_option(points, fp32)}"
+        )
+    better = [p for p in points if p.label not in ("fp32", "proposal") and p.met and p.p95_ms < answer.p50_ms]
+    if better and not slow:
+        best = min(better, key=lambda p: p.p50_ms)
+        lines.append(
+            f"{best.label} ({best.changed}) also meets the target and is faster than the proposal (p50 "
+            f"{best.p50_ms:.3g} vs {answer.p50_ms:.3g} ms, FP32 {fp32.p50_ms:.3g} ms)"
+        )
+    return lines, slow
+
+
+def _best_option(points: Sequence[FrontierPoint], fp32: FrontierPoint) -> str:
+    """The fastest point that meets the target and beats FP32; else the most accurate that beats FP32 (a
+    looser target, with its numbers); else FP32."""
+    faster = [p for p in points if p.label not in ("fp32", "proposal") and p.p50_ms < fp32.p50_ms]
+    met = [p for p in faster if p.met]
+    if met:
+        best = min(met, key=lambda p: p.p50_ms)
+        return f"{best.label} ({best.changed}) meets the target at {best.p50_ms:.3g} ms"
+    if faster:
+        closest = max(faster, key=lambda p: p.metric if math.isfinite(p.metric) else -math.inf)
+        return (
+            f"a looser target: {closest.label} ({closest.changed}) reaches {closest.metric:.4g} "
+            f"at {closest.p50_ms:.3g} ms"
+        )
+    return "keep the model FP32"

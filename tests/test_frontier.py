@@ -1,0 +1,68 @@
+"""The verified frontier propose writes (issue 15 item 5): every point is a model built, scored and timed
+alike, and the one-line verdict says when the answer gives the INT8 speed-up back."""
+
+from __future__ import annotations
+
+import json
+
+from qdebug.cli.main import main
+from qdebug.propose.frontier import speed_verdict
+from qdebug.records import FrontierPoint
+from tests.conftest import analyze_then_propose
+
+
+def _point(label: str, p50: float, met: bool = True, metric: float = 0.9, spread: float = 0.02) -> FrontierPoint:
+    return FrontierPoint(label, label, 0, metric, 30.0, met, p50, p50 * (1 + spread))
+
+
+def test_a_proposal_slower_than_fp32_while_static_is_faster_gives_the_speed_up_back():
+    points = [_point("fp32", 10.0), _point("static", 6.0, met=False), _point("proposal", 12.0),
+              _point("dynamic", 8.0)]  # fmt: skip
+    lines, slow = speed_verdict(points)
+    assert slow and "slower than FP32" in lines[0] and "dynamic (dynamic) meets the target at 8 ms" in lines[0]
+
+
+def test_with_nothing_faster_that_meets_the_target_the_best_option_is_a_looser_target_or_fp32():
+    points = [_point("fp32", 10.0), _point("static", 6.0, met=False, metric=0.5), _point("proposal", 12.0),
+              _point("smaller", 7.0, met=False, metric=0.8)]  # fmt: skip
+    lines, slow = speed_verdict(points)
+    assert slow and "a looser target: smaller (smaller) reaches 0.8 at 7 ms" in lines[0]
+    lines, slow = speed_verdict([_point("fp32", 10.0), _point("static", 6.0, met=False), _point("proposal", 12.0)])
+    assert slow and "a looser target: static (static) reaches 0.9 at 6 ms" in lines[0]  # full INT8's own numbers
+
+
+def test_timing_noise_is_not_a_verdict():
+    # the proposal's median inside FP32's spread: not slower; static inside it too: no speed to give back
+    points = [_point("fp32", 10.0, spread=0.1), _point("static", 6.0, met=False), _point("proposal", 10.5)]
+    lines, slow = speed_verdict(points)
+    assert not slow and lines == []
+    lines, slow = speed_verdict([_point("fp32", 10.0), _point("static", 9.9), _point("proposal", 12.0)])
+    assert not slow and "not faster than FP32 here beyond the timing noise" in lines[0]
+
+
+def test_a_faster_alternative_that_also_meets_the_target_is_named():
+    points = [_point("fp32", 10.0), _point("static", 6.0, met=False), _point("proposal", 9.0),
+              _point("dynamic", 5.0)]  # fmt: skip
+    lines, slow = speed_verdict(points)
+    assert not slow and lines == ["dynamic (dynamic) also meets the target and is faster than the proposal "
+                                  "(p50 5 vs 9 ms, FP32 10 ms)"]  # fmt: skip
+
+
+def test_the_proposal_file_carries_the_measured_frontier(tmp_path, cnn):
+    model, calib = cnn
+    raw = analyze_then_propose(model, calib, tmp_path)
+    labels = [p["label"] for p in raw["frontier"]]
+    assert labels[:3] == ["fp32", "static", "proposal"] and "dynamic" in labels
+    by = {p["label"]: p for p in raw["frontier"]}
+    assert by["proposal"]["metric"] == raw["expected_metric"] and by["static"]["metric"] == raw["static_metric"]
+    assert all(p["p50_ms"] > 0 and p["p95_ms"] >= p["p50_ms"] for p in raw["frontier"])
+    assert by["fp32"]["output_sqnr_db"] == "inf" and by["fp32"]["met"] is True  # the reference itself
+
+
+def test_time_runs_0_writes_no_frontier(tmp_path, cnn):
+    model, calib = cnn
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(report), "-q"]) == 0
+    out = tmp_path / "p.json"
+    assert main(["propose", str(report), "-o", str(out), "-q", "--time-runs", "0"]) in (0, 6)
+    assert json.loads(out.read_text())["frontier"] == []

@@ -66,3 +66,13 @@ def test_time_runs_0_writes_no_frontier(tmp_path, cnn):
     out = tmp_path / "p.json"
     assert main(["propose", str(report), "-o", str(out), "-q", "--time-runs", "0"]) in (0, 6)
     assert json.loads(out.read_text())["frontier"] == []
+
+
+def test_a_missed_target_names_what_each_measured_alternative_reaches():
+    from qdebug.propose.frontier import missed_verdict
+
+    points = [_point("fp32", 10.0), _point("static", 6.0, met=False, metric=0.5), _point("proposal", 9.0, False),
+              _point("dynamic", 8.0, met=False, metric=0.7)]  # fmt: skip
+    line = missed_verdict(points)
+    assert line.startswith("no configuration found meets the target; measured: dynamic (dynamic) 0.7 at 8 ms;")
+    assert "static (static) 0.5 at 6 ms" in line and "keep the model FP32" in line

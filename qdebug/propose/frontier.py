@@ -177,3 +177,22 @@ def _best_option(points: Sequence[FrontierPoint], fp32: FrontierPoint) -> str:
             f"at {closest.p50_ms:.3g} ms"
         )
     return "keep the model FP32"
+
+
+def missed_verdict(points: Sequence[FrontierPoint]) -> str:
+    """One line for an answer that misses the target: what each measured alternative reaches and costs, so
+    the user can pick one (16-bit, dynamic, a looser target, or FP32) instead of a proposal that fails."""
+    by = {p.label: p for p in points}
+    fp32 = by.get("fp32")
+    options = [p for p in points if p.label not in ("fp32", "proposal")]
+    if fp32 is None or not options:
+        return ""
+    parts = [
+        f"{p.label} ({p.changed}) {p.metric:.4g}{' meets it' if p.met else ''} at {p.p50_ms:.3g} ms"
+        for p in sorted(options, key=lambda p: -p.metric if math.isfinite(p.metric) else math.inf)
+    ]
+    return (
+        f"no configuration found meets the target; measured: {'; '.join(parts)}; FP32 {fp32.p50_ms:.3g} ms. "
+        "The error may be spread over the whole model: try --allow fp32,int16 (16-bit activations), a looser "
+        "target, or keep the model FP32"
+    )

@@ -46,7 +46,7 @@ from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
 from qdebug.propose.fixes import fix_for
-from qdebug.propose.frontier import TIME_RUNS, speed_verdict, verified_frontier
+from qdebug.propose.frontier import TIME_RUNS, missed_verdict, speed_verdict, verified_frontier
 from qdebug.propose.search import (
     Fix,
     Plan,
@@ -359,6 +359,8 @@ def _speed(
     """The verified frontier, notes on it, and the line saying the answer gives the speed-up back (``""``
     when it does not): it keeps most of the model FP32, or it is timed slower than FP32 beyond the noise."""
     frontier, notes = verified_frontier(search, prep, evaluator, final, selective, options.time_runs, progress)
+    if not (final.met and search.fits(final)):
+        return frontier, [*notes, missed_verdict(frontier)] if frontier else notes, ""
     lines, slow = speed_verdict(frontier)
     mostly = _mostly_fp32(final, len(search.structure.excludable))
     if not slow:

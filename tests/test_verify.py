@@ -85,6 +85,8 @@ def test_verify_met_exits_0_with_side_by_side_report(setup, tmp_path, capsys):
     assert "fp32" in stdout and "selective" in stdout and "PASS" in stdout
     raw = json.loads(out.read_text())
     assert raw["kind"] == "verify" and raw["met"] is True
+    # the verdict line says what the recovery costs in speed (issue 15: where CI reads it)
+    assert "; selective p50 " in raw["verdict"] and "(FP32 " in raw["verdict"] and "static " in raw["verdict"]
     v = {x["name"]: x for x in raw["variants"]}
     assert set(v) == {"fp32", "static", "selective"}
     assert raw["recovered_fraction"] >= 0.9

@@ -1404,3 +1404,17 @@ def test_depth_profile_takes_the_worst_node_at_each_depth():
     )
     m = LayerModel(replace(REPORT, nodes=nodes, tensors=()))
     assert m.depth_profile() == [10.0, 25.0]
+
+
+def test_the_proposal_panel_shows_the_verified_frontier_in_one_line():
+    """propose's frontier (speed vs FP32 of each point it timed) reaches the TUI next to the proposal."""
+    from qdebug.records import FrontierPoint
+    from qdebug.tui.model import frontier_line
+
+    points = (
+        FrontierPoint("fp32", "no quantization", -1, 0.98, math.inf, True, 1.0, 1.1),
+        FrontierPoint("static", "full static INT8", 0, 0.83, 5.0, False, 0.5, 0.6),
+        FrontierPoint("proposal", "5 nodes FP32", 5, 0.974, 18.0, True, 0.8, 0.9),
+    )
+    assert frontier_line(points) == "speed vs FP32 (p50): static 2.00x · proposal 1.25x met"
+    assert frontier_line(points[1:]) == ""  # no FP32 point to compare with

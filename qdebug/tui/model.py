@@ -30,6 +30,7 @@ from qdebug.formatting import (
 )
 from qdebug.records import (
     SCHEMA_VERSION,
+    FrontierPoint,
     NodeReason,
     NodeRecord,
     Proposal,
@@ -695,3 +696,17 @@ def proposal_snippet(report: Report, proposal: Proposal) -> str:
         max_samples=cfg.max_samples,
         inputs=report.model.inputs,
     )
+
+
+def frontier_line(frontier: Sequence[FrontierPoint]) -> str:
+    """The proposal's verified frontier in one line: each point's speed against FP32 (p50), and whether it
+    meets the target (``speed vs FP32: proposal 1.08x · static 1.10x · dynamic 1.25x met``)."""
+    fp32 = next((f for f in frontier if f.label == "fp32"), None)
+    if fp32 is None:
+        return ""
+    parts = [
+        f"{f.label} {fp32.p50_ms / f.p50_ms:.2f}x{' met' if f.met else ''}"
+        for f in frontier
+        if f.label != "fp32" and f.p50_ms > 0
+    ]
+    return "speed vs FP32 (p50): " + " · ".join(parts) if parts else ""

@@ -48,6 +48,7 @@ from qdebug.tui.model import (
     fmt_metric,
     fmt_metric_delta,
     fmt_num,
+    frontier_line,
     table_layout,
 )
 
@@ -752,6 +753,8 @@ class ExclusionPanel(Vertical):
                 t.append(f": {p.metric} {fmt_metric(p.metric, p.static_metric)}", style="dim")
                 if not math.isnan(p.expected_metric):
                     t.append(f" → {fmt_metric(p.metric, p.expected_metric)}", style="dim")
+            if p.frontier:
+                t.append("\n" + frontier_line(p.frontier), style="dim")
         self.query_one("#exclusion-title", Static).update(t)
         entries = []
         for name in names:

@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_evaluations is not None and args.max_evaluations < 1:
         raise QDebugError("--max-evaluations must be >= 1", "pass a positive number", ExitCode.USAGE)
+    if args.time_runs < 0:
+        raise QDebugError("--time-runs must be >= 0", "pass 0 to skip the frontier, or a run count", ExitCode.USAGE)
     providers = provider_list(args.provider)
     options = ProposeOptions(
         target_drop=args.target_drop,

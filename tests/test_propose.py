@@ -809,3 +809,15 @@ def test_a_proposal_keeping_most_of_the_model_fp32_says_so():
     line = _mostly_fp32(trial(6), 10)
     assert "keeps 6 of 10 quantizable nodes (60 %) FP32" in line and "--allow fp32,int16,per-channel" in line
     assert _mostly_fp32(trial(5), 10) == "" and _mostly_fp32(trial(0), 0) == ""
+
+
+def test_the_snippet_quantizes_the_normalized_model_when_weights_sit_in_constant_nodes(tmp_path):
+    """Plain quantize_static leaves Constant-node weights float; normalization made them initializers, so the
+    snippet the user runs must start from the normalized model or it rebuilds another, larger model."""
+    model = fixture_path("robustness", "constant_weights.onnx")
+    calib = fixture_path("robustness", "constant_weights_calib.npz")
+    report, prop = tmp_path / "r.json", tmp_path / "p.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(report), "-q"]) == 0
+    assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "-q", "--time-runs", "0"]) in (0, 6)
+    p = load_record(Proposal, prop, "proposal")
+    assert repr(p.normalized_model) in p.snippet and repr(str(model.resolve())) not in p.snippet

@@ -124,8 +124,9 @@ def _dims(shape: Sequence[Any]) -> str:
 
 
 def _rows(batch: Mapping[str, np.ndarray]) -> int:
-    """Samples in one batch: :func:`qdebug.data.feed_rows`'s rule (axis 0 of the first batched input; 1
-    when every input is a scalar), restated because this module imports nothing of qdebug."""
+    """Samples in one batch when the parent did not say (:func:`load_rows`): :func:`qdebug.data.feed_rows`'s
+    rule without batch axes (axis 0 of the first batched input; 1 when every input is a scalar), restated
+    because this module imports nothing of qdebug."""
     return next((len(v) for v in batch.values() if v.ndim), 1)
 
 
@@ -134,13 +135,19 @@ class Harness:
 
     Args:
         session: an ``onnxruntime.InferenceSession``.
-        batches: the batches, each a mapping input name -> array (batch on axis 0).
+        batches: the batches, each a mapping input name -> array.
         use_iobinding: False forces plain ``session.run`` (for comparisons).
+        rows: the samples of each batch (None: axis 0 of its first batched input).
 
     """
 
     def __init__(
-        self, session: Any, batches: Sequence[Mapping[str, np.ndarray]], *, use_iobinding: bool = True
+        self,
+        session: Any,
+        batches: Sequence[Mapping[str, np.ndarray]],
+        *,
+        use_iobinding: bool = True,
+        rows: Sequence[int] | None = None,
     ) -> None:
         if not batches:
             raise ValueError("no batches to time")
@@ -150,13 +157,13 @@ class Harness:
         self.notes: list[str] = []
         self.declared: dict[str, str] = {}
         """:func:`declared_shape_mismatches`, each output's note from the first batch shape that showed it."""
-        sizes = [_rows(b) for b in batches]
+        sizes = [int(n) for n in rows] if rows is not None else [_rows(b) for b in batches]
         self.full_size = max(sizes)
         by_shape: dict[tuple, tuple[tuple[np.ndarray, ...], Callable[[], Any], str]] = {}
         steps = []
         first: list[Step] = []
         keys = []
-        for b in batches:
+        for b, size in zip(batches, sizes, strict=True):
             key = tuple((b[n].shape, b[n].dtype.str) for n in self.input_names)
             if key not in by_shape:
                 bufs = tuple(np.empty(b[n].shape, b[n].dtype) for n in self.input_names)
@@ -166,7 +173,7 @@ class Harness:
             bufs, run, _ = by_shape[key]
             srcs = (np.asarray(b[n], order="C") for n in self.input_names)
             copies = tuple(zip(bufs, srcs, strict=True))
-            steps.append(Step(copies, run, _rows(b)))
+            steps.append(Step(copies, run, size))
             keys.append(key)
             if len(first) < len(by_shape):
                 first.append(steps[-1])
@@ -425,6 +432,13 @@ def load_batches(path: str, input_names: Sequence[str], count: int) -> list[dict
         ]
 
 
+def load_rows(path: str, count: int) -> list[int] | None:
+    """The samples of each batch, as the parent counted them on each input's batch axis (None: a file
+    written without them)."""
+    with np.load(path, allow_pickle=False) as z:
+        return [int(n) for n in z["rows"][:count]] if "rows" in z.files else None
+
+
 def measure(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Time one model as described by ``spec`` (see :func:`qdebug.bench.child_spec`), all passes at once."""
     opened = _Opened(spec)
@@ -462,7 +476,7 @@ class _Opened:
         self.before_session = memory_bytes()["rss"]
         self.session = make_session(spec["model"], spec["providers"], spec["threads"])
         self.after_session = memory_bytes()["rss"]
-        self.harness = Harness(self.session, batches)
+        self.harness = Harness(self.session, batches, rows=load_rows(spec["inputs"], spec["batches"]))
         self.harness.warmup(spec["warmup"])
         self.starts: list[int] = []
         """``time.monotonic_ns()`` at the start of each pass served (:func:`serve`)."""

@@ -2,13 +2,21 @@
 
 A source is one of
 
-* an ``.npz`` file keyed by model input name (batch on axis 0), with an
-  optional ``labels`` key;
+* an ``.npz`` file keyed by model input name (samples stacked on each input's
+  batch axis, see below), with an optional ``labels`` key;
 * a folder of such files (sorted by name); files may differ in their dynamic
   dimensions (sequence length, image width) -- each is then its own batch;
 * a Python hook ``module:function`` or ``path/to/file.py:function`` returning
   an iterable of feed dicts (a ``labels`` key is taken as labels) or an ORT
   ``CalibrationDataReader``.
+
+Each input's batch axis is read off the model (:func:`decide_batch_axes`): the
+symbolic dimension the inputs share (``batch``, ``N``), wherever it sits -- a
+streaming model's state ``[2, batch, 128]`` has it on axis 1 -- else the only
+size they share, else axis 0; with no axis to split on, each file or hook item
+is one indivisible batch. ``--batch-axis NAME=AXIS`` overrides it. Everything
+that cuts, counts or stacks samples goes through :func:`take_rows`,
+:func:`feed_rows` and :func:`join_rows` with those axes.
 
 Everything is checked against the model's inputs (names, dtype, rank, static
 dims) before any long work starts, and every problem is one
@@ -19,6 +27,7 @@ number of files.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -33,6 +42,19 @@ import numpy as np
 from qdebug.errors import ExitCode, QDebugError
 
 LABELS_KEY = "labels"
+
+BATCH_AXIS_FLAG = "--batch-axis"
+
+Axes = Mapping[str, "int | None"]
+"""Input name -> the axis its samples are stacked on (None: fed whole with every batch, e.g. a scalar)."""
+
+UNDECIDED = "?"
+"""``InputSpec.batch_rule`` of an axis the model cannot tell (unnamed dynamic dims): read off the data."""
+
+NO_AXIS_RULE = (
+    "no axis every input shares (neither a common symbolic dimension nor a common size), so each file or hook "
+    "item is one indivisible batch, counted as one sample"
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,11 @@ class InputSpec:
     scalar: bool = False
     """The model declares rank 0 (a threshold, a temperature): one value per file or hook item, fed whole
     with every batch cut from it, never split or stacked on an axis 0 it does not have."""
+    batch_axis: int | None = 0
+    """The axis its samples are stacked on (a streaming model's state ``[2, batch, 128]``: 1); None when it
+    has none (a scalar; no axis every input shares): fed whole with every batch."""
+    batch_rule: str = ""
+    """How the axes were decided, for the data note ("" for the plain axis 0: nothing to say)."""
 
     def describe(self) -> str:
         """``name: float32[N,3,224,224]`` for messages."""
@@ -65,11 +92,16 @@ class Batch:
     size: int
     origin: str
     """Where it came from (file and slice) for error messages."""
+    axes: Axes = dataclasses.field(default_factory=dict)
+    """Each input's batch axis (:func:`batch_axes`): what a chunk of this batch is cut on."""
 
 
-def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
+def model_input_specs(
+    model: Any, batch_axes: Sequence[tuple[str, int | None]] = ()
+) -> tuple[InputSpec, ...]:
     """The inputs the data must feed: graph inputs that are neither initializers (a default the model
-    carries) nor ``optional`` (ORT runs without them; they had been demanded, as float32)."""
+    carries) nor ``optional`` (ORT runs without them; they had been demanded, as float32), each with its
+    batch axis (:func:`decide_batch_axes`; ``batch_axes``: the user's ``--batch-axis`` overrides)."""
     from onnx import helper
 
     inits = {i.name for i in model.graph.initializer}
@@ -91,8 +123,8 @@ def model_input_specs(model: Any) -> tuple[InputSpec, ...]:
                     dims.append(d.dim_param or None)
         scalar = tt.HasField("shape") and not dims  # an input without a shape has an unknown rank, not 0
         index = rows.get(vi.name) if dtype.kind in "iu" else None
-        specs.append(InputSpec(vi.name, dtype, tuple(dims), index, scalar))
-    return tuple(specs)
+        specs.append(InputSpec(vi.name, dtype, tuple(dims), index, scalar, None if scalar else 0))
+    return decide_batch_axes(tuple(specs), batch_axes)
 
 
 def _gather_rows(model: Any) -> dict[str, tuple[int, str]]:
@@ -112,14 +144,219 @@ def _gather_rows(model: Any) -> dict[str, tuple[int, str]]:
     return out
 
 
-def feed_rows(feeds: Mapping[str, np.ndarray]) -> int:
-    """Samples in one feed dict: axis 0 of its batched arrays (1 when every input is a scalar)."""
-    return next((int(v.shape[0]) for v in feeds.values() if v.ndim), 1)
+# ----------------------------------------------------------------------------- batch axes
 
 
-def take_rows(feeds: Mapping[str, np.ndarray], start: int, stop: int | None = None) -> dict[str, np.ndarray]:
-    """Samples ``start:stop`` of a feed dict; rank-0 inputs (one value for the whole batch) are kept whole."""
-    return {k: v[start:stop] if v.ndim else v for k, v in feeds.items()}
+def decide_batch_axes(
+    specs: tuple[InputSpec, ...], overrides: Sequence[tuple[str, int | None]] = ()
+) -> tuple[InputSpec, ...]:
+    """Each input's batch axis, read off the model's declared shapes (``overrides`` win).
+
+    In order: a symbolic dimension every input has once and whose name says batch (``batch``,
+    ``batch_size``, ``N``...), wherever it sits; axis 0 when the inputs agree there (all dynamic, or one
+    size); the only symbolic dimension they share; the only static size they share (``[1, 576]`` and
+    ``[2, 1, 128]``: axis 0 and 1). Where unnamed dynamic dimensions leave that open the data decides
+    (:func:`resolve_batch_axes`); with no axis at all, none: each file or hook item is one batch. A
+    streaming model's state ``[2, batch, 128]`` had been cut on axis 0, its 2 layers read as 2 samples.
+    """
+    wanted = _checked_overrides(specs, overrides)
+    shapes = {s.name: s.shape for s in specs if s.shape and s.name not in wanted}
+    axes, rule = _model_axes(shapes)
+    if wanted:  # the others as the model says (axis 0 where it cannot tell)
+        rest = rule if rule != UNDECIDED else ""
+        rule = f"{BATCH_AXIS_FLAG} for {', '.join(map(repr, wanted))}" + (f"; the others from {rest}" if rest else "")
+        axes = {**(axes or {}), **wanted}
+    elif axes is None:
+        rule = UNDECIDED
+    return tuple(_with_axis(s, (axes or {}).get(s.name, 0), rule) for s in specs)
+
+
+def _with_axis(spec: InputSpec, axis: int | None, rule: str) -> InputSpec:
+    return dataclasses.replace(spec, batch_axis=None if spec.scalar else axis, batch_rule=rule)
+
+
+def _checked_overrides(
+    specs: tuple[InputSpec, ...], overrides: Sequence[tuple[str, int | None]]
+) -> dict[str, int | None]:
+    """``--batch-axis`` pairs checked against the model: a known input, an axis within its rank."""
+    by_name = {s.name: s for s in specs}
+    out: dict[str, int | None] = {}
+    for name, axis in overrides:
+        spec = by_name.get(name)
+        if spec is None:
+            raise QDebugError(
+                f"{BATCH_AXIS_FLAG} {name}={axis}: the model has no input {name!r}",
+                f"name one of {sorted(by_name)}",
+                ExitCode.USAGE,
+            )
+        rank = len(spec.shape)
+        if axis is not None and (spec.scalar or (rank and not -rank <= axis < rank)):
+            raise QDebugError(
+                f"{BATCH_AXIS_FLAG} {name}={axis}: {spec.describe()} has no axis {axis}",
+                f"give an axis in 0..{max(rank - 1, 0)}, or {name}=none to feed it whole with every batch",
+                ExitCode.USAGE,
+            )
+        out[name] = axis % rank if axis is not None and rank else axis
+    return out
+
+
+def _batch_like(name: str) -> bool:
+    low = name.lower()
+    return "batch" in low or low in ("n", "b", "bs", "bsz", "nb")
+
+
+def _model_axes(shapes: Mapping[str, tuple[int | str | None, ...]]) -> tuple[dict[str, int | None] | None, str]:
+    """(axes, rule) from the declared shapes of the ranked inputs; axes None: the model cannot tell."""
+    if not shapes:
+        return {}, ""
+    dims = list(shapes.values())
+    shared = [d for d in dims[0] if isinstance(d, str) and all(x.count(d) == 1 for x in dims)]
+    likely = [d for d in shared if _batch_like(d)]
+    firsts = {d[0] for d in dims}
+    if likely or (len(shared) == 1 and not _axis0_agrees(firsts)):
+        name = next((d for d in likely if firsts == {d}), (likely or shared)[0])
+        axes = {k: d.index(name) for k, d in shapes.items()}
+        dimension = f"the symbolic dimension {name!r} " + ("every input has" if len(dims) > 1 else "of the input")
+        return axes, ("" if set(axes.values()) == {0} else dimension)
+    if _axis0_agrees(firsts):
+        return {k: 0 for k in shapes}, ""
+    size = _shared_value(dims)
+    if size is not None:
+        return {k: d.index(size) for k, d in shapes.items()}, f"size {size}, the only one every input declares"
+    if any(x is None for d in dims for x in d):
+        return None, UNDECIDED
+    return {k: None for k in shapes}, NO_AXIS_RULE
+
+
+def _axis0_agrees(firsts: set[Any]) -> bool:
+    """Axis 0 is every input's batch: all dynamic there, or all of one size."""
+    return not any(isinstance(d, int) for d in firsts) or len(firsts) == 1
+
+
+def _shared_value(dims: Sequence[Sequence[Any]]) -> int | None:
+    """The only int every shape has exactly once (None: no such size, or several)."""
+    sizes = [d for d in dict.fromkeys(dims[0]) if isinstance(d, int) and all(list(x).count(d) == 1 for x in dims)]
+    return sizes[0] if len(sizes) == 1 and len(dims) > 1 else None
+
+
+def resolve_batch_axes(
+    specs: tuple[InputSpec, ...], shapes: Mapping[str, tuple[int, ...]], origin: str
+) -> tuple[InputSpec, ...]:
+    """Axes the model left open (:data:`UNDECIDED`) read off the first file's or item's ``shapes``.
+
+    Only an input's unnamed dynamic dimensions can be its batch (all of them when it has none): axis 0
+    when it is one for every input and the sizes agree there, else the only size every input has once
+    among them, else none (each file or item one batch). An input ``[?, 64]`` with a state ``[2, ?, 16]``
+    in files of 2 streams: axis 0 and 1, not the state's 2 layers.
+    """
+    if not any(s.batch_rule == UNDECIDED for s in specs):
+        return specs
+    ranked = {s.name: s for s in specs if not s.scalar and shapes.get(s.name)}
+    if not ranked:
+        return tuple(_with_axis(s, 0, "") for s in specs)
+    open_dims = {k: _open_axes(s, len(shapes[k])) for k, s in ranked.items()}
+    sizes = {k: [int(shapes[k][i]) for i in axes] for k, axes in open_dims.items()}
+    if all(a[:1] == [0] for a in open_dims.values()) and len({v[0] for v in sizes.values()}) == 1:
+        return tuple(_with_axis(s, 0, "") for s in specs)
+    common = [n for n in dict.fromkeys(next(iter(sizes.values()))) if all(v.count(n) == 1 for v in sizes.values())]
+    if len(common) != 1:
+        return tuple(_with_axis(s, None, NO_AXIS_RULE) for s in specs)
+    axes = {k: open_dims[k][sizes[k].index(common[0])] for k in ranked}
+    rule = f"size {common[0]}, the only one every input has in {origin}, as the model names none of its dimensions"
+    return tuple(_with_axis(s, axes.get(s.name, 0), rule) for s in specs)
+
+
+def _open_axes(spec: InputSpec, rank: int) -> list[int]:
+    """The axes of an input whose size the model leaves open and unnamed (every axis when none is)."""
+    unnamed = [i for i, d in enumerate(spec.shape) if d is None]
+    return unnamed or list(range(rank))
+
+
+def batch_axes(specs: Sequence[InputSpec]) -> dict[str, int | None]:
+    """Input name -> batch axis (None: fed whole), for :func:`take_rows` and friends."""
+    return {s.name: s.batch_axis for s in specs}
+
+
+def batch_axis_note(specs: Sequence[InputSpec]) -> str | None:
+    """The one line that says which batch axis each input got and why (None for the plain axis 0)."""
+    rule = next((s.batch_rule for s in specs if s.batch_rule), "")
+    if not rule:
+        return None
+    if rule == NO_AXIS_RULE:
+        head = f"batch axis: none ({rule})"
+    else:
+        where = ", ".join(
+            f"{s.name!r} on axis {s.batch_axis}" for s in specs if s.batch_axis is not None
+        )
+        whole = [f"{s.name!r}" + (" (a scalar)" if s.scalar else "") for s in specs if s.batch_axis is None]
+        fed = f"; {', '.join(whole)} fed whole with every batch" if whole else ""
+        head = f"batch axis: {where or 'none'} (from {rule}){fed}; samples are cut, counted and scored on it"
+    return f"{head} (override with {BATCH_AXIS_FLAG} NAME=AXIS)"
+
+
+def output_batch_axes(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
+    """Graph output -> its batch axis: where it has the symbolic dimension the inputs' batch axes share
+    (a new state ``[2, batch, 128]``: 1), else 0."""
+    symbols = {
+        s.shape[s.batch_axis]
+        for s in specs
+        if s.batch_axis is not None and s.batch_axis < len(s.shape)
+    }
+    symbol = symbols.pop() if len(symbols) == 1 else None
+    out = {}
+    for vi in model.graph.output:
+        names = [d.dim_param for d in vi.type.tensor_type.shape.dim] if vi.type.HasField("tensor_type") else []
+        out[vi.name] = names.index(symbol) if isinstance(symbol, str) and names.count(symbol) == 1 else 0
+    return out
+
+
+def _axis_of(name: str, value: np.ndarray, axes: Axes | None) -> int | None:
+    """The batch axis of one array: ``axes``' (axis 0 for a name it lacks); None for rank 0."""
+    if not value.ndim:
+        return None
+    if axes is None or name not in axes:
+        return 0
+    axis = axes[name]
+    return axis if axis is None or axis < value.ndim else None
+
+
+def feed_rows(feeds: Mapping[str, np.ndarray], axes: Axes | None = None) -> int:
+    """Samples in one feed dict: the size of its first batched array on its batch axis (``axes``; without
+    them axis 0), 1 when no input has one (scalars; an indivisible batch)."""
+    for k, v in feeds.items():
+        axis = _axis_of(k, v, axes)
+        if axis is not None:
+            return int(v.shape[axis])
+    return 1
+
+
+def take_rows(
+    feeds: Mapping[str, np.ndarray], start: int, stop: int | None = None, axes: Axes | None = None
+) -> dict[str, np.ndarray]:
+    """Samples ``start:stop`` of a feed dict, each input cut on its batch axis (``axes``; without them
+    axis 0); inputs without one (rank 0: one value for the whole batch) are kept whole. A cut off axis 0 is
+    copied contiguous, as ORT reads it."""
+    out = {}
+    for k, v in feeds.items():
+        axis = _axis_of(k, v, axes)
+        if axis is None:
+            out[k] = v
+        elif axis == 0:
+            out[k] = v[start:stop]
+        else:
+            out[k] = np.ascontiguousarray(v[(slice(None),) * axis + (slice(start, stop),)])
+    return out
+
+
+def join_rows(parts: Sequence[Mapping[str, np.ndarray]], axes: Axes | None = None) -> dict[str, np.ndarray]:
+    """Consecutive feed dicts of one model joined on each input's batch axis (one value kept whole)."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    out = {}
+    for k, v in parts[0].items():
+        axis = _axis_of(k, v, axes)
+        out[k] = v if axis is None else np.concatenate([p[k] for p in parts], axis=axis)
+    return out
 
 
 class DataSet:
@@ -260,7 +497,10 @@ def _file_dataset(
     limit_flag: str | None = "--max-samples",
 ) -> DataSet:
     headers = {f: _npz_header(f) for f in files}
-    counts = []  # samples per file (its inputs and labels agree on axis 0: checked here)
+    first = next(iter(headers.items()), None)
+    if first is not None:
+        specs = resolve_batch_axes(specs, {k: v[0] for k, v in first[1].items()}, str(first[0]))
+    counts = []  # samples per file (its inputs and labels agree on their batch axes: checked here)
     has_labels = True
     for f, header in headers.items():
         counts.append(_check_header(f, header, specs, what))
@@ -289,6 +529,7 @@ def _file_dataset(
     n_samples = min(total, max_samples) if max_samples else total
     bsize = _batch_size(specs, batch_size, source)
     _check_fixed_batches(specs, counts, n_samples, source, what, limit_flag)
+    axes = batch_axes(specs)
 
     def make_iter() -> Iterator[Batch]:
         left = n_samples
@@ -296,11 +537,11 @@ def _file_dataset(
             if left <= 0:
                 return
             arrays = _read_npz(f, specs)
-            n = feed_rows({s.name: arrays[s.name] for s in specs})
+            n = feed_rows({s.name: arrays[s.name] for s in specs}, axes)
             _check_finite(arrays, str(f))
             take = min(n, left)
             left -= take
-            yield from _split(arrays, take, bsize, str(f), has_labels, _labels_fed(specs))
+            yield from _split(arrays, take, bsize, str(f), has_labels, _labels_fed(specs), axes)
             del arrays
 
     used = {s.name for s in specs} | {LABELS_KEY}
@@ -309,10 +550,13 @@ def _file_dataset(
 
 
 def data_notes(calib: DataSet, evaluation: DataSet | None, model: Any = None) -> list[str]:
-    """:func:`ignored_note` for the calibration and (when given) the evaluation data of ``model``."""
+    """:func:`batch_axis_note` and :func:`ignored_note` for the calibration and (when given) the evaluation
+    data of ``model``."""
     defaulted = defaulted_inputs(model) if model is not None else set()
-    notes = [ignored_note(calib, "calibration data", defaulted)]
+    notes = [batch_axis_note(calib.specs), ignored_note(calib, "calibration data", defaulted)]
     if evaluation is not None:
+        if batch_axes(evaluation.specs) != batch_axes(calib.specs):
+            notes.append(f"evaluation data: {batch_axis_note(evaluation.specs) or 'batch axis 0'}")
         notes.append(ignored_note(evaluation, "evaluation data", defaulted))
     return [n for n in notes if n]
 
@@ -362,20 +606,35 @@ def _check_header(
             f"save the arrays under the model's input names {names}",
             ExitCode.DATA,
         )
-    counts = set()
+    sizes: dict[str, tuple[int, int]] = {}  # input -> (batch axis, samples on it)
     for s in specs:
         shape, dtype = header[s.name]
         _check_array_meta(s, shape, dtype, str(f))
-        if not s.scalar:
-            counts.add(shape[0] if shape else 1)
-    if LABELS_KEY in header:
-        counts.add(header[LABELS_KEY][0][0] if header[LABELS_KEY][0] else 1)
-    if not counts:  # scalar inputs only: the file is one sample
+        if s.batch_axis is not None and len(shape) > s.batch_axis:
+            sizes[s.name] = (s.batch_axis, shape[s.batch_axis])
+    if LABELS_KEY in header and not _labels_fed(specs):
+        label_shape = header[LABELS_KEY][0]
+        sizes.setdefault(LABELS_KEY, (0, label_shape[0] if label_shape else 1))
+        if len(sizes) == 1:  # no input has a batch axis: the file is one sample, so are its labels
+            sizes[""] = (0, 1)
+    return _same_samples(sizes, f"{what} {f}")
+
+
+def _same_samples(sizes: Mapping[str, tuple[int, int]], origin: str) -> int:
+    """The samples every input (and the labels) hold on its batch axis, or one line naming them all: a
+    streaming model's ``state [2, 1, 128]`` had been read as 2 samples next to ``input [1, 576]``."""
+    counts = {n for _, n in sizes.values()}
+    if not counts:  # scalar inputs only, or no batch axis: the file or item is one sample
         return 1
     if len(counts) != 1:
+        if {a for a, _ in sizes.values()} == {0} and "" not in sizes:
+            where = f"axis 0): {dict((k, n) for k, (_, n) in sizes.items())}"
+        else:
+            where = ", ".join(f"{k or 'one sample'}: {n} on axis {a}" for k, (a, n) in sizes.items()) + ")"
         raise QDebugError(
-            f"{what} {f}: arrays disagree on the number of samples (axis 0 sizes {sorted(counts)})",
-            "give every input (and labels) the same batch size on axis 0",
+            f"{origin}: arrays disagree on the number of samples ({where}",
+            "give every input (and the labels) the same number of samples on its batch axis, or name each "
+            f"input's batch axis with {BATCH_AXIS_FLAG} NAME=AXIS",
             ExitCode.DATA,
         )
     return counts.pop()
@@ -398,11 +657,11 @@ def _check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, 
         raise QDebugError(
             f"{origin}: input {spec.name!r} has shape {list(shape)}, the model expects rank {len(spec.shape)} "
             f"({spec.describe()})",
-            "stack samples on axis 0 with the model's full input shape",
+            f"stack samples on axis {spec.batch_axis or 0} with the model's full input shape",
             ExitCode.DATA,
         )
     for axis, (have, want) in enumerate(zip(shape, spec.shape, strict=False)):
-        if axis == 0:
+        if axis == spec.batch_axis:
             continue
         if isinstance(want, int) and have != want:
             raise QDebugError(
@@ -426,16 +685,17 @@ def _read_npz(f: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _check_same_rows(arrays: Mapping[str, np.ndarray], used: set[str], origin: str) -> None:
-    """Every input (and the labels: ``used``) of one item has the same number of samples on axis 0 (only
-    the first input's had been used: the others were cut to it, or ORT failed with a raw message)."""
-    rows = {k: v.shape[0] for k, v in arrays.items() if v.ndim and k in used}
-    if len(set(rows.values())) > 1:
-        raise QDebugError(
-            f"{origin}: arrays disagree on the number of samples (axis 0): {rows}",
-            "give every input (and the labels) the same batch size",
-            ExitCode.DATA,
-        )
+def _check_same_rows(arrays: Mapping[str, np.ndarray], axes: Axes, origin: str) -> int:
+    """The samples of one item: every input (and the labels) holds as many on its batch axis (only the
+    first input's had been used: the others were cut to it, or ORT failed with a raw message)."""
+    sizes = {}
+    for k, v in arrays.items():
+        axis = _axis_of(k, v, axes) if k in axes or k == LABELS_KEY else None
+        if axis is not None:
+            sizes[k] = (axis, int(v.shape[axis]))
+    if LABELS_KEY in sizes and len(sizes) == 1 and LABELS_KEY not in axes:  # no batch axis: one sample
+        sizes[""] = (0, 1)
+    return _same_samples(sizes, origin)
 
 
 def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
@@ -453,8 +713,17 @@ def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
 
 def fixed_batch(specs: Sequence[InputSpec]) -> int:
     """The model's fixed batch dimension (1 when it is dynamic or the inputs disagree)."""
-    fixed = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)}
+    fixed = _fixed_sizes(specs)
     return fixed.pop() if len(fixed) == 1 else 1
+
+
+def _fixed_sizes(specs: Sequence[InputSpec]) -> set[int]:
+    """The static sizes the model declares on its inputs' batch axes."""
+    return {
+        s.shape[s.batch_axis]  # type: ignore[misc]
+        for s in specs
+        if s.batch_axis is not None and s.batch_axis < len(s.shape) and isinstance(s.shape[s.batch_axis], int)
+    }
 
 
 def _check_fixed_batches(
@@ -509,7 +778,7 @@ def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str
 
     A model with a static batch dimension accepts only that size.
     """
-    static = {s.shape[0] for s in specs if s.shape and isinstance(s.shape[0], int)}
+    static = _fixed_sizes(specs)
     if static:
         fixed = static.pop()
         if requested is not None and requested != fixed:
@@ -568,15 +837,19 @@ def _split(
     origin: str,
     has_labels: bool,
     labels_fed: bool = False,
+    axes: Axes | None = None,
 ) -> Iterator[Batch]:
+    """Batches of ``bsize`` (None: all ``n``) samples of one file or item, cut on each input's ``axes``."""
     step = bsize or n
+    axes = dict(axes or {})
     for start in range(0, n, step):
         stop = min(n, start + step)
-        feeds = take_rows({k: v for k, v in arrays.items() if labels_fed or k != LABELS_KEY}, start, stop)
+        inputs = {k: v for k, v in arrays.items() if labels_fed or k != LABELS_KEY}
+        feeds = take_rows(inputs, start, stop, axes) if (start, stop) != (0, feed_rows(inputs, axes)) else inputs
         labels = arrays[LABELS_KEY][start:stop] if has_labels and LABELS_KEY in arrays else None
         if labels is not None:
             labels = _class_indices(labels, stop - start, origin)
-        yield Batch(feeds, labels, stop - start, f"{origin}[{start}:{stop}]")
+        yield Batch(feeds, labels, stop - start, f"{origin}[{start}:{stop}]", axes)
 
 
 # ----------------------------------------------------------------------------- hooks
@@ -625,7 +898,9 @@ def _hook_dataset(
     spec: str, specs: tuple[InputSpec, ...], batch_size: int | None, max_samples: int | None, what: str
 ) -> DataSet:
     func = load_hook(spec, what)
+    specs = _hook_axes(func, spec, specs)
     bsize = _batch_size(specs, batch_size, spec)
+    axes = batch_axes(specs)
 
     ignored: set[str] = set()
     labelled: set[bool] = set()  # whether the items carry labels (all must agree)
@@ -663,8 +938,7 @@ def _hook_dataset(
             for s in specs:
                 _check_array_meta(s, arrays[s.name].shape, arrays[s.name].dtype, f"{spec} item {i}")
             _check_finite(arrays, f"{spec} item {i}")
-            _check_same_rows(arrays, used, f"{what} hook {spec} item {i}")
-            n = feed_rows({s.name: arrays[s.name] for s in specs})
+            n = _check_same_rows(arrays, axes, f"{what} hook {spec} item {i}")
             if n == 0:  # an empty item is skipped, like an empty file (it had ended the data there, silently)
                 continue
             if max_samples is not None:
@@ -686,9 +960,9 @@ def _hook_dataset(
     def make_batches() -> Iterator[Batch]:
         items = make_iter()
         if fixed_batch(specs) > 1:
-            items = _fill_fixed_batches(items, fixed_batch(specs), spec, what)
+            items = _fill_fixed_batches(items, fixed_batch(specs), spec, what, axes)
         for arrays, n, origin in items:
-            yield from _split(arrays, n, bsize, origin, LABELS_KEY in arrays and not fed, fed)
+            yield from _split(arrays, n, bsize, origin, LABELS_KEY in arrays and not fed, fed, axes)
 
     # Validate the first item now, before any long work.
     first = next(iter(make_batches()), None)
@@ -699,8 +973,23 @@ def _hook_dataset(
     return DataSet(spec, specs, make_batches, None, first.labels is not None, tuple(sorted(ignored)))
 
 
+def _hook_axes(func: Callable[..., Any], spec: str, specs: tuple[InputSpec, ...]) -> tuple[InputSpec, ...]:
+    """Batch axes the model left open, read off the hook's first item (one extra call of the hook)."""
+    if not any(s.batch_rule == UNDECIDED for s in specs):
+        return specs
+    item = next(iter(_iterate_hook(func, spec)), None)
+    if not isinstance(item, Mapping):
+        return specs  # refused with its own message when the items are read
+    shapes = {s.name: np.shape(item[s.name]) for s in specs if s.name in item}
+    return resolve_batch_axes(specs, shapes, f"{spec} item 0")
+
+
 def _fill_fixed_batches(
-    items: Iterator[tuple[dict[str, np.ndarray], int, str]], batch: int, spec: str, what: str
+    items: Iterator[tuple[dict[str, np.ndarray], int, str]],
+    batch: int,
+    spec: str,
+    what: str,
+    axes: Axes | None = None,
 ) -> Iterator[tuple[dict[str, np.ndarray], int, str]]:
     """A hook's items joined into whole batches of a model's fixed batch dimension ``batch``.
 
@@ -713,8 +1002,8 @@ def _fill_fixed_batches(
     rows = 0
     first_origin = ""
     for arrays, n, origin in items:
-        arrays = take_rows(arrays, 0, n)
-        if pending and not _stackable(pending[0], arrays):
+        arrays = take_rows(arrays, 0, n, axes)
+        if pending and not _stackable(pending[0], arrays, axes):
             raise QDebugError(
                 f"{what} hook {spec}: {origin} cannot be stacked with the {rows} sample(s) before it (other keys, "
                 f"shapes or scalar values), and the model's batch dimension is fixed at {batch}",
@@ -728,10 +1017,10 @@ def _fill_fixed_batches(
         rows += n
         if rows < batch:
             continue
-        joined = {k: np.concatenate([p[k] for p in pending]) if v.ndim else v for k, v in pending[0].items()}
+        joined = join_rows(pending, axes)
         whole = rows - rows % batch
-        yield take_rows(joined, 0, whole), whole, f"{first_origin}..{origin}"
-        pending, rows = ([take_rows(joined, whole)], rows - whole) if rows > whole else ([], 0)
+        yield take_rows(joined, 0, whole, axes), whole, f"{first_origin}..{origin}"
+        pending, rows = ([take_rows(joined, whole, None, axes)], rows - whole) if rows > whole else ([], 0)
         first_origin = origin
     if rows:
         raise QDebugError(
@@ -743,16 +1032,18 @@ def _fill_fixed_batches(
         )
 
 
-def _stackable(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
-    """Whether two items have the same keys, the same dimensions after the batch axis and the same scalars
-    (a rank-0 input is one value for the whole batch: items that disagree on it cannot share one)."""
+def _stackable(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], axes: Axes | None = None) -> bool:
+    """Whether two items have the same keys, the same dimensions but the batch axis and the same scalars
+    (an input without a batch axis is one value for the whole batch: items that disagree on it cannot share
+    one)."""
 
-    def same(x: np.ndarray, y: np.ndarray) -> bool:
-        if x.ndim and y.ndim:
-            return x.shape[1:] == y.shape[1:]
-        return not x.ndim and not y.ndim and np.array_equal(x, y)
+    def same(k: str, x: np.ndarray, y: np.ndarray) -> bool:
+        axis = _axis_of(k, x, axes)
+        if axis is not None and y.ndim == x.ndim:
+            return np.delete(x.shape, axis).tolist() == np.delete(y.shape, axis).tolist()
+        return x.shape == y.shape and np.array_equal(x, y)
 
-    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a.keys() == b.keys() and all(same(k, a[k], b[k]) for k in a)
 
 
 def _iterate_hook(func: Callable[..., Any], spec: str) -> Iterator[Any]:
@@ -824,7 +1115,7 @@ class ReaderAdapter:
         for batch in self._data.batches():
             if self._single and batch.size > 1:
                 for i in range(batch.size):
-                    yield take_rows(batch.feeds, i, i + 1)
+                    yield take_rows(batch.feeds, i, i + 1, batch.axes)
                     if self._on_batch:
                         self._on_batch(1)
             else:

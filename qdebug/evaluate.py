@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 
 from qdebug.capture import SessionConfig, make_session, run_session
-from qdebug.data import DataSet, load_hook
+from qdebug.data import DataSet, load_hook, output_batch_axes
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.metrics import ErrorAccumulator
 from qdebug.records import OutputMetric
@@ -80,19 +80,26 @@ def _rows(outputs: dict[str, np.ndarray]) -> int:
     return next((a.shape[0] for a in outputs.values() if a.ndim >= 1), 1)
 
 
-def _exact_rows(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], names: list[str], rows: int) -> int:
+def _exact_rows(
+    ref: dict[str, np.ndarray],
+    cand: dict[str, np.ndarray],
+    names: list[str],
+    rows: int,
+    axes: Mapping[str, int] | None = None,
+) -> int:
     """How many of a batch's ``rows`` samples have every non-float output equal to FP32's.
 
-    Outputs are compared row by row when they are batch-major (axis 0 is the
-    batch in both models); an output whose shape differs between the models,
-    or is not batch-major (NonZero's indices), makes the whole batch count
-    as matching only when it is equal as a whole.
+    Outputs are compared sample by sample on their batch axis (``axes``, axis 0 for an output it lacks;
+    a new state ``[2, batch, 128]`` has it on axis 1) when it holds the batch in both models; an output
+    whose shape differs between the models, or has no such axis (NonZero's indices), makes the whole
+    batch count as matching only when it is equal as a whole.
     """
     match = np.ones(rows, dtype=bool)
     for k in names:
         r, c = ref[k], cand[k]
-        if r.shape == c.shape and r.ndim >= 1 and r.shape[0] == rows:
-            match &= (r == c).reshape(rows, -1).all(axis=1)
+        axis = (axes or {}).get(k, 0)
+        if r.shape == c.shape and r.ndim > axis and r.shape[axis] == rows:
+            match &= np.moveaxis(r == c, axis, 0).reshape(rows, -1).all(axis=1)
         elif not (r.shape == c.shape and np.array_equal(r, c)):
             match[:] = False
     return int(match.sum())
@@ -106,6 +113,8 @@ class Evaluator:
     ) -> None:
         self.config = config
         self.data = data
+        self.output_axes = output_batch_axes(fp32, data.specs)
+        """Each output's batch axis, where ``exact_match`` reads its samples."""
         session = make_session(fp32, config, what="FP32 model")
         self.output_names = [o.name for o in session.get_outputs()]
         fed = {s.name for s in data.specs}  # not an optional input the data leaves out
@@ -139,6 +148,7 @@ class Evaluator:
         """
         self = cls.__new__(cls)
         self.data = data
+        self.output_axes = {}
         self.batches = []
         self.output_names = list(reference[0])
         self.input_names = [sp.name for sp in data.specs]
@@ -279,7 +289,7 @@ class Evaluator:
         if name == "exact_match":
             exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
             rows = zip(candidate, self.reference, self.sizes, strict=True)
-            hits = sum(_exact_rows(r, c, exact, n) for c, r, n in rows)
+            hits = sum(_exact_rows(r, c, exact, n, self.output_axes) for c, r, n in rows)
             return hits / self.samples
         return worst_output_sqnr(self.reference, candidate, self.output_names)
 

@@ -184,7 +184,7 @@ def _prepared(
 
     def open_eval(normalized: onnx.ModelProto) -> None:
         if eval_data is not None:
-            specs = model_input_specs(normalized)
+            specs = model_input_specs(normalized, options.batch_axes)
             opened.append(open_data(eval_data, specs, batch_size=options.batch_size, what="evaluation data"))
 
     prep = prepare(

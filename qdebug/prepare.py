@@ -35,6 +35,8 @@ class AnalyzeOptions:
     weight_type: str = "QInt8"
     batch_size: int | None = None
     max_samples: int | None = None
+    batch_axes: tuple[tuple[str, int | None], ...] = ()
+    """``--batch-axis`` overrides (input, axis); the others are read off the model (``decide_batch_axes``)."""
     metric: str | None = None
     upgrade_opset: bool = False
     inline_constant_if: bool = False
@@ -105,7 +107,7 @@ def prepare(
     save_model(norm.proto, normalized_path)
     info = model_info(loaded.path, loaded.proto, loaded.sha256)
     del loaded  # the normalized model is what the rest works on: not two copies of the weights
-    specs = model_input_specs(norm.proto)
+    specs = model_input_specs(norm.proto, options.batch_axes)
     data = open_data(calib, specs, batch_size=options.batch_size, max_samples=options.max_samples)
     ranges = None
     if need_ranges:

@@ -8,7 +8,7 @@ exclude) and passes it in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from qdebug.records import TensorOverride
 
@@ -34,6 +34,7 @@ def quantize_snippet(
     batch: int = 1,
     max_samples: int | None = None,
     inputs: Sequence[str] = (),
+    batch_axes: Mapping[str, int | None] | None = None,
 ) -> str:
     """Ready-to-paste Python calling ``quantize_static`` with a proposal's settings.
 
@@ -42,9 +43,10 @@ def quantize_snippet(
     first ``max_samples`` samples, in batches of ``batch`` (a model's fixed
     batch dimension accepts nothing else). The first version read one file,
     one sample at a time, every sample: it failed on folders and fixed-batch
-    models, and built other scales than the proposal's after ``--max-samples``.
+    models, and built other scales than the proposal's after ``--max-samples``. ``batch_axes``: each
+    input's batch axis as qdebug read the data (None: the reader finds them from the first item).
     """
-    lines = _reader_lines(inputs) + _call_lines(
+    lines = _reader_lines(inputs, batch_axes) + _call_lines(
         model_path,
         nodes_to_exclude,
         method=method,
@@ -59,8 +61,15 @@ def quantize_snippet(
     return "\n".join(lines) + "\n"
 
 
-def _reader_lines(inputs: Sequence[str]) -> list[str]:
-    """The imports and the ``Reader`` that feeds the calibration data to ORT as qdebug read it."""
+def _reader_lines(inputs: Sequence[str], batch_axes: Mapping[str, int | None] | None = None) -> list[str]:
+    """The imports and the ``Reader`` that feeds the calibration data to ORT as qdebug read it.
+
+    Samples are cut, counted and joined on each input's batch axis (``batch_axes``; without them the
+    reader takes axis 0 where the inputs agree on it, else the one size every input has once, as qdebug
+    does for a model whose dimensions are unnamed): a streaming model's state ``[2, batch, 128]`` had been
+    cut on axis 0, its two layers read as two samples.
+    """
+    axes = None if batch_axes is None else {k: batch_axes.get(k, 0) for k in inputs}
     return [
         "import importlib",
         "import importlib.util",
@@ -72,6 +81,7 @@ def _reader_lines(inputs: Sequence[str]) -> list[str]:
         "",
         "",
         f"INPUTS = {list(inputs)!r}  # the model's inputs: other keys (labels, ids) are not fed",
+        f"BATCH_AXES = {axes!r}  # each input's batch axis (None: fed whole); None: found from the data",
         "",
         "",
         "def calibration_feeds(source):",
@@ -95,40 +105,62 @@ def _reader_lines(inputs: Sequence[str]) -> list[str]:
         "        yield {k: np.asarray(feeds[k]) for k in INPUTS}",
         "",
         "",
-        "def rows(feeds, start, stop=None):  # samples start:stop; a scalar (rank-0) input is fed whole",
-        "    return {k: v[start:stop] if v.ndim else v for k, v in feeds.items()}",
+        "def find_axes(feeds):  # each input's batch axis; a scalar (rank-0) input has none: fed whole",
+        "    if BATCH_AXES is not None:",
+        "        return {k: BATCH_AXES[k] if v.ndim else None for k, v in feeds.items()}",
+        "    shapes = [v.shape for v in feeds.values() if v.ndim]",
+        "    common = [n for n in set(shapes[0]) if all(s.count(n) == 1 for s in shapes)] if shapes else []",
+        "    if len({s[0] for s in shapes}) > 1 and len(common) == 1:  # not all on axis 0: their one shared size",
+        "        return {k: v.shape.index(common[0]) if v.ndim else None for k, v in feeds.items()}",
+        "    return {k: 0 if v.ndim else None for k, v in feeds.items()}",
+        "",
+        "",
+        "def count(feeds, axes):  # samples in one feed dict (an item with no batch axis is one)",
+        "    return next((v.shape[axes[k]] for k, v in feeds.items() if axes[k] is not None), 1)",
+        "",
+        "",
+        "def rows(feeds, axes, start, stop=None):  # samples start:stop, each input cut on its batch axis",
+        "    cut = {k: (slice(None),) * axes[k] + (slice(start, stop),) for k in feeds if axes[k] is not None}",
+        "    return {k: np.ascontiguousarray(v[cut[k]]) if k in cut else v for k, v in feeds.items()}",
+        "",
+        "",
+        "def join(parts, axes):  # feed dicts joined on each input's batch axis",
+        "    return {k: v if axes[k] is None else np.concatenate([p[k] for p in parts], axis=axes[k])",
+        "            for k, v in parts[0].items()}",
         "",
         "",
         "class Reader(CalibrationDataReader):",
         "    def __init__(self, source, batch, max_samples=None):",
+        "        axes = {}",
+        "",
         "        def items():",
         "            left = max_samples",
         "            for feeds in calibration_feeds(source):",
-        "                n = next((len(v) for v in feeds.values() if v.ndim), 1)  # scalars: one per item",
+        "                if not axes:  # the first item decides, as qdebug's first file did",
+        "                    axes.update(find_axes(feeds))",
+        "                n = count(feeds, axes)",
         "                n = n if left is None else min(n, left)",
-        "                yield rows(feeds, 0, n), n",
+        "                yield rows(feeds, axes, 0, n), n",
         "                if left is not None:",
         "                    left -= n",
         "                    if left <= 0:",
         "                        return",
         "",
         "        def batches():  # items joined into whole batches: a fixed batch dimension takes nothing else",
-        "            pending, count = [], 0",
+        "            pending, total = [], 0",
         "            for feeds, n in items():",
         "                pending.append(feeds)",
-        "                count += n",
-        "                if count < batch:",
+        "                total += n",
+        "                if total < batch:",
         "                    continue",
-        "                joined = pending[0] if len(pending) == 1 else {",
-        "                    k: np.concatenate([p[k] for p in pending]) if v.ndim else v",
-        "                    for k, v in pending[0].items()}",
-        "                whole = count - count % batch",
+        "                joined = pending[0] if len(pending) == 1 else join(pending, axes)",
+        "                whole = total - total % batch",
         "                for i in range(0, whole, batch):",
-        "                    yield rows(joined, i, i + batch)",
-        "                pending = [rows(joined, whole)] if count > whole else []",
-        "                count -= whole",
-        "            if count:",
-        "                raise ValueError(f'{count} samples left over do not fill a batch of {batch}')",
+        "                    yield rows(joined, axes, i, i + batch)",
+        "                pending = [rows(joined, axes, whole)] if total > whole else []",
+        "                total -= whole",
+        "            if total:",
+        "                raise ValueError(f'{total} samples left over do not fill a batch of {batch}')",
         "",
         "        self._items = batches()",
         "",

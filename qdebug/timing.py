@@ -35,6 +35,7 @@ def time_sessions(
     warmup: int = 5,
     cancelled: Callable[[], bool] | None = None,
     notes: list[str] | None = None,
+    rows: int | None = None,
 ) -> dict[str, Timing]:
     """Latency of each model on the same batch, measured fairly.
 
@@ -81,7 +82,7 @@ def time_sessions(
                 run()
                 samples[name].append(time.perf_counter() - t0)
         done += chunk
-    batch = feed_rows(feeds)
+    batch = rows if rows is not None else feed_rows(feeds)  # rows: the batch's samples, on its batch axes
     provider = config.providers[0] if config.providers else "CPUExecutionProvider"
     out = {}
     for name, xs in samples.items():

@@ -35,6 +35,7 @@ from pathlib import Path
 import onnx
 
 from qdebug.analysis import quantized_node_names
+from qdebug.analysis.notes import float_size_note
 from qdebug.calibrate import op_types_to_quantize
 from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, data_notes, open_data
@@ -48,13 +49,13 @@ from qdebug.files import (
     removed_on_failure,
 )
 from qdebug.formatting import ACCURACY_METRICS, fmt_db
-from qdebug.graph.load import LoadedModel, load_model, save_model, stored_size
+from qdebug.graph.load import LoadedModel, WeightBytes, load_model, save_model, stored_size, weight_bytes
 from qdebug.graph.match import pair_models
 from qdebug.prepare import AnalyzeOptions, base_setting_notes, calibration_notes, check_proposal, prepare
 from qdebug.progress import Progress, no_progress
 from qdebug.quantize import QuantSpec, quantize_static_model
 from qdebug.records import SCHEMA_VERSION, Proposal
-from qdebug.records.verify import Timing, VariantResult, VerifyResult
+from qdebug.records.verify import Timing, VariantResult, VerifyResult, fmt_binary_size
 from qdebug.report_io import dumps, load_proposal
 from qdebug.timing import CHUNK_RUNS, time_sessions  # re-exported: verify times its table there
 
@@ -98,6 +99,8 @@ class VerifyOptions:
     batch_size: int | None = None
     max_samples: int | None = None
     eval_max_samples: int | None = None
+    batch_axes: tuple[tuple[str, int | None], ...] = ()
+    """``--batch-axis`` overrides (input, axis); the others are read off the model."""
     runs: int = 50
     """Timed runs per variant (0: no latency measurement)."""
     warmup: int = 5
@@ -127,6 +130,7 @@ class _Context:
             method=method,
             batch_size=options.batch_size,
             max_samples=options.max_samples,
+            batch_axes=options.batch_axes,
             upgrade_opset=options.upgrade_opset,
             inline_constant_if=options.inline_constant_if,
             use_cache=options.use_cache,
@@ -262,14 +266,16 @@ def verify(
                 return _cancelled(proposal, source)
             models = {"fp32": ctx.prep.normalized, "static": built.static_model, "selective": built.selective_model}
             paths, sizes = _saved_models(models, output, ctx, loaded)
+            weights = {name: weight_bytes(m) for name, m in models.items()}
             timing_notes: list[str] = []
             timings = _timings(models, ctx, options, progress, cancelled, timing_notes)
             if timings is None:
                 return _cancelled(proposal, source)
             progress("timing", 3, 3)
-            columns = _columns(ctx.evaluator.fp32_value, built, proposal, sizes, paths, timings)
+            columns = _with_weights(_columns(ctx.evaluator.fp32_value, built, proposal, sizes, paths, timings), weights)
             result = _verify_result(ctx, loaded, proposal, source, options, built, columns, start)
-            result = dataclasses.replace(result, notes=result.notes + tuple(timing_notes))
+            notes = result.notes + tuple(timing_notes) + _float_size_notes(weights)
+            result = dataclasses.replace(result, notes=notes)
             if output is not None:
                 atomic_write_text(output, dumps(result))
             return result
@@ -418,6 +424,20 @@ def _saved_models(
     return paths, sizes
 
 
+def _with_weights(columns: tuple[VariantResult, ...], weights: Mapping[str, WeightBytes]) -> tuple[VariantResult, ...]:
+    """The columns with their weight bytes and float weight bytes (what the size column is made of)."""
+    return tuple(
+        dataclasses.replace(v, weight_bytes=weights[v.name].total, float_weight_bytes=weights[v.name].floating)
+        for v in columns
+    )
+
+
+def _float_size_notes(weights: Mapping[str, WeightBytes]) -> tuple[str, ...]:
+    """One note per quantized variant whose size is mostly float weights (:func:`float_size_note`)."""
+    notes = ((name, float_size_note(w, fmt_binary_size)) for name, w in weights.items() if name != "fp32")
+    return tuple(f"{name}: {note}" for name, note in notes if note)
+
+
 def _timings(
     models: Mapping[str, onnx.ModelProto],
     ctx: _Context,
@@ -438,6 +458,7 @@ def _timings(
         warmup=options.warmup,
         cancelled=cancelled,
         notes=notes,
+        rows=ctx.evaluator.batches[0].size,
     )
     return None if cancelled() else timings
 

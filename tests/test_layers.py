@@ -43,6 +43,7 @@ LIGHT = (
     "qdebug.formatting",
     "qdebug.errors",
     "qdebug.graph.ops",
+    "qdebug.ci_outputs",
 )
 COMMANDS = ("qdebug.pipeline", "qdebug.propose", "qdebug.verify", "qdebug.bench")
 MEASURING_CHILD = "qdebug.bench_child"

@@ -27,25 +27,7 @@ from qdebug.metrics import (
     range_edges,
 )
 from qdebug.records import NodeRecord, QuantParams, TensorRecord, WeightRecord
-
-SQNR_CAP_DB = 120.0
-"""SQNRs above this count as exact when computing the error a node introduces."""
-
-
-def from_exact_input(node: NodeRecord) -> bool:
-    """Whether ``node.introduced_db`` is the cap rather than a measurement: every float input of the node
-    counted as exact (SQNR >= :data:`SQNR_CAP_DB`, or no input carrying error), so the value is 120 dB
-    minus the output's SQNR.
-
-    Such a number is large for any node whose own quantization loses anything (a MatMul reading an exact
-    one-hot tensor "introduced 85.5 dB" at a harmless 34.5 dB output) and reads as the worst layer; the
-    summary shows these as from an exact input. Read off the record itself (``introduced_db`` is then
-    exactly ``120 - accumulated_sqnr_db``), so reports written before this check are read the same way.
-    """
-    out = node.accumulated_sqnr_db
-    if not (math.isfinite(out) and out < SQNR_CAP_DB and math.isfinite(node.introduced_db)):
-        return False
-    return math.isclose(node.introduced_db, SQNR_CAP_DB - out, rel_tol=0.0, abs_tol=1e-9)
+from qdebug.records.report import SQNR_CAP_DB, from_exact_input  # noqa: F401 -- re-exported: they moved to the records
 
 
 class _TensorAcc:

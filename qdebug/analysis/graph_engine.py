@@ -25,7 +25,7 @@ import math
 import os
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,7 +41,7 @@ from qdebug.capture import (
     release_freed_memory,
     run_session,
 )
-from qdebug.data import Batch, feed_rows, model_input_specs, take_rows
+from qdebug.data import Axes, Batch, batch_axes, feed_rows, model_input_specs, take_rows
 from qdebug.graph.load import save_model
 from qdebug.graph.match import TensorPair
 from qdebug.graph.reduce import (
@@ -150,6 +150,7 @@ class _GraphPath:
         config: SessionConfig,
         *,
         fakequant: bool = True,
+        axes: Axes | None = None,
     ) -> None:
         self.scored = scored
         self.config = config
@@ -172,7 +173,12 @@ class _GraphPath:
         does not depend on how far the pipeline has read when it is loaded)."""
         self._pending: dict[tuple[str, str], tuple[list, list]] = {}
         self._range: dict[str, tuple[float, float]] = {}
-        self.splittable = _chunkable(fp32, qdq)
+        self.in_axes: Axes = dict(axes) if axes is not None else batch_axes(model_input_specs(fp32))
+        """Each input's batch axis (the data's): what a batch is cut and counted on."""
+        out_axes = _chunk_axes(fp32, qdq, self.in_axes)
+        self.out_axes: dict[str, int] = out_axes or {}
+        """Each graph output's batch axis, where chunks of a batch are joined back (:func:`_chunk_axes`)."""
+        self.splittable = out_axes is not None
         self.workers = capture_workers(config)
         """Runs in flight at once; settled after the first run (:meth:`_settle`)."""
         self._settled = False
@@ -290,7 +296,7 @@ class _GraphPath:
 
         def run(feeds):  # looked up per run: the session is reopened if the workers are turned off
             return run_session(
-                self.main_sess(), model.outputs, _with_subsample(feeds), "the instrumented models"
+                self.main_sess(), model.outputs, _with_subsample(feeds, self.in_axes), "the instrumented models"
             )
 
         def use(start, feeds, out):
@@ -299,7 +305,7 @@ class _GraphPath:
         def joined(item):
             batch, parts = item
             self._flush(accs)
-            return batch, _join([r for r, _ in parts]), _join([d for _, d in parts])
+            return batch, _join([r for r, _ in parts], self.out_axes), _join([d for _, d in parts], self.out_axes)
 
         # through map(): no local of this frame holds a yielded batch while the next ones run
         yield from map(joined, self._pipeline(batches, run, use))
@@ -332,14 +338,15 @@ class _GraphPath:
         model = self.fq_model
 
         def run(feeds):
-            return run_session(self.fq_sess(), model.outputs, _with_subsample(feeds), "the fake-quant models")
+            feeds = _with_subsample(feeds, self.in_axes)
+            return run_session(self.fq_sess(), model.outputs, feeds, "the fake-quant models")
 
         def use(start, feeds, out):
             return self._use_fakequant(feeds, out, accs, numpy_path)
 
         def joined(item):
             batch, parts = item
-            return batch, _join([r for r, _ in parts]), _join([q for _, q in parts])
+            return batch, _join([r for r, _ in parts], self.out_axes), _join([q for _, q in parts], self.out_axes)
 
         yield from map(joined, self._pipeline(batches, run, use))
 
@@ -402,13 +409,13 @@ class _GraphPath:
         if not self._settled:
             # one sample measures the model; a batch that cannot be cut runs whole
             rows = 1 if self.splittable else n
-            first = take_rows(feeds, 0, rows)
+            first = take_rows(feeds, 0, rows, self.in_axes) if rows < n else feeds
             done.append(use(start, first, run(first)))
             self._settle(n)
             if rows == n:
                 return done, []
-            feeds, n = take_rows(feeds, rows), n - rows
-        return done, list(_split(feeds, self._piece_rows(n)))
+            feeds, n = take_rows(feeds, rows, None, self.in_axes), n - rows
+        return done, list(_split(feeds, self._piece_rows(n), self.in_axes))
 
     def _settle(self, n: int) -> None:
         """After the first run: chunk rows from its largest tensor, then how many workers that is worth."""
@@ -444,7 +451,7 @@ class _GraphPath:
         return self._pool
 
     def _note_size(self, counts: list[float], feeds: Arrays) -> None:
-        rows = feed_rows(feeds)
+        rows = feed_rows(feeds, self.in_axes)
         self._largest = -(-int(max(counts, default=0)) // max(rows, 1))
 
     def _use_main(
@@ -526,61 +533,97 @@ def _with_dq_types(model: onnx.ModelProto, types: dict[str, int]) -> dict[str, i
     return out
 
 
-def _with_subsample(feeds: Arrays) -> Arrays:
-    rows = feed_rows(feeds)
+def _with_subsample(feeds: Arrays, axes: Axes | None = None) -> Arrays:
+    rows = feed_rows(feeds, axes)
     target = SUBSAMPLE_PER_SAMPLE * max(int(rows), 1)
     return {**feeds, SUBSAMPLE_INPUT: np.array(target, dtype=np.int64)}
 
 
-def _chunkable(fp32: onnx.ModelProto, qdq: onnx.ModelProto) -> bool:
-    """Whether batches may be cut into capture chunks without changing any number.
+def _chunk_axes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, axes: Axes) -> dict[str, int] | None:
+    """Each graph output's batch axis when batches may be cut into capture chunks without changing any
+    number; None when they may not.
 
-    Samples must be independent along axis 0: every graph input and output of
-    both models has the inputs' symbolic batch dimension first, and no float
-    tensor of the FP32 model is a scalar or has a fixed first dimension (a
-    reduction over the batch, e.g. a mean used as a branch condition, would
-    see a chunk instead of the batch). Unknown shapes count as not chunkable.
-    Rank-0 inputs are one value for the whole batch, fed whole to every chunk.
+    Samples must be independent along the inputs' batch axes (``axes``, the data's): every such axis of
+    every graph input is one symbolic dimension, which every graph output of both models has once (a
+    streaming model's new state ``[2, batch, 128]``: on axis 1), and no float tensor of the FP32 model
+    lost it (a reduction over the batch, e.g. a mean used as a branch condition, would see a chunk
+    instead of the batch): with every axis 0 that is the old rule, no float tensor a scalar or with a
+    fixed first dimension; elsewhere each float tensor must carry the symbol. Unknown shapes count as not
+    chunkable. Rank-0 inputs are one value for the whole batch, fed whole to every chunk.
     """
     inits = {i.name for i in fp32.graph.initializer}
     scalars = {s.name for s in model_input_specs(fp32) if s.scalar}
     inputs = [v for v in fp32.graph.input if v.name not in inits and v.name not in scalars]
-    batch = {_first_dim(v) for v in inputs}
-    if not inputs or len(batch) != 1 or not next(iter(batch)):
-        return False
+    if not inputs or any(axes.get(v.name, 0) is None for v in inputs):
+        return None
+    batch = {(_dim_names(v)[axes.get(v.name, 0) or 0 :] or [""])[0] for v in inputs}
     symbol = next(iter(batch))
+    if len(batch) != 1 or not symbol:
+        return None
+    out: dict[str, int] = {}
     for model in (fp32, qdq):
         for v in model.graph.output:
-            if _first_dim(v) != symbol:
-                return False
+            axis = _symbol_axis(_dim_names(v), symbol)
+            if axis is None or out.setdefault(v.name, axis) != axis:
+                return None
+    first = all(axes.get(v.name, 0) == 0 for v in inputs) and not any(out.values())
+    return out if _keeps_batch(fp32, symbol, first, _downstream(fp32, {v.name for v in inputs})) else None
+
+
+def _downstream(model: onnx.ModelProto, sources: set[str]) -> set[str]:
+    """The top-level tensors computed from ``sources`` (a value made of scalar inputs and constants only,
+    e.g. a sample rate cast to a gain, is the same for every chunk)."""
+    reached = set(sources)
+    for node in model.graph.node:  # topologically sorted (ONNX requires it)
+        subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        if subgraph or any(i in reached for i in node.input):  # a subgraph may read any outer value
+            reached.update(o for o in node.output if o)
+    return reached
+
+
+def _keeps_batch(fp32: onnx.ModelProto, symbol: str, first: bool, batched: set[str]) -> bool:
+    """Whether every float tensor with a known shape computed from the samples (``batched``) keeps the
+    batch: its first dimension is not static (``first``: the batch is every input's and output's axis 0),
+    else it has ``symbol`` among its dims."""
     for v in fp32.graph.value_info:
         t = v.type.tensor_type
-        if t.elem_type in _FLOAT_TYPES and t.HasField("shape"):
-            if not t.shape.dim or t.shape.dim[0].HasField("dim_value"):
+        if v.name in batched and t.elem_type in _FLOAT_TYPES and t.HasField("shape"):
+            if first and (not t.shape.dim or t.shape.dim[0].HasField("dim_value")):
+                return False
+            if not first and symbol not in _dim_names(v):
                 return False
     return True
 
 
-def _first_dim(value: onnx.ValueInfoProto) -> str:
-    """The symbolic name of a value's first dimension ("" when static, unnamed or unknown)."""
+def _symbol_axis(names: list[str], symbol: str) -> int | None:
+    """Where ``symbol`` sits in a value's dims: axis 0 when it is first, else its only place (None)."""
+    if names[:1] == [symbol]:
+        return 0
+    return names.index(symbol) if names.count(symbol) == 1 else None
+
+
+def _dim_names(value: onnx.ValueInfoProto) -> list[str]:
+    """The symbolic name of each of a value's dimensions ("" where static or unnamed; [] when unknown)."""
     t = value.type.tensor_type
-    if not value.type.HasField("tensor_type") or not t.HasField("shape") or not t.shape.dim:
-        return ""
-    d = t.shape.dim[0]
-    return d.dim_param if d.HasField("dim_param") else ""
+    if not value.type.HasField("tensor_type") or not t.HasField("shape"):
+        return []
+    return [d.dim_param if d.HasField("dim_param") else "" for d in t.shape.dim]
 
 
-def _split(feeds: Arrays, size: int) -> Iterator[Arrays]:
-    n = feed_rows(feeds)
+def _split(feeds: Arrays, size: int, axes: Axes | None = None) -> Iterator[Arrays]:
+    """Chunks of ``size`` samples of one batch, each input cut on its batch axis (``axes``)."""
+    n = feed_rows(feeds, axes)
     if n <= size:
         yield feeds
         return
     for start in range(0, n, size):
-        yield take_rows(feeds, start, start + size)
+        yield take_rows(feeds, start, start + size, axes)
 
 
-def _join(parts: list[Arrays]) -> Arrays:
-    """Graph outputs of consecutive chunks of one batch, concatenated back along the batch axis."""
+def _join(parts: list[Arrays], axes: Mapping[str, int] | None = None) -> Arrays:
+    """Graph outputs of consecutive chunks of one batch, concatenated back along each output's batch axis
+    (``axes``, from :func:`_chunk_axes`; axis 0 for an output it lacks)."""
     if len(parts) == 1:
         return parts[0]
-    return {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
+    axes = axes or {}
+    return {k: np.concatenate([p[k] for p in parts], axis=axes.get(k, 0)) for k in parts[0]}

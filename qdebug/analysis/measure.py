@@ -33,7 +33,7 @@ from qdebug.analysis.build import _tensor_records, _TensorAcc
 from qdebug.analysis.graph_engine import _FLOAT_TYPES, _GraphPath
 from qdebug.analysis.numpy_engine import _NumpyPath, local_fake_quant
 from qdebug.capture import SessionConfig, Tap, release_freed_memory
-from qdebug.data import Batch, DataSet, take_rows
+from qdebug.data import Batch, DataSet, batch_axes, take_rows
 from qdebug.evaluate import worst_output_sqnr
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.ops import DATA_SHAPED_OPS, PERMUTATION_OPS
@@ -147,7 +147,9 @@ def measure_layers(
     numpy_path = _NumpyPath(fp32, qdq, scored, local, config)
     fakequant = fakequant_samples is None or fakequant_samples > 0
     path: _NumpyPath | _GraphPath = (
-        _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant) if use_graph else numpy_path
+        _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant, axes=batch_axes(data.specs))
+        if use_graph
+        else numpy_path
     )
     try:
         outputs, samples, gap, fq_done, first_sqnr = _stream(
@@ -254,10 +256,11 @@ def _stream(
         if samples == 0:  # the un-instrumented QDQ model, once, to show instrumentation changed nothing
             rows = min(batch.size, getattr(path, "chunk", None) or batch.size)
             plain = Tap(qdq, [], config, optimize=True, what="quantized model", arena=False)
-            if rows < batch.size:  # chunked: outputs are batch-major (checked by _chunkable)
-                first = take_rows(batch.feeds, 0, rows)
-                dep_first = {k: v[:rows] for k, v in dep_out.items()}
-                ref_first = {k: v[:rows] for k, v in ref_out.items()}
+            if rows < batch.size:  # chunked: each output has a batch axis (checked by _chunk_axes)
+                out_axes = getattr(path, "out_axes", {})
+                first = take_rows(batch.feeds, 0, rows, batch.axes)
+                dep_first = take_rows(dep_out, 0, rows, out_axes)
+                ref_first = take_rows(ref_out, 0, rows, out_axes)
             else:
                 first, dep_first, ref_first = batch.feeds, dep_out, ref_out
             plain_out = plain.run(first)

@@ -23,7 +23,7 @@ that lose nothing (three on one detector).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 import onnx
@@ -32,8 +32,8 @@ from qdebug.analysis.build import SQNR_CAP_DB
 from qdebug.analysis.measure import LayerErrors
 from qdebug.calibrate import Ranges
 from qdebug.evaluate import Evaluator
-from qdebug.formatting import fmt_db
-from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset
+from qdebug.formatting import fmt_db, fmt_size
+from qdebug.graph.load import PER_CHANNEL_OPSET, WeightBytes, default_opset, weight_bytes
 from qdebug.graph.match import is_qdq_model
 from qdebug.graph.ops import PERMUTATION_OPS
 from qdebug.quantize import float16_exclusions, nonfinite_range_exclusions
@@ -62,6 +62,18 @@ def _capped_gap(better: float, deployed: float) -> float:
     if deployed >= NEGLIGIBLE_SQNR_DB:
         return 0.0
     return min(better, SQNR_CAP_DB) - deployed
+
+
+KERNEL_GAP_START = "deployed INT8 kernels lose more than the QDQ graph's own rounding explains"
+
+
+def headline_notes(notes: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(headline, rest)``: the notes on what the deployed model does not quantize or loses in ORT's kernels
+    -- the float LSTM and its share of the weights, the kernel gap and its fix -- apart from the others, so a
+    summary can put them next to the metric they explain instead of after the table."""
+    starts = (KERNEL_GAP_START, RECURRENT_START, FLOAT_WEIGHTS_START)
+    first = [n for n in notes if n.startswith(starts)]
+    return first, [n for n in notes if not n.startswith(starts)]
 
 
 def kernel_gap_notes(
@@ -141,11 +153,19 @@ def kernel_gap_notes(
     rest = f"; {inherited} tensor(s) downstream inherit it" if nodes and inherited > 0 else ""
     producers = ", ".join(dict.fromkeys(o for o in (origin(t)[0] for _, _, t, _ in shown) if o)) or "those nodes"
     return [
-        f"deployed INT8 kernels lose more than the QDQ graph's own rounding explains at {len(gaps)} tensor(s); "
-        f"the gap opens at {where}{rest}. On x86 CPUs without VNNI, u8s8 MatMul/Conv kernels can saturate "
-        f"16-bit intermediates (ORT's documented U8S8 saturation): re-quantize with --weight-type QUInt8 "
-        f"(U8U8) or keep {producers} out of INT8"
+        f"{KERNEL_GAP_START} at {len(gaps)} tensor(s); "
+        f"the gap opens at {where}{rest}. On x86 CPUs without VNNI, ORT's u8s8 MatMul/Conv kernels can "
+        "saturate their 16-bit intermediates (ORT's documented U8S8 saturation, a kernel limit, not the "
+        f"model's fault). {KERNEL_GAP_FIX}, or keep {producers} out of INT8"
     ]
+
+
+KERNEL_GAP_FIX = (
+    "Fixes that keep INT8: re-quantize with --weight-type QUInt8 (U8U8 kernels do not saturate), or give "
+    "the nodes 7-bit weights (reduce_range: `qdebug propose` tries it per node where this gap opens, "
+    "--allow reduce-range, on by default)"
+)
+"""The kernel-gap note's advice (ORT's saturation fixes, cheapest to the model first)."""
 
 
 CONCAT_RANGE_RATIO = 50.0
@@ -383,16 +403,90 @@ def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes
                 f"that stay FP32: ORT's quantizer inserts no QuantizeLinear/DequantizeLinear inside subgraphs{extra}; "
                 "their tensors are listed in not_captured"
             )
-    recurrent = ("LSTM", "GRU", "RNN")
-    rnn = [n for n in fp32.graph.node if n.op_type in recurrent and n.name not in quantized_nodes]
+    return notes + float_weight_notes(fp32, qdq, quantized_nodes)
+
+
+RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+RECURRENT_START = "recurrent node(s)"
+FLOAT_WEIGHTS_START = "the quantized model keeps"
+"""Ops ORT's static (QDQ) quantizer never quantizes; ``quantize_dynamic`` has an integer LSTM only."""
+
+FLOAT_WEIGHT_SHARE = 0.1
+"""Float weights of nodes other than the recurrent ones are named when they hold this share of the model's
+weights: below it, what stays float does not change the model's size or speed much."""
+
+
+def float_weight_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes: set[str]) -> list[str]:
+    """Which big ops the quantized model keeps in float, and how much of the model's weights that is.
+
+    A CNN+LSTM reader's static QDQ model keeps its LSTM in float (ORT quantizes no LSTM in QDQ), and with
+    it half the model's weight bytes: the summary had named the LSTM but not what it weighs, so the
+    quantized model's size read as "quantized". Bytes are what the report can say without timing; how
+    much of the run time the float ops take is ``qdebug bench``'s to measure.
+    """
+    before, after = weight_bytes(fp32), weight_bytes(qdq)
+    if not before.total:
+        return []
+    notes = []
+    rnn = [n for n in fp32.graph.node if n.op_type in RECURRENT_OPS and n.name not in quantized_nodes]
     if rnn:
+        held = sum(after.of(n.name) for n in rnn)
         names = ", ".join(f"{n.name} ({n.op_type})" for n in rnn)
+        each = [f"{n.name} {fmt_size(after.of(n.name))}" for n in rnn if after.of(n.name)]
+        share = (
+            f" and keep {fmt_size(held)} of the model's {fmt_size(before.total)} of weights float "
+            f"({held / before.total:.0%}{': ' + ', '.join(each) if len(each) > 1 else ''}; "
+            f"the quantized model's weights are {fmt_size(after.total)}, "
+            f"{fmt_size(after.floating)} of them float)"
+            if held
+            else ""
+        )
         notes.append(
-            f"recurrent node(s) {names} stay FP32: ORT's static quantizer does not quantize LSTM/GRU/RNN "
-            "(quantize_dynamic turns LSTM into DynamicQuantizeLSTM); their outputs are still measured, and "
-            "the error reaching them comes from upstream quantized nodes"
+            f"{RECURRENT_START} {names} stay FP32{share}: ORT's static quantizer does not quantize "
+            "LSTM/GRU/RNN (quantize_dynamic turns LSTM into DynamicQuantizeLSTM, int8 weights); their outputs "
+            "are still measured, and the error reaching them comes from the quantized nodes upstream"
+        )
+    big = [
+        (name, op, b)
+        for name, op, b in after.by_node
+        if op not in RECURRENT_OPS and b >= FLOAT_WEIGHT_SHARE * before.total
+    ]
+    if big:
+        shown = ", ".join(f"{name} ({op}, {fmt_size(b)})" for name, op, b in big[:4])
+        kept = sum(b for *_, b in big)
+        notes.append(
+            f"{FLOAT_WEIGHTS_START} {fmt_size(kept)} of the model's {fmt_size(before.total)} of weights "
+            f"float in {shown}{'...' if len(big) > 4 else ''}: those nodes are not quantized (excluded, or an op "
+            "ORT's quantizer leaves float), so they add to its size and run float kernels"
         )
     return notes
+
+
+FLOAT_SIZE_SHARE = 0.25
+"""A quantized variant whose weights are at least this share float gets a note naming what stays float."""
+
+
+def float_size_note(weights: WeightBytes, size: Callable[[int], str] = fmt_size) -> str | None:
+    """verify's and bench's note on a quantized variant whose size is largely float weights, or ``None``
+    (the caller says which variant; ``size`` writes bytes in its table's unit).
+
+    The size column compares files; a static CNN+LSTM reader is half its FP32 size because the LSTM's
+    weights stay float, and nothing had said so ("26 MB of 54 MB stays float" is what the user needs).
+    """
+    if not weights.total or weights.floating < FLOAT_SIZE_SHARE * weights.total:
+        return None
+    shown = ", ".join(f"{name} ({op}, {size(b)})" for name, op, b in weights.by_node[:3])
+    more = f" and {len(weights.by_node) - 3} more" if len(weights.by_node) > 3 else ""
+    why = (
+        "; ORT's static quantizer does not quantize LSTM/GRU/RNN (quantize_dynamic has DynamicQuantizeLSTM)"
+        if any(op in RECURRENT_OPS for _, op, _ in weights.by_node[:3])
+        else ""
+    )
+    return (
+        f"{size(weights.floating)} of its {size(weights.total)} of weights stay float "
+        f"({weights.floating / weights.total:.0%}), so its size is not that of a quantized model: "
+        f"{shown}{more}{why}"
+    )
 
 
 def instrumentation_notes(layers: LayerErrors) -> list[str]:

@@ -55,13 +55,15 @@ def latency_stats(ns: Sequence[int] | np.ndarray, batch_size: int) -> LatencySta
 
 
 def write_batches(batches: Sequence[Batch], input_names: Sequence[str], path: Path) -> None:
-    """Write the evaluation batches once, for every variant's process to read back identically."""
+    """Write the evaluation batches once, for every variant's process to read back identically, with the
+    samples of each (``rows``): the child cannot tell them from the arrays when an input's batch axis is
+    not axis 0 (a streaming model's state ``[2, batch, 128]``)."""
     arrays = {
         f"b{i}_{j}": np.asarray(b.feeds[n], order="C")
         for i, b in enumerate(batches)
         for j, n in enumerate(input_names)
     }
-    np.savez(path, **arrays)
+    np.savez(path, rows=np.array([b.size for b in batches], np.int64), **arrays)
 
 
 def child_spec(

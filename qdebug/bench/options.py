@@ -30,6 +30,8 @@ class BenchOptions:
     batch_size: int | None = None
     max_samples: int | None = None
     """Calibration samples (the evaluation set is used whole)."""
+    batch_axes: tuple[tuple[str, int | None], ...] = ()
+    """``--batch-axis`` overrides (input, axis); the others are read off the model."""
     metric: str | None = None
     upgrade_opset: bool = False
     inline_constant_if: bool = False

@@ -27,6 +27,7 @@ from typing import Any
 import onnx
 
 from qdebug import __version__
+from qdebug.analysis.notes import float_size_note
 from qdebug.bench.chart import chart_svg
 from qdebug.bench.children import (
     _tail_stats,
@@ -54,7 +55,7 @@ from qdebug.files import (
     removed_on_failure,
     sha256_file,
 )
-from qdebug.graph.load import stored_size
+from qdebug.graph.load import WeightBytes, stored_size, weight_bytes
 from qdebug.prepare import (
     AnalyzeOptions,
     Prepared,
@@ -222,6 +223,7 @@ def _prepare_options(options: BenchOptions) -> AnalyzeOptions:
         weight_type=options.weight_type,
         batch_size=options.batch_size,
         max_samples=options.max_samples,
+        batch_axes=options.batch_axes,
         metric=options.metric,
         upgrade_opset=options.upgrade_opset,
         inline_constant_if=options.inline_constant_if,
@@ -424,7 +426,11 @@ def _variant_result(b: _Built, score: tuple[float, float] | None, m: dict[str, A
 
     Without a score or a measurement the variant is reported with its error.
     """
-    size = stored_size(b.path) if b.path is not None and b.path.is_file() else 0
+    saved = b.path is not None and b.path.is_file()
+    size = stored_size(b.path) if saved else 0
+    weights = _weights_of(b.path) if saved else None
+    size_note = float_size_note(weights) if weights is not None and b.kind != "fp32" else None
+    b = replace(b, notes=(*b.notes, size_note)) if size_note else b
     common = dict(
         name=b.name,
         kind=b.kind,
@@ -433,6 +439,8 @@ def _variant_result(b: _Built, score: tuple[float, float] | None, m: dict[str, A
         per_channel=b.per_channel,
         model_path=str(b.path.resolve()) if b.path is not None else "",
         model_bytes=size,
+        weight_bytes=weights.total if weights is not None else None,
+        float_weight_bytes=weights.floating if weights is not None else None,
         excluded_nodes=b.excluded,
     )
     error = b.error or (m.get("error", "") if m is not None and not m.get("ok") else "")
@@ -461,6 +469,11 @@ def _variant_result(b: _Built, score: tuple[float, float] | None, m: dict[str, A
         output_sqnr_db=score[1],
         notes=tuple(notes),
     )
+
+
+def _weights_of(path: Path) -> WeightBytes:
+    """The weight bytes of a saved variant, read from its shapes (its external data is not loaded)."""
+    return weight_bytes(onnx.load(str(path), load_external_data=False))
 
 
 def worst_layers(report: Report, top: int = 5) -> tuple[WorstLayer, ...]:

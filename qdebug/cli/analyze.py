@@ -18,6 +18,7 @@ import math
 import sys
 from pathlib import Path
 
+from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import add_quant_arguments, analyze_options, fmt_db, fmt_metric, non_negative_int
 from qdebug.cli.progress import stderr_progress
 from qdebug.formatting import ACCURACY_METRICS, prefix_note
@@ -39,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)"
     )
     p.add_argument("--csv", default=None, help="also write one CSV row per node to this path")
+    p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument(
         "--top", type=non_negative_int, default=10, help="rows in the worst-layers summary (default: 10)"
     )
@@ -85,6 +87,7 @@ def _fakequant_samples(value: str | None) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the analysis and print the summary."""
+    from qdebug import ci_outputs
     from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
     from qdebug.pipeline import analyze
     from qdebug.report_io import report_to_csv
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         }
         check_outputs_spare_inputs({"the report": args.output, "--csv": args.csv}, inputs)
         _refuse_inside_artifacts(Path(args.csv), Path(args.output))
+    ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.quantized), (args.output, args.csv))
     options = dataclasses.replace(
         analyze_options(args),
         engine=args.engine,
@@ -117,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         atomic_write_text(args.csv, report_to_csv(report))
     print_summary(report, args.top, wide=args.wide)
+    ci_outputs.write_ci_outputs(args, report, top=args.top)
     print(f"\nreport written to {args.output}", file=sys.stderr)
     return 0
 
@@ -160,11 +165,12 @@ def name_column(
 def print_summary(report, top: int = 10, wide: bool = False) -> None:
     """Worst layers by introduced error, and the model-level metric, on stdout.
 
-    Node names are shortened to fit (their common prefix said once above the table, the rest cut in the
-    middle); ``wide``: full names (the report and the CSV always have them).
+    The notes on what the quantized model leaves float and what ORT's integer kernels lose come right
+    after the metric they explain; the others after the table. Node names are shortened to fit (their
+    common prefix said once above the table, the rest cut in the middle); ``wide``: full names (the
+    report and the CSV always have them).
     """
     from rich.console import Console
-
 
     # names and notes come from the model: printed as they are, never read as Rich markup
     console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
@@ -202,13 +208,24 @@ def print_summary(report, top: int = 10, wide: bool = False) -> None:
         console.print(f"output {o.name}: SQNR {fmt_db(o.error.sqnr_db)} dB, max-abs {o.error.max_abs:.4g}")
     if report.deployed_gap > 0:
         console.print(f"instrumented vs deployed quantized outputs differ by up to {report.deployed_gap:.3g}")
+    first, rest = _split_notes(report.notes)
+    for note in first:
+        console.print(f"note: {note}")
     _worst_table(console, report, top, wide)
-    for note in report.notes:
+    for note in rest:
         console.print(f"note: {note}")
     if report.not_captured:
         console.print(
             f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)"
         )
+
+
+def _split_notes(notes: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(printed above the table, below it): what stays float and what ORT's kernels lose go next to the
+    metric they explain (:func:`qdebug.analysis.notes.headline_notes`)."""
+    from qdebug.analysis.notes import headline_notes
+
+    return headline_notes(notes)
 
 
 EXACT_INPUT = "(exact input)"
@@ -218,7 +235,7 @@ output's SQNR): a MatMul reading an exact one-hot tensor showed "85.5" and read 
 
 def _introduced(node) -> str:
     """The introduced-error cell: the number, or :data:`EXACT_INPUT` where it is only the cap."""
-    from qdebug.analysis.build import from_exact_input
+    from qdebug.records.report import from_exact_input
 
     return EXACT_INPUT if from_exact_input(node) else fmt_db(node.introduced_db)
 

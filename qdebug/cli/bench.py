@@ -25,7 +25,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qdebug.cli.common import add_quant_arguments, fmt_db, fmt_metric, positive_float, provider_list
+from qdebug.ci_outputs import MARKDOWN_HELP
+from qdebug.cli.common import (
+    add_quant_arguments,
+    batch_axes_arg,
+    fmt_db,
+    fmt_metric,
+    positive_float,
+    provider_list,
+)
 from qdebug.formatting import fmt_size, prefix_note, table_names
 
 if TYPE_CHECKING:  # qdebug.bench loads onnxruntime: imported when a command runs, not for --help
@@ -77,6 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--chart", default=None, help="SVG chart of accuracy vs latency (default: the -o path with .svg)"
     )
     p.add_argument("--no-chart", action="store_true", help="do not write the chart")
+    p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument(
         "--no-dynamic-layers",
         action="store_true",
@@ -104,6 +113,7 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         dynamic_ops=dynamic_ops,
         batch_size=args.batch_size,
         max_samples=args.max_samples,
+        batch_axes=batch_axes_arg(args),
         metric=args.metric,
         upgrade_opset=args.upgrade_opset,
         inline_constant_if=args.inline_constant_if,
@@ -119,12 +129,14 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print the table."""
+    from qdebug import ci_outputs
     from qdebug.bench import run_bench
     from qdebug.cli.progress import stderr_progress
     from qdebug.errors import ExitCode
 
     options = bench_options(args)
     chart = None if args.no_chart else (args.chart or str(Path(args.output).with_suffix(".svg")))
+    ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.proposal), (args.output, chart))
     with stderr_progress(not args.quiet) as progress:
         report = run_bench(
             args.model,
@@ -137,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     print_table(report)
+    ci_outputs.write_ci_outputs(args, report)
     if report.machine.warning:
         print(f"qdebug: warning: {report.machine.warning}", file=sys.stderr)
     print(f"\nresults written to {args.output}" + (f", chart to {chart}" if chart else ""), file=sys.stderr)
@@ -146,6 +159,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _ms(x: float) -> str:
     return "-" if not math.isfinite(x) else (f"{x:.3f}" if x < 10 else f"{x:.1f}")
+
+
+def _float_weights(v) -> str:
+    """``"50.2 kB 82%"``: the variant's float weights and their share of its weights -- what quantization did
+    not shrink (``-`` in a bench.json written before the field)."""
+    if v.float_weight_bytes is None or not v.weight_bytes:
+        return "-"
+    if not v.float_weight_bytes:
+        return "none"
+    return f"{fmt_size(v.float_weight_bytes)} {v.float_weight_bytes / v.weight_bytes:.0%}"
 
 
 WORST_NAME_WIDTH = 48
@@ -187,6 +210,7 @@ def print_table(report: BenchReport) -> None:
     cols = (
         "variant",
         "size",
+        "float wts",
         "p50 ms",
         "p95 ms",
         "p99 ms",
@@ -201,12 +225,13 @@ def print_table(report: BenchReport) -> None:
         table.add_column(c, justify="left" if c == "variant" else "right")
     for v in report.variants:
         if v.error or v.full is None:
-            table.add_row(v.name, fmt_size(v.model_bytes), "failed", *[""] * 8)
+            table.add_row(v.name, fmt_size(v.model_bytes), _float_weights(v), "failed", *[""] * 8)
             continue
         f = v.full
         table.add_row(
             v.name,
             fmt_size(v.model_bytes),
+            _float_weights(v),
             _ms(f.p50_ms),
             _ms(f.p95_ms),
             _ms(f.p99_ms),

@@ -10,6 +10,8 @@ from qdebug.formatting import fmt_db, fmt_metric
 __all__ = [
     "add_quant_arguments",
     "analyze_options",
+    "batch_axes_arg",
+    "batch_axis_pairs",
     "finite_float",
     "fmt_db",
     "fmt_metric",
@@ -48,6 +50,32 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def batch_axis_pairs(text: str) -> tuple[tuple[str, int | None], ...]:
+    """argparse type of ``--batch-axis``: ``NAME=AXIS`` pairs, comma-separated (``none``: fed whole)."""
+    pairs = []
+    for part in (p.strip() for p in text.split(",")):
+        name, sep, axis = part.rpartition("=")
+        if not part:
+            continue
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"expected NAME=AXIS (e.g. state=1), got {part!r}")
+        if axis.strip().lower() == "none":
+            pairs.append((name.strip(), None))
+            continue
+        try:
+            pairs.append((name.strip(), int(axis)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"the axis of {part!r} is not an integer (or none)") from None
+    if not pairs:
+        raise argparse.ArgumentTypeError("expected NAME=AXIS (e.g. state=1)")
+    return tuple(pairs)
+
+
+def batch_axes_arg(args: Any) -> tuple[tuple[str, int | None], ...]:
+    """Every ``--batch-axis`` pair given, in order (the flag repeats, each a comma list)."""
+    return tuple(pair for group in getattr(args, "batch_axis", None) or () for pair in group)
 
 
 def add_quant_arguments(
@@ -97,6 +125,14 @@ def add_quant_arguments(
     )
     p.add_argument("--max-samples", type=int, default=None, help="use at most N calibration samples")
     p.add_argument(
+        "--batch-axis",
+        type=batch_axis_pairs,
+        action="append",
+        metavar="NAME=AXIS",
+        help="the axis an input's samples are stacked on, e.g. state=1 (repeatable or comma-separated; "
+        "NAME=none feeds it whole; default: read off the model, e.g. its shared 'batch' dimension)",
+    )
+    p.add_argument(
         "--metric",
         default=None,
         help="task metric: top1, top1_agreement, exact_match, output_sqnr_db or module:function "
@@ -140,6 +176,7 @@ def analyze_options(args: Any) -> Any:
         weight_type=args.weight_type,
         batch_size=args.batch_size,
         max_samples=args.max_samples,
+        batch_axes=batch_axes_arg(args),
         metric=args.metric,
         upgrade_opset=args.upgrade_opset,
         inline_constant_if=args.inline_constant_if,

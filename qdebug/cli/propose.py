@@ -30,6 +30,7 @@ import argparse
 import math
 import sys
 
+from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import finite_float, fmt_metric, provider_list
 from qdebug.formatting import prefix_note
 
@@ -89,6 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "tried alone)",
     )
     p.add_argument("-o", "--output", default="proposal.json", help="proposal path (default: proposal.json)")
+    p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument("--no-cache", action="store_true", help="do not read or write the calibration cache")
     p.add_argument("--provider", default="CPUExecutionProvider", help="ONNX Runtime execution provider")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
@@ -116,6 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Search, write the proposal, print the summary; exit 6 when the target is not met."""
+    from qdebug import ci_outputs
     from qdebug.cli.progress import stderr_progress
     from qdebug.errors import ExitCode, QDebugError
     from qdebug.propose import ProposeOptions, propose
@@ -138,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         time_runs=args.time_runs,
     )
+    ci_outputs.check_ci_outputs(args, (args.report, args.model, args.calib, args.eval), (args.output,))
     with stderr_progress(not args.quiet) as progress:
         result = propose(
             args.report,
@@ -149,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     print_summary(result, wide=args.wide)
+    ci_outputs.write_ci_outputs(args, result.proposal, met=result.met, target=result.target.describe())
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.snippet:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qdebug.cli.common import add_quant_arguments, finite_float, provider_list
+from qdebug.ci_outputs import JUNIT_HELP, MARKDOWN_HELP
+from qdebug.cli.common import add_quant_arguments, batch_axes_arg, finite_float, provider_list
 from qdebug.errors import ExitCode, QDebugError
 
 
@@ -70,11 +71,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--output", default=None, help="write verify.json here (and the models to <stem>_files/)"
     )
+    p.add_argument("--junit", default=None, metavar="FILE", help=JUNIT_HELP)
+    p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
     add_quant_arguments(p, from_proposal=True)  # None = the setting recorded in the proposal
 
 
 def run(args: argparse.Namespace) -> int:
     """Verify and print the side-by-side table; exit 6 when the target is not met."""
+    from qdebug import ci_outputs
     from qdebug.cli.progress import stderr_progress
     from qdebug.verify import VerifyOptions, verify  # onnx and onnxruntime: not for --help
 
@@ -93,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_samples=args.max_samples,
         eval_max_samples=args.eval_max_samples,
+        batch_axes=batch_axes_arg(args),
         runs=args.runs,
         warmup=args.warmup,
         use_cache=not args.no_cache,
@@ -101,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         upgrade_opset=args.upgrade_opset,
         inline_constant_if=args.inline_constant_if,
     )
+    ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.proposal), (args.output,))
     with stderr_progress(not args.quiet) as progress:
         result = verify(
             args.model,
@@ -118,4 +124,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     if args.output:
         print(f"\nverify report written to {args.output}", file=sys.stderr)
+    ci_outputs.write_ci_outputs(args, result)
     return 0 if result.met else int(ExitCode.TARGET_NOT_MET)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 
-from qdebug.analysis.build import from_exact_input
 from qdebug.propose.blame import Unit
 from qdebug.propose.structure import Structure
 from qdebug.records import NodeRecord, Report, TensorRecord
+from qdebug.records.report import from_exact_input
 
 CONCAT_RANGE_RATIO = 50.0
 """Concat inputs whose ranges differ by more than this share one scale badly (as analyze's note says)."""

@@ -16,6 +16,7 @@ from qdebug.records.report import (
     METHODS,
     QUANT_TYPES,
     SCHEMA_VERSION,
+    SQNR_CAP_DB,
     AnalysisConfig,
     ErrorStats,
     Histogram,
@@ -30,10 +31,13 @@ from qdebug.records.report import (
     TensorSummary,
     WeightRecord,
     folded_into,
+    from_exact_input,
     rank_nodes,
 )
 
 __all__ = [
+    "SQNR_CAP_DB",
+    "from_exact_input",
     "FrontierPoint",
     "AnalysisConfig",
     "ErrorStats",

@@ -85,7 +85,13 @@ class VariantResult:
     per_channel: bool = False
     model_path: str = ""
     model_bytes: int = 0
-    """Size of the .onnx file on disk."""
+    """Size of the model on disk (the .onnx file and its external-data files)."""
+    weight_bytes: int | None = None
+    """Bytes of its weights (initializers and Constant values), from their shapes; ``None`` in files
+    written before it."""
+    float_weight_bytes: int | None = None
+    """How many of ``weight_bytes`` are float (Q/DQ scales left out): the part of ``model_bytes``
+    quantization did not shrink (a static CNN+LSTM reader keeps its LSTM float); ``None`` in older files."""
     excluded_nodes: int = 0
     """Nodes kept in float (selective variant)."""
     full: LatencyStats | None = None

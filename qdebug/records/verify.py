@@ -47,8 +47,16 @@ class VariantResult:
     qdq_pairs: int
     """QuantizeLinear nodes in the model (0 for FP32)."""
     size_bytes: int
+    """The model on disk, weights files included."""
     path: str | None
     timing: Timing | None = None
+    weight_bytes: int | None = None
+    """Bytes of the variant's weights (initializers and Constant values), from their shapes; ``None`` in
+    files written before."""
+    float_weight_bytes: int | None = None
+    """How many of ``weight_bytes`` are float (Q/DQ scales left out): what quantization did not shrink. A
+    CNN+LSTM reader's static model keeps its LSTM's weights float (ORT quantizes no LSTM in QDQ), and its
+    size had read as a quantized size. ``None`` in files written before it."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +109,11 @@ class VerifyResult:
             ),
             ("16-bit tensors", [str(v.tensor_overrides) for v in cols]),
             ("Q/DQ pairs", [str(v.qdq_pairs) for v in cols]),
-            ("size", [_fmt_size(v.size_bytes) for v in cols]),
+            ("size", [fmt_binary_size(v.size_bytes) for v in cols]),
+            ("float weights", [_float_share(v) for v in cols]),
         ]
+        if all(v.float_weight_bytes is None for v in cols):
+            rows.pop()  # a verify.json written before the field
         if all(math.isnan(v.output_sqnr_db) for v in cols if v.name != "fp32"):
             del rows[1]  # no float output (ArgMax, token ids): there is no SQNR to show
         if all(v.timing is not None for v in cols):
@@ -126,6 +137,14 @@ class VerifyResult:
         return lines
 
 
-def _fmt_size(n: int) -> str:
-    """A model size in KiB below 1 MiB, else MiB (the verify table's unit; bench prints kB/MB)."""
+def _float_share(v: VariantResult) -> str:
+    """``"49.0 KiB (82%)"``: the variant's float weights and their share of its weights (``-`` unknown)."""
+    if v.float_weight_bytes is None or not v.weight_bytes:
+        return "-"
+    return f"{fmt_binary_size(v.float_weight_bytes)} ({v.float_weight_bytes / v.weight_bytes:.0%})"
+
+
+def fmt_binary_size(n: int) -> str:
+    """A model size in KiB below 1 MiB, else MiB (the verify table's unit, its notes' too; bench prints
+    kB/MB)."""
     return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"

@@ -1,0 +1,123 @@
+"""Compare two analysis reports: which nodes got better or worse, and by how much.
+
+A and B are reports of the same model (another calibration method, ORT version or data set) or of two
+versions of it. Nodes are paired by name where the model named them, else through the graph (op type,
+topological depth, paired producers or consumers; ties in topological order). Prints the settings that
+differ, both task metrics and output SQNRs, and the nodes whose added noise changed most; deltas are
+B - A (SQNR up is better, added noise and KL down). --json writes every paired node and tensor.
+
+Example:
+  qdebug analyze model.onnx --calib calib.npz -o minmax.json
+  qdebug analyze model.onnx --calib calib.npz --method percentile -o percentile.json
+  qdebug diff minmax.json percentile.json --top 15 --json diff.json
+
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qdebug.ci_outputs import MARKDOWN_HELP
+from qdebug.cli.common import non_negative_int
+from qdebug.formatting import prefix_note
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``qdebug diff``."""
+    p.add_argument("a", metavar="A.json", help="the report to compare against (the baseline)")
+    p.add_argument("b", metavar="B.json", help="the report compared with it")
+    p.add_argument(
+        "--top", type=non_negative_int, default=10, help="rows in the node table (default: 10; 0: every paired node)"
+    )
+    p.add_argument("--wide", action="store_true", help="full node names in the table (default: shortened to fit)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the whole comparison here (diff.json)")
+    p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Pair the two reports, print the comparison, write the files asked for."""
+    from qdebug.ci_outputs import check_ci_outputs, write_ci_outputs
+    from qdebug.diff import diff_reports
+    from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
+    from qdebug.report_io import dumps
+
+    if args.json:
+        check_writable(args.json, "--json")
+        check_outputs_spare_inputs({"--json": args.json}, {"report A": args.a, "report B": args.b})
+    check_ci_outputs(args, inputs=(args.a, args.b), outputs=(args.json,))
+    result = diff_reports(args.a, args.b)
+    print_diff(result, args.top, wide=args.wide)
+    if args.json:
+        atomic_write_text(args.json, dumps(result))
+        print(f"\ndiff written to {args.json}", file=sys.stderr)
+    write_ci_outputs(args, result, top=args.top)
+    return 0
+
+
+def print_diff(result, top: int = 10, wide: bool = False) -> None:
+    """The header lines, the node table (biggest change first) and the notes, on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from qdebug.records.diff import TABLE_COLUMNS
+
+    # names come from the models: printed as they are, never read as Rich markup
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
+    for line in result.header_lines():
+        console.print(line)
+    rows = result.table_rows(top)
+    if rows:
+        names, prefix = _names(rows, console, wide)
+        if prefix:
+            console.print(prefix_note(prefix))
+        table = Table(title=f"{len(rows)} of {len(result.nodes)} paired nodes, biggest change of added noise first "
+                      "(B - A)")  # fmt: skip
+        for col in TABLE_COLUMNS:
+            if col == "node":  # already fitted (or --wide): rich must not cut it again
+                table.add_column(col, no_wrap=not wide, overflow="fold" if wide else "ellipsis")
+            else:
+                table.add_column(col, justify="left" if col in ("op", "B vs A") else "right")
+        for name, (_, cells) in zip(names, rows, strict=True):
+            table.add_row(name, *cells)
+        console.print(table)
+        if any(n.name_a != n.name_b for n, _ in rows) and not any(" -> " in x for x in names):
+            console.print("(renamed nodes show their name in B; --wide shows both, as a -> b)")
+    for label, names in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
+        if names:
+            more = f" (+{len(names) - 10} more in --json)" if len(names) > 10 else ""
+            console.print(f"{label}: {', '.join(names[:10])}{more}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+def _names(rows, console, wide: bool) -> tuple[list[str], str]:
+    """``(shown names, dropped prefix)`` of the node column: B's names, ``a -> b`` where a node was renamed.
+
+    As analyze's table fits its names (:func:`~qdebug.formatting.table_names`); where ``a -> b`` does not
+    fit, A's and B's names are shortened apart, each to half the column, so that the arrow stays visible,
+    or, in a column too narrow for two names, B's alone (``--wide`` shows both).
+    """
+    from qdebug.formatting import MIN_NAME_WIDTH, cells, name_column_width, table_names, table_overhead
+    from qdebug.records.diff import TABLE_COLUMNS, node_label
+
+    labels = [node_label(n) for n, _ in rows]
+    others = [max([len(c), *(cells(r[i]) for _, r in rows)]) for i, c in enumerate(TABLE_COLUMNS[1:])]
+    if wide:
+        if not console.is_terminal:
+            console.width = max(console.width, table_overhead(others) + max(map(cells, labels)))
+        return labels, ""
+    width = name_column_width(console.width, others)
+    if all(n.name_a == n.name_b for n, _ in rows) or all(cells(x) <= width for x in labels):
+        prefix, shown = table_names(labels, width)
+        return shown, prefix
+    if width < 2 * MIN_NAME_WIDTH + 4:  # no room for both: B's names, A's with --wide
+        prefix, shown = table_names([n.name_b for n, _ in rows], width)
+        return shown, prefix
+    half = (width - 4) // 2
+    prefix_a, shown_a = table_names([n.name_a for n, _ in rows], half)
+    prefix_b, shown_b = table_names([n.name_b for n, _ in rows], half)
+    shown = [b if n.name_a == n.name_b else f"{a} -> {b}"
+             for (n, _), a, b in zip(rows, shown_a, shown_b, strict=True)]  # fmt: skip
+    prefix = " and ".join(f"{p} in {side}" for p, side in ((prefix_a, "A"), (prefix_b, "B")) if p)
+    return shown, prefix

@@ -1,0 +1,272 @@
+"""The ``diff.json`` schema: two analysis reports compared node by node (``qdebug diff A.json B.json``).
+
+Plain frozen dataclasses like the rest of :mod:`qdebug.records` (standard library and :mod:`qdebug.formatting`
+only, for the plain-text lines both the CLI and the Markdown summary print). Every value is
+copied out of the two reports, so the layout does not depend on the report's and has its own version
+(:data:`DIFF_SCHEMA_VERSION`). Deltas are always ``B - A``; for SQNR a positive delta is better, for
+added noise and KL a negative one. The engine that pairs the reports and fills these records is
+:mod:`qdebug.diff`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
+
+DIFF_SCHEMA_VERSION = 1
+"""Version of the ``diff.json`` layout; :func:`qdebug.diff.load_diff` refuses others."""
+
+VERDICTS = ("worse", "better", "same", "unscored")
+"""What :attr:`NodeChange.verdict` may say."""
+
+
+@dataclass(frozen=True)
+class ReportSide:
+    """Where one of the two reports came from."""
+
+    path: str
+    model_path: str
+    model_sha256: str
+    qdebug_version: str
+    ort_version: str
+    created: str
+    samples: int
+    """Samples of the layer-wise capture."""
+    nodes: int
+    """Nodes in the report (the normalized FP32 model's)."""
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """A setting the two reports were made with differently (both values as text)."""
+
+    setting: str
+    """``method``, ``per_channel``, ``activation_type``, ``weight_type``, ``ort_version``, ``calib``,
+    ``eval``, ``metric``, ``model``..."""
+    a: str
+    b: str
+
+
+@dataclass(frozen=True)
+class TaskSide:
+    """One report's task metric (higher is better)."""
+
+    name: str
+    fp32: float
+    quantized: float
+    samples: int
+    data: str
+    """``eval`` or ``calib``."""
+
+
+@dataclass(frozen=True)
+class OutputChange:
+    """A model output's SQNR in both reports (outputs paired by name, else by position)."""
+
+    name_a: str
+    name_b: str
+    sqnr_a_db: float
+    sqnr_b_db: float
+    delta_db: float
+    """``sqnr_b_db - sqnr_a_db``: positive means B is closer to FP32."""
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """One node present in both reports, and how its error changed from A to B."""
+
+    name_a: str
+    name_b: str
+    op_type: str
+    paired_by: str
+    """``name`` (the same user-given name and op type) or ``structure`` (see :mod:`qdebug.diff`)."""
+    depth_a: int
+    depth_b: int
+    added_noise_a_db: float
+    added_noise_b_db: float
+    added_noise_delta_db: float
+    """Change of the noise the node adds (``NodeRecord.added_noise_db``); negative is better."""
+    accumulated_sqnr_a_db: float
+    accumulated_sqnr_b_db: float
+    accumulated_sqnr_delta_db: float
+    """Change of the node's worst accumulated SQNR; positive is better."""
+    local_sqnr_a_db: float
+    local_sqnr_b_db: float
+    local_sqnr_delta_db: float
+    introduced_a_db: float
+    introduced_b_db: float
+    kl_a: float
+    kl_b: float
+    kl_delta: float
+    """Change of the largest accumulated KL (nats); negative is better."""
+    noise_change: float
+    """The ranking key: the added noise in linear terms (``10**(dB/10)``, relative to the signal), B minus
+    A; positive is worse. A 4 dB change at -100 dB is 1e-10 here, a 1 dB change at -10 dB 0.026: the
+    nodes whose change matters come first. ``nan`` when either side's added noise is undefined."""
+    verdict: str
+    """One of :data:`VERDICTS`: by the added-noise delta (more than :data:`qdebug.diff.SAME_DB` either way),
+    else by the accumulated SQNR delta when the added noise is undefined; ``unscored`` when neither is."""
+    quantized_a: bool = True
+    quantized_b: bool = True
+
+
+@dataclass(frozen=True)
+class TensorChange:
+    """One float tensor present in both reports (paired through its producer, or as a graph input)."""
+
+    name_a: str
+    name_b: str
+    paired_by: str
+    """``name`` when both reports call it the same, else ``structure``."""
+    accumulated_sqnr_a_db: float
+    accumulated_sqnr_b_db: float
+    accumulated_sqnr_delta_db: float
+    local_sqnr_a_db: float
+    local_sqnr_b_db: float
+    local_sqnr_delta_db: float
+    kl_a: float
+    kl_b: float
+    kl_delta: float
+
+
+@dataclass(frozen=True)
+class DiffReport:
+    """The ``diff.json`` file: B compared with A."""
+
+    schema_version: int
+    kind: str
+    """Always ``"diff"``."""
+    qdebug_version: str
+    created: str
+    a: ReportSide
+    b: ReportSide
+    settings: tuple[SettingChange, ...]
+    """Every setting that differs (empty: the same settings)."""
+    task_a: TaskSide | None
+    task_b: TaskSide | None
+    outputs: tuple[OutputChange, ...]
+    nodes: tuple[NodeChange, ...]
+    """Paired nodes, biggest change first (by ``abs(noise_change)``, then the accumulated SQNR delta, then
+    B's node order)."""
+    tensors: tuple[TensorChange, ...]
+    """Paired float tensors, in B's order."""
+    only_in_a: tuple[str, ...] = ()
+    """Nodes of A with no counterpart in B (removed, or changed beyond recognition)."""
+    only_in_b: tuple[str, ...] = ()
+    """Nodes of B with no counterpart in A (added)."""
+    notes: tuple[str, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        """How many paired nodes got worse, better, stayed the same or could not be scored."""
+        out = dict.fromkeys(VERDICTS, 0)
+        for n in self.nodes:
+            out[n.verdict] = out.get(n.verdict, 0) + 1
+        return out
+
+    def by_structure(self) -> int:
+        """Paired nodes whose names moved (paired by structure)."""
+        return sum(1 for n in self.nodes if n.paired_by == "structure")
+
+    def task_drop(self, side: str) -> float:
+        """FP32 minus quantized metric of report ``side`` (``"a"``/``"b"``); ``nan`` without a task."""
+        task = self.task_a if side == "a" else self.task_b
+        if task is None or not (math.isfinite(task.fp32) and math.isfinite(task.quantized)):
+            return math.nan
+        return task.fp32 - task.quantized
+
+    def header_lines(self) -> list[str]:
+        """What the CLI prints above the node table (and the Markdown summary holds): both reports, the
+        settings that differ, the task metric, the outputs' SQNR and the tally of the paired nodes."""
+        lines = [f"A: {_side_text(self.a)}", f"B: {_side_text(self.b)}"]
+        if self.settings:
+            lines.append("settings that differ: " + "; ".join(f"{s.setting} {s.a} -> {s.b}" for s in self.settings))
+        else:
+            lines.append("same model and settings")
+        lines += [t for t in (self.task_line(),) if t]
+        lines += [
+            f"output {o.name_b}: SQNR A {fmt_db(o.sqnr_a_db)} dB, B {fmt_db(o.sqnr_b_db)} dB "
+            f"({fmt_delta(o.delta_db)})"
+            for o in self.outputs
+        ]
+        c = self.counts()
+        lines.append(
+            f"{len(self.nodes)} nodes paired ({self.by_structure()} by structure), {len(self.only_in_a)} only in A, "
+            f"{len(self.only_in_b)} only in B: {c['worse']} worse, {c['better']} better, {c['same']} same"
+            + (f", {c['unscored']} unscored" if c["unscored"] else "")
+        )
+        return lines
+
+    def task_line(self) -> str:
+        """``top1: A FP32 91.00% quantized 85.00% (drop 6.00 points); B ...`` (empty without a task)."""
+        parts = []
+        for label, task, side in (("A", self.task_a, "a"), ("B", self.task_b, "b")):
+            if task is None:
+                continue
+            drop = self.task_drop(side)
+            share = task.name in ACCURACY_METRICS
+            text = f"{label} FP32 {fmt_metric(task.name, task.fp32)} quantized {fmt_metric(task.name, task.quantized)}"
+            if not math.isnan(drop):
+                text += f" (drop {drop * (100 if share else 1):.2f}{' points' if share else ''})"
+            parts.append(f"{text} on {task.samples} {task.data} samples")
+        if not parts:
+            return ""
+        a, b = self.task_a, self.task_b
+        name = b.name if b is not None else a.name  # type: ignore[union-attr]
+        if a is not None and b is not None and a.name == b.name:
+            share = a.name in ACCURACY_METRICS
+            d = (b.quantized - a.quantized) * (100 if share else 1)
+            parts.append(f"quantized B - A {fmt_delta(d, 2)}{' points' if share else ''}")
+        return f"{name}: " + "; ".join(parts)
+
+    def table_rows(self, top: int = 0) -> list[tuple[NodeChange, tuple[str, ...]]]:
+        """The first ``top`` paired nodes (0: all) with their cells under :data:`TABLE_COLUMNS` (the node's
+        name left to the caller, which fits it to its width)."""
+        shown = self.nodes[:top] if top else self.nodes
+        return [(n, _cells(n)) for n in shown]
+
+
+TABLE_COLUMNS = ("node", "op", "added noise dB", "Δ", "accum. SQNR dB", "Δ", "local SQNR Δ", "KL Δ", "B vs A")
+"""The node table of ``qdebug diff`` (and of its Markdown): values as ``A -> B``, deltas ``B - A``."""
+
+
+def node_label(n: NodeChange) -> str:
+    """The node's name in B, with its name in A when it moved (``a -> b``)."""
+    return n.name_b if n.name_a == n.name_b else f"{n.name_a} -> {n.name_b}"
+
+
+def fmt_delta(x: float, digits: int = 1) -> str:
+    """A signed change: ``+1.2``, ``-0.4``, ``0.0``, ``+inf``; ``-`` when undefined."""
+    if math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    if round(x, digits) == 0:
+        return f"{0:.{digits}f}"
+    return f"{x:+.{digits}f}"
+
+
+def _kl_delta(x: float) -> str:
+    if x == 0:
+        return "0"
+    if math.isnan(x) or math.isinf(x):
+        return fmt_delta(x)
+    return f"{x:+.3g}"
+
+
+def _cells(n: NodeChange) -> tuple[str, ...]:
+    return (
+        n.op_type,
+        f"{fmt_db(n.added_noise_a_db)} -> {fmt_db(n.added_noise_b_db)}",
+        fmt_delta(n.added_noise_delta_db),
+        f"{fmt_db(n.accumulated_sqnr_a_db)} -> {fmt_db(n.accumulated_sqnr_b_db)}",
+        fmt_delta(n.accumulated_sqnr_delta_db),
+        fmt_delta(n.local_sqnr_delta_db),
+        _kl_delta(n.kl_delta),
+        n.verdict,
+    )
+
+
+def _side_text(s: ReportSide) -> str:
+    return f"{s.path} (model {s.model_path}, {s.nodes} nodes, {s.samples} samples, ORT {s.ort_version})"

@@ -1,0 +1,249 @@
+"""`qdebug diff`: two reports paired through the graph (names, then structure), their deltas, the outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from qdebug.cli.main import main
+from qdebug.diff import compare, diff_reports, load_diff, pair_nodes, verdict
+from qdebug.errors import ExitCode
+from qdebug.records import (
+    SCHEMA_VERSION,
+    AnalysisConfig,
+    ErrorStats,
+    ModelInfo,
+    NodeRecord,
+    Report,
+    TensorRecord,
+)
+from qdebug.records.diff import DIFF_SCHEMA_VERSION, DiffReport
+from qdebug.report_io import dumps, load_report
+from tests.conftest import strict_json
+from tests.models import small_cnn, small_data
+
+
+def _renamed(model: Path, data: Path, out_model: Path, out_data: Path) -> None:
+    """The same model with every node and tensor renamed (``v2/...``) and its input called ``x``: the next
+    version of a model whose exporter named things differently."""
+    m = onnx.load(str(model))
+    g = m.graph
+    rename = {vi.name: "x" for vi in g.input}
+    for n in g.node:
+        n.name = f"v2/{n.name}"
+        for o in n.output:
+            rename.setdefault(o, f"v2/{o}_out")
+    for n in g.node:
+        for i, t in enumerate(n.input):
+            n.input[i] = rename.get(t, t)
+        for i, t in enumerate(n.output):
+            n.output[i] = rename[t]
+    for vi in [*g.input, *g.output]:
+        vi.name = rename[vi.name]
+    onnx.save(m, str(out_model))
+    arrays = dict(np.load(data))
+    arrays["x"] = arrays.pop("input")
+    np.savez(out_data, **arrays)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """(minmax report, percentile report, report of the renamed model), analyzed once for the module."""
+    tmp = tmp_path_factory.mktemp("diff")
+    model = small_cnn(tmp / "m.onnx", unnamed=False)
+    data = small_data(tmp / "c.npz")
+    _renamed(model, data, tmp / "m2.onnx", tmp / "c2.npz")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QDEBUG_CACHE_DIR", str(tmp / "cache"))
+        for out, m, d, extra in (
+            ("a.json", model, data, ()),
+            ("b.json", model, data, ("--method", "percentile")),
+            ("r.json", tmp / "m2.onnx", tmp / "c2.npz", ()),
+        ):
+            argv = ["analyze", str(m), "--calib", str(d), "-o", str(tmp / out), "-q", *extra]
+            assert main(argv) == 0
+    return tmp / "a.json", tmp / "b.json", tmp / "r.json"
+
+
+def test_two_methods_pair_every_node_by_name_and_name_the_setting(reports, tmp_path, capsys):
+    a, b, _ = reports
+    out, md = tmp_path / "diff.json", tmp_path / "diff.md"
+    assert main(["diff", str(a), str(b), "--json", str(out), "--markdown", str(md)]) == 0
+    stdout = capsys.readouterr().out
+    assert "settings that differ: method minmax -> percentile" in stdout
+    data = strict_json(out.read_text())  # no NaN/Infinity literals
+    assert data["kind"] == "diff" and data["schema_version"] == DIFF_SCHEMA_VERSION
+    diff = load_diff(out)  # loads strictly back into the record
+    assert isinstance(diff, DiffReport)
+    report_a = load_report(a)
+    assert len(diff.nodes) == len(report_a.nodes) and not diff.only_in_a and not diff.only_in_b
+    assert {n.paired_by for n in diff.nodes} == {"name"}
+    assert all(n.name_a == n.name_b for n in diff.nodes)
+    assert [s.setting for s in diff.settings] == ["method"]
+    assert len(diff.tensors) == len(report_a.tensors)
+    assert diff.outputs and diff.outputs[0].name_b == "logits"
+    assert diff.task_a is not None and diff.task_b is not None
+    # every delta is B - A of the two reports' own numbers
+    report_b = load_report(b)
+    for n in diff.nodes:
+        for field, record_field in (("accumulated_sqnr", "accumulated_sqnr_db"), ("local_sqnr", "local_sqnr_db")):
+            va, vb = getattr(report_a.node(n.name_a), record_field), getattr(report_b.node(n.name_b), record_field)
+            got = getattr(n, f"{field}_delta_db")
+            assert (math.isnan(got) and (math.isnan(va) or math.isnan(vb))) or got == (0.0 if va == vb else vb - va)
+    text = md.read_text()
+    assert text.startswith("## qdebug diff") and "| node | op |" in text
+
+
+def test_renamed_nodes_are_paired_by_structure(reports, tmp_path, capsys):
+    a, _, r = reports
+    assert main(["diff", str(a), str(r), "--top", "0", "--wide"]) == 0
+    stdout = capsys.readouterr().out
+    diff = diff_reports(a, r)
+    report_a = load_report(a)
+    assert len(diff.nodes) == len(report_a.nodes) and not diff.only_in_a and not diff.only_in_b
+    assert {n.paired_by for n in diff.nodes} == {"structure"}
+    assert all(n.name_b == f"v2/{n.name_a}" for n in diff.nodes), [(n.name_a, n.name_b) for n in diff.nodes]
+    tensors = {t.name_a: t.name_b for t in diff.tensors}
+    assert tensors["input"] == "x" and tensors["r1"] == "v2/r1_out" and tensors["logits"] == "v2/logits_out"
+    assert [(o.name_a, o.name_b) for o in diff.outputs] == [("logits", "v2/logits_out")]
+    # the same model, data and calibration: nothing changed
+    assert {n.verdict for n in diff.nodes} <= {"same", "unscored"}
+    deltas = [n.accumulated_sqnr_delta_db for n in diff.nodes]
+    assert all(abs(d) < 1e-6 for d in deltas if not math.isnan(d))
+    assert "model" in [s.setting for s in diff.settings]
+    assert "conv2 -> v2/conv2" in stdout  # --wide: the name in A and in B
+    assert "paired by graph structure" in stdout
+
+
+def test_the_table_names_the_biggest_change_first(reports, tmp_path, capsys):
+    """B = A with conv2 adding far more noise: it is the first row, worse, with its delta."""
+    a, _, _ = reports
+    data = json.loads(a.read_text())
+    for node in data["nodes"]:
+        if node["name"] == "conv2":
+            old = node["added_noise_db"]
+            node["added_noise_db"] = -5.0
+            node["accumulated_sqnr_db"] = 5.0
+    worse = tmp_path / "worse.json"
+    worse.write_text(json.dumps(data))
+    assert main(["diff", str(a), str(worse)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert "conv2" in rows[0] and "worse" in rows[0], rows
+    assert f"{-5.0 - old:+.1f}" in rows[0]
+    diff = diff_reports(a, worse)
+    assert diff.nodes[0].name_b == "conv2" and diff.nodes[0].verdict == "worse"
+    assert diff.counts()["worse"] >= 1
+
+
+@pytest.mark.parametrize("bad", ["missing", "npz", "text", "proposal"])
+def test_bad_input_is_one_line_and_exit_3(reports, tmp_path, capsys, bad):
+    a, _, _ = reports
+    path = tmp_path / f"{bad}.json"
+    if bad == "npz":
+        np.savez(tmp_path / "d.npz", x=np.zeros(3))
+        path = tmp_path / "d.npz"
+    elif bad == "text":
+        path.write_text("not json at all\n")
+    elif bad == "proposal":
+        path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "kind": "proposal"}))
+    assert main(["diff", str(a), str(path)]) == ExitCode.INPUT
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("qdebug: error:") and "Traceback" not in err, err
+    assert path.name in lines[0]
+
+
+def test_an_output_over_an_input_is_refused(reports, capsys):
+    a, b, _ = reports
+    before = b.read_text()
+    assert main(["diff", str(a), str(b), "--json", str(b)]) == ExitCode.USAGE
+    assert "would overwrite" in capsys.readouterr().err
+    assert main(["diff", str(a), str(b), "--markdown", str(a)]) == ExitCode.USAGE
+    assert b.read_text() == before
+
+
+# --------------------------------------------------------------------------- the pairing rule, on small graphs
+
+
+def _report(spec, inputs=("x",), outputs=("y",), added=None) -> Report:
+    """A report of nodes ``(name, original_name, op, inputs, outputs)``, in topological order."""
+    added = added or {}
+    depth = dict.fromkeys(inputs, 0)
+    nodes, tensors = [], [TensorRecord(i, None, (), 0, None, None, None, None, None) for i in inputs]
+    for name, original, op, ins, outs in spec:
+        d = 1 + max((depth.get(t, 0) for t in ins), default=0)
+        s = added.get(name, -30.0)
+        nodes.append(NodeRecord(name, original, op, tuple(ins), tuple(outs), d, True, 40.0, -s, 0.0, 0.01,
+                                added_noise_db=s))  # fmt: skip
+        for o in outs:
+            depth[o] = d
+            tensors.append(TensorRecord(o, name, (), d, None, None, ErrorStats(40, 0, 1, 0, 0, 1),
+                                        ErrorStats(-s, 0, 1, 0, 0, 1), None))  # fmt: skip
+    info = ModelInfo("m.onnx", "0" * 64, 17, len(nodes), tuple(inputs), tuple(outputs))
+    return Report(SCHEMA_VERSION, "0", "1.0", "", info, "", info, AnalysisConfig(), None, 1, tuple(nodes),
+                  tuple(tensors), (), (), None, 0.0)  # fmt: skip
+
+
+def test_generated_names_are_positions_not_names():
+    """An Abs inserted first shifts the generated names: B's Relu_1 is A's Relu_0, not A's Relu_1."""
+    a = _report([("Relu_0", "", "Relu", ["x"], ["t0"]), ("Relu_1", "", "Relu", ["t0"], ["y"])])
+    b = _report(
+        [
+            ("Abs_0", "", "Abs", ["x"], ["u"]),
+            ("Relu_1", "", "Relu", ["u"], ["t1"]),
+            ("Relu_2", "", "Relu", ["t1"], ["y"]),
+        ]
+    )
+    pairs = pair_nodes(a, b)
+    assert pairs == {"Relu_2": ("Relu_1", "structure"), "Relu_1": ("Relu_0", "structure")}
+    diff = compare(a, b)
+    assert diff.only_in_b == ("Abs_0",) and not diff.only_in_a
+
+
+def test_user_names_pair_first_and_ties_go_in_topological_order():
+    """Two sibling Relus of one input: named ones by name whatever their order, unnamed ones first to first."""
+    spec = [("r1", "r1", "Relu", ["x"], ["y1"]), ("r2", "r2", "Relu", ["x"], ["y2"])]
+    a = _report(spec, outputs=("y1", "y2"))
+    swapped = _report(list(reversed(spec)), outputs=("y2", "y1"))
+    assert pair_nodes(a, swapped) == {"r1": ("r1", "name"), "r2": ("r2", "name")}
+    b = _report([("b1", "", "Relu", ["x"], ["o1"]), ("b2", "", "Relu", ["x"], ["o2"])], outputs=("o1", "o2"))
+    assert pair_nodes(a, b) == {"b1": ("r1", "structure"), "b2": ("r2", "structure")}
+    assert pair_nodes(a, b) == pair_nodes(a, b)  # deterministic
+    # generated names that did not move break the tie, whatever the order
+    gen = [("Relu_0", "", "Relu", ["x"], ["y1"]), ("Relu_1", "", "Relu", ["x"], ["y2"])]
+    shuffled = _report(list(reversed(gen)), outputs=("y2", "y1"))
+    assert pair_nodes(_report(gen, outputs=("y1", "y2")), shuffled) == {
+        "Relu_1": ("Relu_1", "structure"),
+        "Relu_0": ("Relu_0", "structure"),
+    }
+
+
+def test_a_node_inserted_upstream_still_pairs_what_follows():
+    """Depth shifts after an inserted node: the relaxed pass (no depth) and the consumer pass pair the rest."""
+    a = _report([("c", "", "Conv", ["x"], ["t"]), ("r", "", "Relu", ["t"], ["u"]), ("s", "", "Sigmoid", ["u"], ["y"])])
+    b = _report(
+        [
+            ("c2", "", "Conv", ["x"], ["t"]),
+            ("m", "", "Mul", ["t"], ["t2"]),
+            ("r2", "", "Relu", ["t2"], ["u"]),
+            ("s2", "", "Sigmoid", ["u"], ["y"]),
+        ]
+    )
+    assert pair_nodes(a, b) == {"c2": ("c", "structure"), "r2": ("r", "structure"), "s2": ("s", "structure")}
+
+
+def test_verdict_and_ranking():
+    assert verdict(0.05, math.nan) == "same"
+    assert verdict(1.0, -5.0) == "worse" and verdict(-1.0, 5.0) == "better"
+    assert verdict(math.nan, 2.0) == "better" and verdict(math.nan, math.nan) == "unscored"
+    spec = [("a", "a", "Relu", ["x"], ["t"]), ("b", "b", "Relu", ["t"], ["y"])]
+    # a: -100 -> -90 dB (10 dB, negligible noise); b: -10 -> -9 dB (1 dB of noise that matters)
+    diff = compare(_report(spec, added={"a": -100.0, "b": -10.0}), _report(spec, added={"a": -90.0, "b": -9.0}))
+    assert [n.name_b for n in diff.nodes] == ["b", "a"]
+    assert diff.nodes[0].added_noise_delta_db == pytest.approx(1.0) and diff.nodes[0].verdict == "worse"
+    assert strict_json(dumps(diff))["nodes"][0]["name_b"] == "b"

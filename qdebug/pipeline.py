@@ -416,6 +416,7 @@ def _analysis_config(
         fakequant_samples=layers.fakequant_samples,
         upgrade_opset=options.upgrade_opset,
         inline_constant_if=options.inline_constant_if,
+        batch_axes=tuple(options.batch_axes),
     )
 
 

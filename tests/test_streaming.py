@@ -148,6 +148,12 @@ def test_batch_axis_flag_overrides_the_model(vad, tmp_path, capsys):
     code, stdout, err = _analyze(capsys, model, four, tmp_path / "a.json", "--batch-axis", "input=0,state=-2")
     assert code == 0, err
     assert "(from --batch-axis for 'input', 'state')" in _axis_note(tmp_path / "a.json")
+    # the report records the overrides and propose repeats them
+    assert load_report(tmp_path / "a.json").config.batch_axes == (("input", 0), ("state", -2))
+    out = tmp_path / "a_p.json"
+    assert main(["propose", str(tmp_path / "a.json"), "-o", str(out), "-q", "--time-runs", "0"]) in (0, 6)
+    assert "BATCH_AXES = {'input': 0, 'state': 1, 'sr': None}" in json.loads(out.read_text())["snippet"]
+    capsys.readouterr()
     code, stdout, err = _analyze(capsys, model, four, tmp_path / "b.json", "--batch-axis", "state=0", "-q")
     assert code == ExitCode.DATA and "Traceback" not in err
     line = err.strip().splitlines()[-1]
@@ -261,6 +267,9 @@ def test_the_model_inside_a_constant_if_goes_through_analyze_propose_and_verify(
     argv = ["propose", str(report), "-o", str(proposal), "-q", "--target-sqnr", "38", "--accept-no-speedup"]
     assert main(argv) in (0, ExitCode.TARGET_NOT_MET)
     capsys.readouterr()
+    # ORT quantizes no subgraph: the snippet must start from the normalized model, where the If is inlined
+    raw = json.loads(proposal.read_text())
+    assert repr(raw["normalized_model"]) in raw["snippet"] and repr(str(model.resolve())) not in raw["snippet"]
     verify = ["verify", str(model), "--proposal", str(proposal), "--calib", str(data), "--inline-constant-if"]
     code = main([*verify, "--runs", "2", "--target-sqnr", "30", "-q"])
     got = capsys.readouterr()

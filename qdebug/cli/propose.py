@@ -31,7 +31,7 @@ import math
 import sys
 
 from qdebug.ci_outputs import MARKDOWN_HELP
-from qdebug.cli.common import finite_float, fmt_metric, provider_list
+from qdebug.cli.common import batch_axes_arg, batch_axis_pairs, finite_float, fmt_metric, provider_list
 from qdebug.formatting import prefix_note
 
 
@@ -72,6 +72,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="task metric: top1, top1_agreement, exact_match, output_sqnr_db or module:function "
         "(default: the report's)",
+    )
+    p.add_argument(
+        "--batch-axis",
+        type=batch_axis_pairs,
+        action="append",
+        metavar="NAME=AXIS",
+        help="the axis an input's samples are stacked on, e.g. state=1 (default: the report's, else read off "
+        "the model)",
     )
     p.add_argument(
         "--eval-max-samples",
@@ -140,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         providers=providers,
         threads=args.threads,
         time_runs=args.time_runs,
+        batch_axes=batch_axes_arg(args),
     )
     ci_outputs.check_ci_outputs(args, (args.report, args.model, args.calib, args.eval), (args.output,))
     with stderr_progress(not args.quiet) as progress:

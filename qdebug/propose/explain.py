@@ -17,7 +17,7 @@ from pathlib import Path
 
 import onnx
 
-from qdebug.data import fixed_batch
+from qdebug.data import batch_axes, fixed_batch
 from qdebug.formatting import ACCURACY_METRICS
 from qdebug.graph.ops import WEIGHTED_OPS
 from qdebug.graph.unshare import snippet as unshare_snippet
@@ -136,7 +136,7 @@ def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, 
     renamed = {new for new, old in prep.name_map.items() if new != old}
     user = onnx.load(str(model_path), load_external_data=False)
     # plain quantize_static leaves weights held in Constant nodes float (normalization made them initializers)
-    normalized = any(n in renamed for n in excluded) or _constant_weights(user)
+    normalized = any(n in renamed for n in excluded) or _constant_weights(user) or _if_inlined(user, prep)
     target_model = prep.normalized_path if normalized else model_path
     model_file = str(Path(target_model).resolve())
     prelude = ""
@@ -156,6 +156,7 @@ def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, 
         batch=fixed_batch(prep.calib.specs),  # a fixed batch dimension accepts nothing else
         max_samples=report.config.max_samples,
         inputs=[s.name for s in prep.calib.specs],
+        batch_axes=batch_axes(prep.calib.specs),
     )
 
 
@@ -198,3 +199,12 @@ def _constant_weights(user: onnx.ModelProto) -> bool:
     return any(
         n.op_type in WEIGHTED_OPS and any(i in constants for i in n.input[1:]) for n in user.graph.node
     )
+
+
+def _if_inlined(user: onnx.ModelProto, prep: Prepared) -> bool:
+    """Whether normalization inlined If branches (``--inline-constant-if``): ORT quantizes no subgraph, so
+    the user's own quantize_static on their model would quantize nothing inside them."""
+    def ifs(model: onnx.ModelProto) -> int:
+        return sum(1 for n in model.graph.node if n.op_type == "If")
+
+    return ifs(user) > ifs(prep.normalized)

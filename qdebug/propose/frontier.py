@@ -59,7 +59,8 @@ def verified_frontier(
         entries.append(("dynamic", None, dynamic[1], dynamic[0]))
     progress("frontier", 0, len(entries))
     models = {e[0]: e[3] for e in entries}
-    timings = time_sessions(models, evaluator.batches[0].feeds, evaluator.config, runs=runs, notes=notes)
+    first = evaluator.batches[0]
+    timings = time_sessions(models, first.feeds, evaluator.config, runs=runs, notes=notes, rows=first.size)
     progress("frontier", len(entries), len(entries))
     points = tuple(_point(search, label, trial, result, timings[label]) for label, trial, result, _ in entries)
     return points, notes

@@ -91,6 +91,8 @@ class ProposeOptions:
     metric: str | None = None
     """Task metric (default: the report's, else top1 when the data has labels)."""
     eval_max_samples: int | None = None
+    batch_axes: tuple[tuple[str, int | None], ...] = ()
+    """``--batch-axis`` overrides (default: the report's, else read off the model)."""
     """Score candidates on at most this many evaluation samples (faster search, noisier metric)."""
     max_evaluations: int | None = None
     """Evaluation budget (None: ``2*ceil(log2 L) + 10`` for ``L`` candidate nodes)."""
@@ -404,6 +406,7 @@ def _prepare_options(cfg: AnalysisConfig, options: ProposeOptions) -> AnalyzeOpt
         use_cache=options.use_cache,
         providers=options.providers,
         threads=options.threads,
+        batch_axes=options.batch_axes or cfg.batch_axes,
     )
 
 

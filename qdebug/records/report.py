@@ -248,6 +248,9 @@ class AnalysisConfig:
     """The model was converted to a newer opset (``--upgrade-opset``); propose/verify do the same."""
     inline_constant_if: bool = False
     """If nodes with a constant condition were inlined (``--inline-constant-if``); propose/verify repeat it."""
+    batch_axes: tuple[tuple[str, int | None], ...] = ()
+    """``--batch-axis`` overrides (input, axis; None: fed whole) the analysis was run with; propose repeats
+    them (the other inputs' axes are read off the model, the same way each time)."""
 
 
 @dataclass(frozen=True)

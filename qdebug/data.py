@@ -867,13 +867,21 @@ def load_hook(spec: str, what: str) -> Callable[..., Any]:
             path = Path(module_name)
             if not path.is_file():
                 raise QDebugError(f"{what} file not found: {path}", "check the path", ExitCode.INPUT)
-            mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+            # registered under its own name while it runs: a dataclass in a hook file (with postponed
+            # annotations) looks its module up in sys.modules, and had failed with an obscure AttributeError
+            name = f"qdebug_hook_{path.stem}_{abs(hash(str(path.resolve()))):x}"
+            mod_spec = importlib.util.spec_from_file_location(name, path)
             assert mod_spec is not None and mod_spec.loader is not None
             module = importlib.util.module_from_spec(mod_spec)
             folder = str(path.resolve().parent)  # its own imports of modules next to it, as `python file.py`
             if folder not in sys.path:
                 sys.path.insert(0, folder)
-            mod_spec.loader.exec_module(module)
+            sys.modules[name] = module
+            try:
+                mod_spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
         else:
             if "" not in sys.path and "." not in sys.path:
                 sys.path.insert(0, "")

@@ -349,6 +349,9 @@ def _resolved_settings(options: VerifyOptions, proposal: Proposal) -> tuple[str,
     weight = options.weight_type or proposal.weight_type or "QInt8"
     if options.max_samples is None and proposal.calib_max_samples is not None:
         options = dataclasses.replace(options, max_samples=proposal.calib_max_samples)
+    if options.metric is None and proposal.metric and proposal.metric != "output_sqnr_db":
+        # the metric propose judged by (a custom one had to be given again, or verify judged output SQNR)
+        options = dataclasses.replace(options, metric=proposal.metric)
     return method, activation, weight, options
 
 

@@ -420,3 +420,38 @@ def test_judge_an_undefined_output_sqnr_never_meets_a_target():
     """A NaN output SQNR (no signal) must fail --target-sqnr, whatever the recovery."""
     rec, met, verdict = judge("output_sqnr_db", math.inf, 5.0, math.nan, math.nan, 0.9, 25.0)
     assert not met and verdict.startswith("FAIL")
+
+
+def test_verify_judges_by_the_proposals_custom_metric_and_hooks_may_hold_dataclasses(tmp_path, capsys):
+    """Without --metric verify used its default (output SQNR, which has no FP32 value to drop from) instead
+    of the metric propose judged by; and a metric file with a dataclass under postponed annotations failed
+    to import with an obscure AttributeError (the module was not registered while it ran)."""
+    from tests.models import small_cnn, small_data
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    hook = tmp_path / "my_metric.py"
+    hook.write_text(
+        "from __future__ import annotations\n"
+        "from dataclasses import dataclass\n"
+        "import numpy as np\n\n"
+        "@dataclass\n"
+        "class Agreement:\n"
+        "    hits: int = 0\n"
+        "    total: int = 0\n\n"
+        "def agreement(reference, candidate, labels):\n"
+        "    a = Agreement()\n"
+        "    for r, c in zip(reference, candidate):\n"
+        "        x, y = next(iter(r.values())), next(iter(c.values()))\n"
+        "        a.hits += int((x.argmax(-1) == y.argmax(-1)).sum())\n"
+        "        a.total += len(x)\n"
+        "    return a.hits / a.total\n"
+    )
+    metric = f"{hook}:agreement"
+    report, proposal, out = tmp_path / "r.json", tmp_path / "p.json", tmp_path / "v.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "--metric", metric, "-o", str(report), "-q"]) == 0
+    argv = ["propose", str(report), "-o", str(proposal), "-q", "--time-runs", "0", "--accept-no-speedup"]
+    assert main(argv) in (0, 6)
+    code = main(["verify", str(model), "--calib", str(calib), "--proposal", str(proposal), "--runs", "2",
+                 "--target-drop", "1", "-o", str(out), "-q"])  # fmt: skip
+    assert code in (0, 6), capsys.readouterr().err
+    assert json.loads(out.read_text())["metric"] == metric

@@ -281,11 +281,14 @@ class Evaluator:
             )
             return hits / self.samples
         if name == "top1_agreement":
-            hits = sum(
-                int(np.sum(_predicted(c[out0], self._indices) == _predicted(r[out0], self._indices)))
+            # a share of the predictions compared: one per sample for [batch, classes], one per position for
+            # an output without a batch axis ([T, classes] at batch 1 had read 1600 %)
+            pairs = [
+                (_predicted(c[out0], self._indices), _predicted(r[out0], self._indices))
                 for c, r in zip(candidate, self.reference, strict=True)
-            )
-            return hits / self.samples
+            ]
+            total = sum(ref.size for _, ref in pairs)
+            return sum(int(np.sum(cand == ref)) for cand, ref in pairs) / total if total else math.nan
         if name == "exact_match":
             exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
             rows = zip(candidate, self.reference, self.sizes, strict=True)

@@ -580,3 +580,33 @@ def test_the_eval_range_note_counts_samples_not_values(tmp_path):
     note = next(n for n in report.notes if n.startswith("evaluation data drives output 'out'"))
     assert f"on {beyond} of 10 samples" in note
     assert "keep mm FP32" in note  # the MatMul that computes it, not the Reshape that only moves it
+
+
+def test_top1_agreement_is_a_share_when_the_output_has_no_batch_axis(tmp_path):
+    """A recognizer's [T, classes] output at batch 1 made top1_agreement count T positions per sample (1600 %
+    on 16 timesteps): it is the share of the predictions that agree."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.models import save_graph
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(0, 1, (8, 5)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([16, 8], np.int64), "shape")
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["xs"], name="flat"),
+        helper.make_node("MatMul", ["xs", "w"], ["logits"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rec",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [16, 5])],
+        [w, shape],
+    )
+    model = save_graph(graph, tmp_path / "m.onnx", opsets={"": 17})
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (1, 16, 8)).astype(np.float32))
+    out = tmp_path / "r.json"
+    args = ["analyze", str(model), "--calib", str(tmp_path / "c.npz"), "--metric", "top1_agreement"]
+    assert main([*args, "-o", str(out), "-q"]) == 0
+    task = load_report(out).task
+    assert 0.0 <= task.quantized <= 1.0 and task.fp32 == 1.0

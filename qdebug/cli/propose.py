@@ -114,6 +114,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "faster (default: exit 6)",
     )
     p.add_argument(
+        "--screen-samples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="score candidates on the first N evaluation samples, then static, the answer and the frontier on "
+        "all of them (default: 256 when the set holds at least 1,024; 0: every candidate on all samples)",
+    )
+    p.add_argument(
         "--time-runs",
         type=int,
         default=20,
@@ -133,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_evaluations is not None and args.max_evaluations < 1:
         raise QDebugError("--max-evaluations must be >= 1", "pass a positive number", ExitCode.USAGE)
+    if args.screen_samples is not None and args.screen_samples < 0:
+        raise QDebugError("--screen-samples must be >= 0", "pass 0 to score on all samples", ExitCode.USAGE)
     if args.time_runs < 0:
         raise QDebugError("--time-runs must be >= 0", "pass 0 to skip the frontier, or a run count", ExitCode.USAGE)
     providers = provider_list(args.provider)
@@ -148,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         providers=providers,
         threads=args.threads,
         time_runs=args.time_runs,
+        screen_samples=args.screen_samples,
         batch_axes=batch_axes_arg(args),
     )
     ci_outputs.check_ci_outputs(args, (args.report, args.model, args.calib, args.eval), (args.output,))

@@ -40,8 +40,10 @@ def verified_frontier(
     selective: onnx.ModelProto,
     runs: int,
     progress: Progress,
+    rescore: bool = False,
 ) -> tuple[tuple[FrontierPoint, ...], list[str]]:
-    """The frontier points (FP32 first) and notes on what could not be measured."""
+    """The frontier points (FP32 first) and notes on what could not be measured; ``rescore``: the search
+    was screened on part of the evaluation set, so its neighbours are scored again on all of it."""
     if runs <= 0 or not evaluator.batches:
         return (), []
     notes: list[str] = []
@@ -53,7 +55,7 @@ def verified_frontier(
     ]
     for label, trial in _neighbours(search, final):
         model = search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)[1]
-        entries.append((label, trial, None, model))
+        entries.append((label, trial, evaluator.score(model) if rescore else None, model))
     dynamic = _dynamic(prep, evaluator, notes)
     if dynamic is not None:
         entries.append(("dynamic", None, dynamic[1], dynamic[0]))
@@ -100,10 +102,11 @@ def _dynamic(prep: Prepared, evaluator: Evaluator, notes: list[str]) -> tuple[on
 
 def _point(search: Search, label: str, trial: Trial | None, result: EvalResult | None, timing: Timing) -> FrontierPoint:
     target = search.target
-    if trial is not None:
+    if result is not None:  # scored here (dynamic; a neighbour rescored on all samples)
+        value, sqnr, met = result.value, result.output_sqnr_db, target.met(result)
+        nodes = len(trial.nodes) if trial is not None else 0
+    elif trial is not None:
         value, sqnr, met, nodes = trial.value, trial.output_sqnr_db, trial.met, len(trial.nodes)
-    elif result is not None:
-        value, sqnr, met, nodes = result.value, result.output_sqnr_db, target.met(result), 0
     else:  # FP32 itself
         value, sqnr, met, nodes = target.fp32, math.inf, True, -1
     return FrontierPoint(label, _changed(label, trial), nodes, value, sqnr, met, timing.p50_ms, timing.p95_ms)

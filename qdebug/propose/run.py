@@ -47,6 +47,7 @@ from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
 from qdebug.propose.fixes import fix_for
 from qdebug.propose.frontier import TIME_RUNS, missed_verdict, speed_verdict, verified_frontier
+from qdebug.propose.screen import confirm_on_all, screening_evaluator
 from qdebug.propose.search import (
     Fix,
     Plan,
@@ -97,6 +98,9 @@ class ProposeOptions:
     max_evaluations: int | None = None
     """Evaluation budget (None: ``2*ceil(log2 L) + 10`` for ``L`` candidate nodes)."""
     rerank_samples: int = RERANK_SAMPLES
+    screen_samples: int | None = None
+    """Screen candidates on the first N evaluation samples, confirm on all (None: 256 when the set holds at
+    least 1,024; 0: never)."""
     time_runs: int = TIME_RUNS
     """Timed runs per point of the verified frontier (0: no frontier, no speed verdict)."""
     use_cache: bool = True
@@ -312,7 +316,10 @@ def _propose(
     config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
     evaluator, input_notes = _evaluator(prep, eval_src, cfg, options, config)
     target = make_target(evaluator.metric_name, evaluator.fp32_value, evaluator.samples, options)
-    search, structure, initial = _search(prep, report, evaluator, target, options, progress)
+    screen = screening_evaluator(prep, eval_src, cfg, config, evaluator, options.screen_samples)
+    screened = screen or evaluator
+    screen_target = make_target(screened.metric_name, screened.fp32_value, screened.samples, options)
+    search, structure, initial = _search(prep, report, screened, screen_target, options, progress)
     rerank = _reranker(search, prep, calib_src, cfg, options, config, progress)
     widened = rank_units(structure, report.nodes, report.weights, widen=True)
     diagnosed = diagnosed_units(structure, report)
@@ -324,8 +331,15 @@ def _propose(
         search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer
     )
     plan, final, spec, selective = _selective(search, report, plan, met)
+    screen_notes: list[str] = []
+    if screen is not None:  # report every number on all samples, the answer confirmed there
+        plan, final, spec, selective, screen_notes = confirm_on_all(
+            search, evaluator, target, plan, final, spec, selective
+        )
     static = search.trials[0]
-    frontier, speed_notes, no_speedup = _speed(search, prep, evaluator, final, selective, options, progress)
+    frontier, speed_notes, no_speedup = _speed(
+        search, prep, evaluator, final, selective, options, progress, rescore=screen is not None
+    )
     seconds = time.perf_counter() - start
     sel_path = selective_model_path(output) if output is not None else None
     proposal = _proposal_record(report, model_path, prep, calib_src, search, plan, spec, final, seconds, sel_path)
@@ -344,7 +358,7 @@ def _propose(
         max_evaluations=search.budget,
         seconds=seconds,
         proposal_path=str(output) if output is not None else None,
-        notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static), *speed_notes),
+        notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static), *screen_notes, *speed_notes),
         no_speedup=no_speedup,
     )
 
@@ -357,10 +371,13 @@ def _speed(
     selective: onnx.ModelProto,
     options: ProposeOptions,
     progress: Progress,
+    rescore: bool = False,
 ) -> tuple[tuple[FrontierPoint, ...], list[str], str]:
     """The verified frontier, notes on it, and the line saying the answer gives the speed-up back (``""``
     when it does not): it keeps most of the model FP32, or it is timed slower than FP32 beyond the noise."""
-    frontier, notes = verified_frontier(search, prep, evaluator, final, selective, options.time_runs, progress)
+    frontier, notes = verified_frontier(
+        search, prep, evaluator, final, selective, options.time_runs, progress, rescore=rescore
+    )
     if not (final.met and search.fits(final)):
         return frontier, [*notes, missed_verdict(frontier)] if frontier else notes, ""
     lines, slow = speed_verdict(frontier)

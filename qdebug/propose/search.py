@@ -399,8 +399,13 @@ def _final(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:
         return plan, met
     fitting = [t for t in [*search.trials, *search.equivalents] if search.fits(t)]
     best = max(fitting, key=lambda t: (t.met, search.score(t), -len(t.nodes) - len(t.overrides)))
-    nodes, overrides = set(best.nodes), set(best.overrides)
+    return plan_of(plan, best), best
+
+
+def plan_of(plan: Plan, trial: Trial) -> Plan:
+    """The units of ``plan`` that ``trial`` applies (its nodes not in them get the neighbour's reason)."""
+    nodes, overrides = set(trial.nodes), set(trial.overrides)
     fp32 = tuple(u for u in plan.fp32 if set(u.nodes) <= nodes)
     int16 = tuple(u for u in plan.int16 if set(u.tensors) & overrides)
-    fixed = tuple(f for f in plan.fixed if set(f.overrides) <= set(best.fixes))
-    return Plan(fp32, int16, fixed), best
+    fixed = tuple(f for f in plan.fixed if set(f.overrides) <= set(trial.fixes))
+    return Plan(fp32, int16, fixed)

@@ -208,7 +208,7 @@ def test_disk_full_while_writing_a_model(tmp_path, monkeypatch, capsys):
 
     import onnx
 
-    import qdebug.graph.load as load
+    import qdebug.graph.modelfile as modelfile
 
     model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz", n=16)
     real = onnx.save_model
@@ -218,7 +218,7 @@ def test_disk_full_while_writing_a_model(tmp_path, monkeypatch, capsys):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(proto, path, *a, **k)
 
-    monkeypatch.setattr(load.onnx, "save_model", full)
+    monkeypatch.setattr(modelfile.onnx, "save_model", full)
     out = tmp_path / "b.json"
     code = main(
         ["bench", str(model), "--calib", str(calib), "--variants", "fp32,static", "-o", str(out), "-q"]

@@ -120,7 +120,7 @@ def test_the_users_unshare_lines_fix_their_own_quantize_static(tmp_path):
 
 def test_a_bad_copy_from_the_quantizer_is_named_as_its_fault(tmp_path, monkeypatch, capsys):
     """Without the unsharing, qdebug still says which quantizer pattern broke the model, and the way round."""
-    monkeypatch.setattr("qdebug.graph.load._unshare_biases", lambda model, notes: None)
+    monkeypatch.setattr("qdebug.graph.normalize._unshare_biases", lambda model, notes: None)
     model, data = shared_bias_cnn(tmp_path)
     code = main(["analyze", str(model), "--calib", str(data), "-o", str(tmp_path / "r.json"), "-q", "--no-cache"])
     assert code == ExitCode.MODEL

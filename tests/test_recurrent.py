@@ -242,9 +242,9 @@ def test_a_model_onnx_cannot_type_goes_through_the_symbolic_inference(tmp_path, 
 def test_when_the_symbolic_inference_fails_too_the_types_come_from_ort(tmp_path, capsys, monkeypatch):
     """The last fallback: the Concat left as it was, ORT's symbolic inference fails (named, with its node),
     and the untyped tensors' types are read from an ORT session over the model."""
-    import qdebug.graph.load as load
+    import qdebug.graph.shapes as shapes
 
-    monkeypatch.setattr(load, "_concat_axes_for_symbolic", lambda *args: None)
+    monkeypatch.setattr(shapes, "_concat_axes_for_symbolic", lambda *args: None)
     model, data = concat_axis_mobilenet(tmp_path, fused=True)
     report, _ = _analyze(model, data, tmp_path / "r.json", capsys)
     (failed,) = [n for n in report.notes if n.startswith("ORT symbolic shape inference failed")]

@@ -892,9 +892,9 @@ def test_inlined_branches_with_duplicate_tensor_names(tmp_path):
 def test_models_over_the_protobuf_limit_go_through_external_data(tmp_path, monkeypatch):
     """Simulated: the 2 GB protobuf limit is lowered so the CNN fixture takes the large-model paths
     (shape inference from a file, calibration and sessions with external data, external-data saves)."""
-    import qdebug.graph.load as load
+    import qdebug.graph.modelfile as modelfile
 
-    monkeypatch.setattr(load, "PROTO_LIMIT", 4096)
+    monkeypatch.setattr(modelfile, "PROTO_LIMIT", 4096)
     out = tmp_path / "r.json"
     code = main(analyze_args("cnn", out, "--no-cache"))
     assert code == 0
@@ -1145,7 +1145,7 @@ def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_pa
     """ORT's symbolic inference writes temp files into the current directory; qdebug runs it elsewhere."""
     import types
 
-    from qdebug.graph import load
+    from qdebug.graph import shapes
 
     class LitteringInference:  # stands in for ORT's (which needs sympy, not a dependency of qdebug)
         @staticmethod
@@ -1162,7 +1162,7 @@ def test_symbolic_shape_inference_leaves_nothing_in_the_working_directory(tmp_pa
     monkeypatch.chdir(cwd)
     model = onnx.load(fixture_path("cnn", "model.onnx"))
     notes: list[str] = []
-    assert load._symbolic_inference(model, notes) is model
+    assert shapes._symbolic_inference(model, notes) is model
     assert list(cwd.iterdir()) == [] and Path.cwd() == cwd
 
 

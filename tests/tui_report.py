@@ -21,6 +21,7 @@ No model is run: this only builds :mod:`qdebug.records` objects.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -299,6 +300,52 @@ def make_report(model_path: str = "models/tiny_transformer.onnx", layers: int = 
         deployed_gap=0.0,
         notes=("named 1 unnamed node (final/ln)",),
     )
+
+
+KERNEL_GAP_NOTE = (
+    "deployed INT8 kernels lose more than the QDQ graph's own rounding explains at 2 tensor(s); the gap opens at "
+    "layer0/attn/q_proj_out (from layer0/attn/q_proj): 30.0 dB deployed vs 46.0 dB fake-quant; 1 tensor(s) "
+    "downstream inherit it. On x86 CPUs without VNNI, ORT's u8s8 MatMul/Conv kernels can saturate their 16-bit "
+    "intermediates (ORT's documented U8S8 saturation, a kernel limit, not the model's fault). Fixes that keep "
+    "INT8: re-quantize with --weight-type QUInt8 (U8U8 kernels do not saturate), or give the nodes 7-bit weights "
+    "(reduce_range: `qdebug propose` tries it per node where this gap opens, --allow reduce-range, on by "
+    "default), or keep layer0/attn/q_proj out of INT8"
+)
+"""``qdebug.analysis.kernel_gap_notes(report.tensors, nodes=report.nodes)`` on :func:`make_report`, verbatim."""
+
+
+def make_findings_report() -> Report:
+    """:func:`make_report` with the notes ``qdebug analyze`` writes about such a model (the findings pane).
+
+    After the report's own note (``named 1 unnamed node``): a note naming nothing (the calibration cache),
+    the kernel-gap note analyze writes for these numbers (:data:`KERNEL_GAP_NOTE`), and a collapsed-range
+    and an evaluation-range note in analyze's words (:mod:`qdebug.analysis.notes`) with the report's own
+    scales, ranges and SQNRs (the share in one step and the evaluation samples are made up: the synthetic
+    histograms collapse nowhere and no evaluation data exists).
+    """
+    report = make_report()
+    sm, logits = report.tensor("layer1/attn/softmax_out"), report.tensor("logits")
+    av = report.node("layer1/attn/av_matmul")
+    assert sm is not None and sm.quant is not None and sm.accumulated is not None
+    assert logits is not None and logits.quant is not None
+    lo = min((0 - logits.quant.zero_point) * logits.quant.scale, logits.summary.min)
+    hi = max((255 - logits.quant.zero_point) * logits.quant.scale, logits.summary.max)
+    collapsed = (
+        f"layer1/attn/softmax_out: 62% of its values fall in one quantization step (scale {sm.quant.scale:.3g} for "
+        f"the range [{sm.summary.min:.3g}, {sm.summary.max:.3g}]), although its SQNR looks "
+        f"{sm.accumulated.sqnr_db:.1f} dB (the largest values carry the energy); layer1/attn/av_matmul (MatMul) "
+        f"reading it falls to {av.accumulated_sqnr_db:.1f} dB SQNR, which its own quantization "
+        f"({av.local_sqnr_db:.1f} dB) does not explain. A range set by outliers such as mask values of -1e9 erases "
+        "the other values: keep layer1/attn/softmax and layer1/attn/av_matmul out of quantization"
+    )
+    evaluation = (
+        f"evaluation data drives output 'logits' outside its calibrated range [{lo:.4g}, {hi:.4g}] on 12 of 512 "
+        "samples (|value| up to 11.3): quantization clips those values, and the report's per-tensor numbers, "
+        "measured on the calibration data, do not show it; calibrate on data that covers the evaluation range, "
+        "or keep head/matmul FP32"
+    )
+    cache = "calibration ranges reused from cache data/.qdebug/minmax-3f3f3f3f.npz"
+    return dataclasses.replace(report, notes=(*report.notes, cache, KERNEL_GAP_NOTE, collapsed, evaluation))
 
 
 def make_large_report(nodes: int = 2000) -> Report:

@@ -35,6 +35,7 @@ from qdebug.tui.widgets import (
     DetailPanel,
     ExclusionPanel,
     FilterBar,
+    FindingsPanel,
     NodeDetail,
     NodeTable,
     SummaryBar,
@@ -58,6 +59,9 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("[", "jump to the worst producer (lowest accumulated SQNR)"),
     ("]", "jump to the worst consumer"),
     ("tab  enter", "focus the neighbour / exclusion list; enter jumps"),
+    ("f", "findings: the report's notes, each with the nodes it names"),
+    ("f: enter", "jump to the nodes the finding names (again: the next)"),
+    ("f: x space", "exclude the finding's nodes (again: include them)"),
     ("s", "sort by the next column"),
     ("r", "reverse the sort"),
     (f"1 … {len(COLUMNS)}", "sort by that column (again: reverse), or click it"),
@@ -67,7 +71,7 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("c", "copy the quantize_static snippet (and show it)"),
     ("v", "verify the set (needs the model and data)"),
     ("b", "bench results: variants, machine, metric vs latency (--bench)"),
-    ("esc", "cancel a running verify"),
+    ("esc", "cancel a running verify; else back to the table"),
     ("?", "this help"),
     ("q", "quit"),
 )
@@ -100,6 +104,8 @@ class MainScreen(Screen):
             for i, key in enumerate(COLUMN_KEYS)
         ),
         Binding("slash", "focus_filter", "Filter", key_display="/", show=False),
+        # not in the footer (full at 80 columns): the header's "N findings (f)" shows the key
+        Binding("f", "findings", "Findings", show=False),
         Binding("o", "cycle_op", "Op", show=False),
         Binding("e", "export", "Export"),
         Binding("c", "copy_snippet", "Snippet"),
@@ -120,6 +126,8 @@ class MainScreen(Screen):
         self.context = context
         """The session's files, bench results and verify callable (handed over by the app)."""
         self.selected: str | None = None
+        self._finding_jump: tuple[int, int] | None = None
+        """(finding, position in its linked nodes) of the last jump from the findings pane."""
         self.verify_state: str = "idle"
         """``idle``, ``running``, ``done``, ``cancelled`` or ``failed`` (for the tests and the panel)."""
         self.verify_result: Any = None
@@ -141,6 +149,7 @@ class MainScreen(Screen):
             with Vertical(id="left"):
                 yield FilterBar(self.model.op_types(), id="filters")
                 yield NodeTable(id="nodes")
+                yield FindingsPanel(self.model, id="findings")
                 yield DepthChart(self.model.depth_profile(), id="depth")
             with Vertical(id="right"):
                 yield DetailPanel(self.model, id="detail")
@@ -151,6 +160,7 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         """Fill the table, select the most sensitive node, warn about proposal mismatches."""
         self.query_one(VerifyPanel).display = False
+        self.query_one(FindingsPanel).display = False  # f opens it; the header counts the findings
         self.refresh_table()
         table = self.query_one(NodeTable)
         self._show(table.current)
@@ -238,8 +248,27 @@ class MainScreen(Screen):
         """Jump to the node picked in the exclusion list."""
         self.select_node(event.node)
 
-    def select_node(self, name: str) -> None:
-        """Select ``name`` in the table (clearing the filters if they hide it) and focus the table."""
+    def on_findings_panel_jump_requested(self, event: FindingsPanel.JumpRequested) -> None:
+        """Jump to the next node the picked finding names (the pane keeps the focus)."""
+        finding = self.model.findings[event.index]
+        linked = finding.linked
+        if not linked:
+            self._notify(f"finding {event.index + 1} names no node of the report", timeout=4)
+            return
+        last = self._finding_jump
+        again = last is not None and last[0] == event.index and self.table.current == linked[last[1]]
+        k = (last[1] + 1) % len(linked) if again and last is not None else 0
+        self._finding_jump = (event.index, k)
+        self.select_node(linked[k], focus=False)
+        if len(linked) > 1:
+            self._notify(
+                f"{linked[k]}: {k + 1} of the {len(linked)} nodes finding {event.index + 1} names (enter: the next)",
+                timeout=4,
+            )
+
+    def select_node(self, name: str, focus: bool = True) -> None:
+        """Select ``name`` in the table (clearing the filters if they hide it) and focus the table (unless
+        ``focus`` is False: the findings pane keeps it)."""
         self.selected = name
         if name in self.table.rows:  # already shown: move there (a rebuild took 1-1.7 s at 2,000 nodes)
             self.table.move_cursor(row=self.table.get_row_index(name), scroll=True)
@@ -250,26 +279,72 @@ class MainScreen(Screen):
                 self._notify(f"filters cleared to show {name}", timeout=3)
             self.refresh_table()
         self._show(name)
-        self.table.focus()
+        if focus:
+            self.table.focus()
 
     # ----------------------------------------------------------------- actions
 
     def action_toggle_exclusion(self) -> None:
-        """Exclude or include the node under the cursor (or the highlighted entry of the exclusion list)."""
+        """Exclude or include the node under the cursor (or the highlighted entry of the exclusion list), or
+        on the findings pane the nodes of the highlighted finding."""
         name = self.table.current
         listed = self.query_one("#exclusions", OptionList)
+        findings = self.query_one(FindingsPanel)
+        if self.app.focused is findings.entries and findings.highlighted is not None:
+            self.toggle_finding(findings.highlighted)
+            return
         if self.app.focused is listed and listed.highlighted is not None:
             name = listed.get_option_at_index(listed.highlighted).id
         if name is None:
             self._notify("no node selected", severity="warning")
             return
-        excluded = self.model.toggle(name)
+        self._exclusions_changed((name,), self.model.toggle(name))
+
+    def toggle_finding(self, index: int) -> None:
+        """Exclude the nodes finding ``index`` advises excluding, or include them again when all are."""
+        finding = self.model.findings[index]
+        if not finding.targets:
+            what = "no node the quantizer touches" if finding.linked else "no node of the report"
+            self._notify(f"finding {index + 1} names {what}: nothing to exclude", severity="warning", timeout=4)
+            return
+        excluded, changed = self.model.toggle_finding(index)
+        self._exclusions_changed(changed, excluded)
+        names = ", ".join(changed)
+        if excluded:
+            self._notify(f"excluded {names} (finding {index + 1}); v verifies the set", timeout=6)
+        else:
+            self._notify(f"included {names} again (finding {index + 1})", timeout=4)
+
+    def _exclusions_changed(self, names: tuple[str, ...], excluded: bool) -> None:
+        """Redraw what shows the exclusion of ``names`` (now ``excluded``)."""
         if self.model.sort_key == "excluded":
             self.refresh_table()
         else:
-            self.table.set_excluded(name, excluded)
+            for name in names:
+                self.table.set_excluded(name, excluded)
         self.query_one(ExclusionPanel).refresh_set()
         self.query_one(NodeDetail).refresh(layout=True)
+        findings = self.query_one(FindingsPanel)
+        if findings.display:
+            findings.refresh_marks()
+
+    def action_findings(self) -> None:
+        """Open the findings pane (focused) or close it."""
+        findings = self.query_one(FindingsPanel)
+        if findings.display:
+            findings.display = False
+            self.set_class(False, "-findings")
+            self.table.focus()
+            return
+        if not self.model.findings:
+            self._notify("the report has no notes", timeout=3)
+            return
+        findings.refresh_marks()
+        findings.display = True
+        self.set_class(True, "-findings")  # below 110 columns the pane takes the detail's rows
+        if findings.entries.highlighted is None:
+            findings.entries.highlighted = 0
+        findings.entries.focus()
 
     def action_jump(self, direction: str) -> None:
         """Jump to the worst producer (``up``) or consumer (``down``) of the selected node."""
@@ -312,11 +387,11 @@ class MainScreen(Screen):
         self.refresh_table()
 
     def action_escape(self) -> None:
-        """Cancel a running verify; otherwise leave the filter input."""
+        """Cancel a running verify; otherwise leave the filter input or the findings pane."""
         if self.verify_state == "running" and self._verify_worker is not None:
             self._verify_worker.cancel()
             return
-        if isinstance(self.focused, Input):
+        if isinstance(self.focused, Input) or self.focused is self.query_one(FindingsPanel).entries:
             self.table.focus()
 
     def action_help(self) -> None:

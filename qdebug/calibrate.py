@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,14 +109,25 @@ def calibrate(
     on_batch: Callable[[int], None] | None = None,
     providers: Sequence[str] | None = None,
     large: bool = False,
+    op_types: Sequence[str] | None = None,
+    calib_options: Mapping[str, Any] | None = None,
 ) -> Ranges:
-    """Compute (or load from cache) the activation ranges of ``model_path`` over ``data``."""
+    """Compute (or load from cache) the activation ranges of ``model_path`` over ``data``.
+
+    ``op_types``: the op types whose tensors are calibrated (None: every op type ORT quantizes), and
+    ``calib_options`` the calibrator's options (``percentile``, ``moving_average``, ``symmetric``...), as
+    ``quantize_static`` passes a user's ``op_types_to_quantize`` and ``Calib*`` extra options: both are
+    part of the key (the options only when given, so the default key is what it was).
+    """
     import onnxruntime
 
     ort_method = _ort_method(method)
     fingerprint = data_fingerprint(data)
-    ops = op_types_to_quantize()
-    key_src = json.dumps([model_sha256, fingerprint, method, ops, onnxruntime.__version__])
+    ops = sorted(set(op_types)) if op_types else op_types_to_quantize()
+    key_items: list[Any] = [model_sha256, fingerprint, method, ops, onnxruntime.__version__]
+    if calib_options:
+        key_items.append(sorted(calib_options.items()))
+    key_src = json.dumps(key_items)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
     path = cache_dir() / "calib" / f"{key}.json" if (use_cache and fingerprint) else None
     if path is not None and path.is_file():
@@ -124,7 +135,7 @@ def calibrate(
             return Ranges(method, key, _load_tensors_data(path), path, True)
         except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             pass  # a corrupt cache entry is recomputed and overwritten
-    tensors = _run_calibrator(model_path, data, ort_method, ops, on_batch, providers, large)
+    tensors = _run_calibrator(model_path, data, ort_method, ops, on_batch, providers, large, calib_options)
     if path is not None:
         try:
             atomic_write_text(path, json.dumps(_dump_tensors_data(tensors)))
@@ -207,12 +218,16 @@ def _run_calibrator(
     on_batch: Callable[[int], None] | None,
     providers: Sequence[str] | None,
     large: bool = False,
+    calib_options: Mapping[str, Any] | None = None,
 ) -> Any:
     from onnxruntime.quantization.calibrate import create_calibrator
 
+    from qdebug.fast_quantize import fast_calibrator_augmentation
+
     with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp, quiet_ort_logging():
         try:
-            with _native_stderr_silenced(), _quiet_calibration_session():
+            # ORT's MinMax augmentation is quadratic in the node count; the fast one writes the same model
+            with _native_stderr_silenced(), _quiet_calibration_session(), fast_calibrator_augmentation():
                 calibrator = create_calibrator(
                     model_path,
                     ops,
@@ -220,7 +235,7 @@ def _run_calibrator(
                     calibrate_method=ort_method,
                     use_external_data_format=large,
                     providers=list(providers) if providers else None,
-                    extra_options={},
+                    extra_options=dict(calib_options or {}),
                 )
             # ORT's histogram calibrators (entropy/percentile/distribution) stack every batch's
             # outputs and fail on a smaller last batch, and print progress on stdout (ours is data):

@@ -3,7 +3,9 @@
 ``--markdown FILE`` (analyze, propose, verify, bench, diff) writes the summary as Markdown tables, fit
 for a pull-request comment or a CI step summary; ``verify --junit FILE`` writes one JUnit test case per
 gate verify judges (the recovery or drop target, and ``--target-sqnr``), a failed gate carrying the
-verdict line as its message. Both are rendered from the records alone (the light layer: standard library
+verdict line as its message, an undecided one (its interval straddles the target: verify exits 8) a
+``<skipped/>`` with that message -- the evidence shows neither a pass nor a miss, and the exit code, not
+the test count, fails the CI step. Both are rendered from the records alone (the light layer: standard library
 and :mod:`qdebug.records`, :mod:`qdebug.formatting`, :mod:`qdebug.files`) and written atomically; the
 exit codes stay those of the command.
 
@@ -226,16 +228,19 @@ def _float_weights(v: object) -> str:
 
 
 def verify_markdown(result: VerifyResult) -> str:
-    """``verify``: PASS/FAIL, the verdict line, FP32 / static / selective side by side, one row per gate."""
-    head = "PASS" if result.met else "FAIL"
+    """``verify``: PASS/FAIL/UNDECIDED, the verdict line, FP32 / static / selective side by side, the
+    intervals, one row per gate."""
+    head = "PASS" if result.met else ("FAIL" if result.decided else "UNDECIDED")
     out = [f"## qdebug verify: {head}\n\n> {cell(result.verdict)}\n\n"]
     out.append(f"{result.metric} on {result.samples} samples; {result.quantizable_nodes} quantizable nodes\n\n")
     if result.variants:
         out.append(table(("", *(v.name for v in result.variants)), _verify_rows(result),
                          right=range(1, len(result.variants) + 1)))  # fmt: skip
+    if result.noise_line():
+        out.append(f"\n{cell(result.noise_line())}\n")
     gates = verify_gates(result)
     if gates:
-        rows = [(g.name, "pass" if g.passed else "**FAIL**", g.detail) for g in gates]
+        rows = [(g.name, "pass" if g.passed else ("**FAIL**" if g.decided else "undecided"), g.detail) for g in gates]
         out.append("\n" + table(("gate", "result", "measured"), rows))
     out.append(_details("notes", result.notes))
     return "".join(out)
@@ -300,28 +305,59 @@ class Gate:
     passed: bool
     detail: str
     """The part of the verdict line about this gate."""
+    decided: bool = True
+    """False: neither passed nor failed beyond the noise (its interval straddles the target)."""
 
 
 def verify_gates(result: VerifyResult) -> list[Gate]:
-    """The gates a verify result was judged by, each passed or not (as :func:`qdebug.verify.judge` judges).
+    """The gates a verify result was judged by, each passed, failed or undecided (as
+    :func:`qdebug.verify.assess` judges: by the estimate and its interval when the record has one).
 
     The drop target (``--target-drop``) or else the recovery target, when FP32 has a value; the output
-    SQNR target when one was given. Whatever they say, a result that did not meet its target has at least
-    one failed gate and one that met it none: the JUnit file never disagrees with the exit code.
+    SQNR target when one was given. Whatever they say, a result that met its target has no gate that did
+    not pass, one that missed it beyond the noise at least one failed gate, and an undecided one at least
+    one undecided gate and no failed one: the JUnit file never disagrees with the exit code.
     """
     try:
         fp32, static, sel = (result.variant(n) for n in ("fp32", "static", "selective"))
     except KeyError:
-        return [Gate("verify", result.met, result.verdict)]
+        return [Gate("verify", result.met, result.verdict, result.met or result.decided)]
     gates = [g for g in (_target_gate(result, fp32.metric, static.metric, sel.metric), _sqnr_gate(result, sel))
              if g is not None]  # fmt: skip
     if not gates:
-        return [Gate("verify", result.met, result.verdict)]
+        return [Gate("verify", result.met, result.verdict, result.met or result.decided)]
+    # judged otherwise than mirrored here: the record's verdict wins
     if result.met:
         return [Gate(g.name, True, g.detail) for g in gates]
-    if all(g.passed for g in gates):  # judged otherwise than mirrored here: the record's verdict wins
+    if not result.decided:
+        gates = [Gate(g.name, False, g.detail, g.decided and g.passed) for g in gates]
+        if all(g.decided for g in gates):
+            gates[0] = Gate(gates[0].name, False, gates[0].detail, False)
+        return gates
+    gates = [Gate(g.name, g.passed and g.decided, g.detail) if not g.decided else g for g in gates]
+    if all(g.passed for g in gates):
         gates[0] = Gate(gates[0].name, False, gates[0].detail)
     return gates
+
+
+def _judged(estimate: float, interval: tuple[float, float], passes: Any) -> tuple[bool, bool]:
+    """(passed, decided) of a gate: by the estimate alone without an interval, else passed when the
+    estimate and both bounds pass and decided when they agree (verify's rule, re-stated)."""
+    if math.isnan(interval[0]) or math.isnan(interval[1]):
+        return bool(passes(estimate)), True
+    verdicts = {bool(passes(x)) for x in (interval[0], estimate, interval[1])}
+    return verdicts == {True}, len(verdicts) == 1
+
+
+def _bounds(interval: tuple[float, float], fmt: Any, result: VerifyResult) -> str:
+    """`` [95%: 0.20 to 1.40]`` after a gate's measurement (nothing without an interval)."""
+    if math.isnan(interval[0]):
+        return ""
+    return f" [{100 * result.confidence:g}%: {fmt(interval[0])} to {fmt(interval[1])}]"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%" if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 def _target_gate(result: VerifyResult, fp32: float, static: float, sel: float) -> Gate | None:
@@ -334,13 +370,17 @@ def _target_gate(result: VerifyResult, fp32: float, static: float, sel: float) -
         if not math.isfinite(fp32):
             return Gate(name, False, f"no FP32 value of {metric} to measure a drop from")
         drop = (fp32 - sel) * scale
-        return Gate(name, drop <= result.target_drop + 1e-9, f"the selective model is {drop:.2f}{unit} below FP32")
+        iv = result.drop_interval
+        passed, decided = _judged(drop, iv, lambda x: x <= result.target_drop + 1e-9)
+        detail = f"the selective model is {drop:.2f}{unit} below FP32{_bounds(iv, lambda x: f'{x:.2f}', result)}"
+        return Gate(name, passed, detail, decided)
     if not math.isfinite(fp32):
         return None
     name = f"{metric} recovery >= {100 * result.min_recovery + 0.0:.4g}%"
     if math.isfinite(static) and fp32 - static > 1e-12:
-        recovered = result.recovered_fraction
-        return Gate(name, recovered >= result.min_recovery - 1e-12, f"recovered {100 * recovered:.2f}% of the loss")
+        recovered, iv = result.recovered_fraction, result.recovery_interval
+        passed, decided = _judged(recovered, iv, lambda x: x >= result.min_recovery - 1e-12)
+        return Gate(name, passed, f"recovered {100 * recovered:.2f}% of the loss{_bounds(iv, _pct, result)}", decided)
     ok = sel >= min(static, fp32) - 1e-12
     return Gate(name, ok, "static lost nothing; the selective model is " + ("not worse" if ok else "worse"))
 
@@ -350,8 +390,12 @@ def _sqnr_gate(result: VerifyResult, sel: object) -> Gate | None:
     if math.isnan(target):
         return None
     sqnr = getattr(sel, "output_sqnr_db", math.nan)
-    ok = not math.isnan(sqnr) and sqnr >= target - 1e-12
-    return Gate(f"output SQNR >= {target:g} dB", ok, f"the selective model's output SQNR is {fmt_db(sqnr)} dB")
+    name, iv = f"output SQNR >= {target:g} dB", result.sqnr_interval
+    if math.isnan(sqnr):
+        return Gate(name, False, "the selective model's output SQNR is undefined")
+    passed, decided = _judged(sqnr, iv, lambda x: x >= target - 1e-12)
+    return Gate(name, passed, f"the selective model's output SQNR is {fmt_db(sqnr)} dB{_bounds(iv, fmt_db, result)}",
+                decided)  # fmt: skip
 
 
 def verify_junit(result: VerifyResult, suite: str = "qdebug verify") -> str:
@@ -359,12 +403,13 @@ def verify_junit(result: VerifyResult, suite: str = "qdebug verify") -> str:
     case per gate of :func:`verify_gates`; a failed one's ``failure`` message is the verdict line, its text
     the side-by-side table."""
     gates = verify_gates(result)
-    failures = sum(1 for g in gates if not g.passed)
+    failures = sum(1 for g in gates if not g.passed and g.decided)
+    skipped = sum(1 for g in gates if not g.decided)
     counts = {"tests": str(len(gates)), "failures": str(failures), "errors": "0"}
     seconds = f"{result.seconds:.3f}" if math.isfinite(result.seconds) else "0"
-    root = ET.Element("testsuites", {"name": suite, **counts, "time": seconds})
+    root = ET.Element("testsuites", {"name": suite, **counts, "time": seconds})  # junit-10.xsd: no skipped here
     name = f"{suite} {Path(result.model_path).name}"
-    ts = ET.SubElement(root, "testsuite", {"name": name, **counts, "skipped": "0", "time": seconds})
+    ts = ET.SubElement(root, "testsuite", {"name": name, **counts, "skipped": str(skipped), "time": seconds})
     props = ET.SubElement(ts, "properties")
     for key, value in (("model", result.model_path), ("model_sha256", result.model_sha256),
                        ("proposal", result.proposal), ("metric", result.metric), ("samples", str(result.samples)),
@@ -373,7 +418,9 @@ def verify_junit(result: VerifyResult, suite: str = "qdebug verify") -> str:
     table_text = "\n".join(result.summary_lines()) if result.variants else result.verdict
     for g in gates:
         case = ET.SubElement(ts, "testcase", {"classname": "qdebug.verify", "name": g.name, "time": "0"})
-        if not g.passed:
+        if not g.decided:  # neither passed nor failed: the interval straddles the target (exit 8)
+            ET.SubElement(case, "skipped", {"message": result.verdict}).text = f"{g.detail}\n\n{table_text}\n"
+        elif not g.passed:
             failure = ET.SubElement(case, "failure", {"message": result.verdict, "type": "TargetNotMet"})
             failure.text = f"{g.detail}\n\n{table_text}\n"
     out = ET.SubElement(ts, "system-out")

@@ -29,6 +29,10 @@ class ExitCode(IntEnum):
     """``verify``/``propose`` ran fine but the accuracy/SQNR target was not met (for CI gating)."""
     OUTPUT = 7
     """An output could not be written (unwritable directory, disk full)."""
+    UNDECIDED = 8
+    """``verify`` ran fine, but the evaluation set is too small to tell whether the target is met: no gate
+    missed it beyond the noise, and one's interval at ``--confidence`` straddles it (the verdict says how
+    many samples would decide it)."""
     INTERRUPTED = 130
     """Interrupted (Ctrl-C); nothing half-written is left behind."""
     TERMINATED = 143

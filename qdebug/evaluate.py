@@ -17,6 +17,14 @@ Metrics (higher is better):
 * ``output_sqnr_db`` -- SQNR vs FP32 of the worst float output (each output over all its samples);
 * ``module:function`` -- ``function(reference, candidate, labels) -> float``
   where reference/candidate are lists (one per batch) of dicts output -> array.
+
+:meth:`Evaluator.sample_values` splits a scored value over its evaluation units, for the paired bootstrap
+of :mod:`qdebug.noise`: per-sample hits for ``top1`` and ``exact_match``; per-prediction agreement for
+``top1_agreement`` (one unit per sample, or one per batch whose predictions are positions of one sample);
+per-sample signal and noise energies of every float output for ``output_sqnr_db`` (a resample's SQNR is
+that of its summed energies). A custom metric function may carry an optional per-sample form,
+``function.per_sample(reference, candidate, labels) -> list[float]``, one value per sample whose mean is
+the metric; without it the hook itself is re-called on resampled lists of evaluation batches.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -32,7 +40,9 @@ import onnx
 from qdebug.capture import SessionConfig, make_session, run_session
 from qdebug.data import DataSet, load_hook, output_batch_axes
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.formatting import ACCURACY_METRICS
 from qdebug.metrics import ErrorAccumulator
+from qdebug.noise import DEFAULT_CONFIDENCE, HOOK_RESAMPLES, RESAMPLES, bootstrap, interval
 from qdebug.records import OutputMetric
 
 BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
@@ -48,6 +58,9 @@ class EvalResult:
     outputs: tuple[OutputMetric, ...]
     samples: int
     seconds: float
+    candidate: tuple[dict[str, np.ndarray], ...] = field(default=(), compare=False, repr=False)
+    """The candidate's outputs (one dict per evaluation batch), kept for :meth:`Evaluator.sample_values`:
+    model outputs are small, and a result is dropped once its value is read (propose keeps trials)."""
 
     @property
     def output_sqnr_db(self) -> float:
@@ -87,7 +100,18 @@ def _exact_rows(
     rows: int,
     axes: Mapping[str, int] | None = None,
 ) -> int:
-    """How many of a batch's ``rows`` samples have every non-float output equal to FP32's.
+    """How many of a batch's ``rows`` samples have every non-float output equal to FP32's (:func:`_exact_match`)."""
+    return int(_exact_match(ref, cand, names, rows, axes).sum())
+
+
+def _exact_match(
+    ref: dict[str, np.ndarray],
+    cand: dict[str, np.ndarray],
+    names: list[str],
+    rows: int,
+    axes: Mapping[str, int] | None = None,
+) -> np.ndarray:
+    """Which of a batch's ``rows`` samples have every non-float output equal to FP32's (``[rows]`` bool).
 
     Outputs are compared sample by sample on their batch axis (``axes``, axis 0 for an output it lacks;
     a new state ``[2, batch, 128]`` has it on axis 1) when it holds the batch in both models; an output
@@ -102,7 +126,99 @@ def _exact_rows(
             match &= np.moveaxis(r == c, axis, 0).reshape(rows, -1).all(axis=1)
         elif not (r.shape == c.shape and np.array_equal(r, c)):
             match[:] = False
-    return int(match.sum())
+    return match
+
+
+@dataclass(frozen=True, eq=False)
+class RatioValues:
+    """A share split over its units: the metric is ``sum(hits) / sum(counts)`` (top1, exact_match: one
+    count per sample; top1_agreement: one per prediction; a custom metric's per-sample form: its values,
+    counts 1)."""
+
+    hits: np.ndarray
+    counts: np.ndarray
+    resamples: int = RESAMPLES
+
+    @property
+    def units(self) -> int:
+        """Units resampled (samples; batches for predictions that are positions of one sample)."""
+        return int(self.hits.size)
+
+    @property
+    def binary(self) -> bool:
+        """One hit or none per unit (McNemar's test applies)."""
+        return bool(np.all(self.counts == 1) and np.all((self.hits == 0) | (self.hits == 1)))
+
+    def value(self) -> float:
+        """The metric over every unit."""
+        total = float(self.counts.sum())
+        return float(self.hits.sum()) / total if total else math.nan
+
+    def resampled(self, draws: np.ndarray) -> np.ndarray:
+        """The metric on each row of unit indices."""
+        num, den = self.hits[draws].sum(axis=1), self.counts[draws].sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
+@dataclass(frozen=True, eq=False)
+class SqnrValues:
+    """The worst float output's SQNR split over units: ``signal`` and ``noise`` energies ``[outputs, units]``
+    (0 where an output is not compared), so a resample's SQNR is that of its summed energies."""
+
+    signal: np.ndarray
+    noise: np.ndarray
+    resamples: int = RESAMPLES
+
+    @property
+    def units(self) -> int:
+        """Units resampled (samples; whole batches whose outputs have no batch axis)."""
+        return int(self.signal.shape[1])
+
+    def resampled(self, draws: np.ndarray) -> np.ndarray:
+        """The worst output's SQNR (dB) on each row of unit indices (nan: no output to compare)."""
+        signal, noise = self.signal[:, draws].sum(axis=-1), self.noise[:, draws].sum(axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            db = 10.0 * np.log10(signal / noise)
+        db = np.where(signal > 0, db, np.nan)  # no signal: undefined, never the worst (as ErrorAccumulator)
+        worst = np.where(np.isnan(db), np.inf, db).min(axis=0)
+        return np.where(np.isnan(db).all(axis=0), np.nan, worst)
+
+
+@dataclass(frozen=True, eq=False)
+class HookValues:
+    """A custom metric without a per-sample form: re-called on resampled lists of evaluation batches."""
+
+    score: Callable[[list, list, list | None], float]
+    reference: Sequence[dict[str, np.ndarray]]
+    candidate: Sequence[dict[str, np.ndarray]]
+    labels: Sequence[np.ndarray] | None
+    resamples: int = HOOK_RESAMPLES
+
+    @property
+    def units(self) -> int:
+        """Units resampled: the evaluation batches."""
+        return len(self.reference)
+
+    def resampled(self, draws: np.ndarray) -> np.ndarray:
+        """The hook's value on each row of batch indices."""
+        out = []
+        for row in draws.tolist():
+            labels = None if self.labels is None else [self.labels[i] for i in row]
+            out.append(self.score([self.reference[i] for i in row], [self.candidate[i] for i in row], labels))
+        return np.asarray(out, dtype=np.float64)
+
+
+def _energies(r: np.ndarray, c: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Signal and noise energies of one output in one batch, per sample along ``axis`` (None: the batch
+    as one unit); non-finite pairs left out, as :class:`ErrorAccumulator` leaves them."""
+    r64, c64 = r.astype(np.float64), c.astype(np.float64)
+    ok = np.isfinite(r64) & np.isfinite(c64)
+    r64, c64 = np.where(ok, r64, 0.0), np.where(ok, c64, 0.0)
+    rows = 1 if axis is None else r64.shape[axis]
+    r2 = (r64 if axis is None else np.moveaxis(r64, axis, 0)).reshape(rows, -1)
+    c2 = (c64 if axis is None else np.moveaxis(c64, axis, 0)).reshape(rows, -1)
+    return (r2 * r2).sum(axis=1), ((r2 - c2) ** 2).sum(axis=1)
 
 
 class Evaluator:
@@ -256,22 +372,26 @@ class Evaluator:
     def _run(self, session, feeds) -> dict[str, np.ndarray]:
         return run_session(session, self.output_names, feeds, "the evaluation data")
 
+    def _call_user(self, reference: list, candidate: list, labels: list | None) -> float:
+        """The custom metric's value (its errors and a nan as one-line errors)."""
+        name = self.metric_name
+        assert self._user is not None
+        try:
+            value = float(self._user(reference, candidate, labels))
+        except Exception as e:
+            raise QDebugError(
+                f"metric {name} raised {e.__class__.__name__}: {e}",
+                "fix the metric function",
+                ExitCode.INPUT,
+            ) from None
+        if math.isnan(value):  # every comparison with it is False: propose/verify would judge nothing
+            raise QDebugError(f"metric {name} returned nan", "return a number (higher is better)", ExitCode.INPUT)
+        return value
+
     def _score(self, candidate: list[dict[str, np.ndarray]]) -> float:
         name = self.metric_name
         if self._user is not None:
-            try:
-                value = float(self._user(self.reference, candidate, self.labels))
-            except Exception as e:
-                raise QDebugError(
-                    f"metric {name} raised {e.__class__.__name__}: {e}",
-                    "fix the metric function",
-                    ExitCode.INPUT,
-                ) from None
-            if math.isnan(value):  # every comparison with it is False: propose/verify would judge nothing
-                raise QDebugError(
-                    f"metric {name} returned nan", "return a number (higher is better)", ExitCode.INPUT
-                )
-            return value
+            return self._call_user(self.reference, candidate, self.labels)
         out0 = self.output_names[0]
         if name == "top1":
             assert self.labels is not None
@@ -321,7 +441,114 @@ class Evaluator:
                     acc.update(r[k], c[k])
             outputs.append(OutputMetric(k, acc.result()))
         elapsed = seconds + time.perf_counter() - start
-        return EvalResult(self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, elapsed)
+        return EvalResult(
+            self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, elapsed, tuple(candidate)
+        )
+
+    def sample_values(self, result: EvalResult | None = None) -> RatioValues | SqnrValues | HookValues | None:
+        """``result``'s metric (None: FP32's) split over the evaluation units, for a paired bootstrap
+        (:mod:`qdebug.noise`); every variant of one evaluator has the same units. None when it cannot be
+        split: a result without its outputs, or a custom metric without ``per_sample`` on one batch."""
+        candidate = self.reference if result is None else list(result.candidate)
+        if not candidate:
+            return None
+        name = self.metric_name
+        if self._user is not None:
+            return self._user_values(candidate, self.fp32_value if result is None else result.value)
+        out0 = self.output_names[0]
+        if name == "top1":
+            assert self.labels is not None
+            hits = [_predicted(c[out0], self._indices) == lab for c, lab in zip(candidate, self.labels, strict=True)]
+            flat = np.concatenate(hits).astype(np.float64)
+            return RatioValues(flat, np.ones_like(flat))
+        if name == "top1_agreement":
+            return self._agreement_values(candidate)
+        if name == "exact_match":
+            exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
+            rows = zip(candidate, self.reference, self.sizes, strict=True)
+            match = np.concatenate([_exact_match(r, c, exact, n, self.output_axes) for c, r, n in rows])
+            return RatioValues(match.astype(np.float64), np.ones(match.size))
+        return self._sqnr_values(candidate)
+
+    def drop_interval(self, result: EvalResult, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
+        """Paired-bootstrap interval of FP32 minus ``result`` (points for the accuracy metrics; ``nan`` bounds
+        when the metric has no FP32 value or cannot be split): what a proposal's ``drop_interval`` records."""
+        values = (self.sample_values(), self.sample_values(result))
+        if not math.isfinite(self.fp32_value) or any(v is None or v.units < 2 for v in values):
+            return (math.nan, math.nan)
+        scale = 100.0 if self.metric_name in ACCURACY_METRICS else 1.0
+        f, q = bootstrap(values)  # type: ignore[arg-type]
+        return interval(scale * (f - q), scale * (self.fp32_value - result.value), confidence).pair()
+
+    def sqnr_values(self, result: EvalResult | None = None) -> SqnrValues | None:
+        """``result``'s worst output SQNR split over units, whatever the metric (``--target-sqnr``'s gate)."""
+        candidate = self.reference if result is None else list(result.candidate)
+        return self._sqnr_values(candidate) if candidate else None
+
+    def _agreement_values(self, candidate: list[dict[str, np.ndarray]]) -> RatioValues:
+        """One unit per prediction of a batch whose predictions are its samples, else one per batch (the
+        positions of an output without a batch axis are one sample's, not independent draws)."""
+        out0 = self.output_names[0]
+        hits: list[np.ndarray] = []
+        counts: list[np.ndarray] = []
+        for c, r, n in zip(candidate, self.reference, self.sizes, strict=True):
+            ref = _predicted(r[out0], self._indices)
+            same = (_predicted(c[out0], self._indices) == ref).astype(np.float64).reshape(-1)
+            if ref.size == n:
+                hits.append(same)
+                counts.append(np.ones(n))
+            else:
+                hits.append(np.array([same.sum()]))
+                counts.append(np.array([float(ref.size)]))
+        return RatioValues(np.concatenate(hits), np.concatenate(counts))
+
+    def _sqnr_values(self, candidate: list[dict[str, np.ndarray]]) -> SqnrValues:
+        """Per-unit energies of every float output: a batch is split into its samples when every float
+        output of the reference has them on its batch axis, else it is one unit."""
+        names = [k for k in self.output_names if self.reference[0][k].dtype.kind == "f"]
+        signal: list[list[np.ndarray]] = [[] for _ in names]
+        noise: list[list[np.ndarray]] = [[] for _ in names]
+        for c, r, n in zip(candidate, self.reference, self.sizes, strict=True):
+            axes = {k: self.output_axes.get(k, 0) for k in names}
+            split = all(r[k].ndim > axes[k] and r[k].shape[axes[k]] == n for k in names)
+            rows = n if split else 1
+            for i, k in enumerate(names):
+                if k in c and r[k].dtype.kind == "f" and r[k].shape == c[k].shape and r[k].size:
+                    s_, n_ = _energies(r[k], c[k], axes[k] if split else None)
+                else:
+                    s_, n_ = np.zeros(rows), np.zeros(rows)
+                signal[i].append(s_)
+                noise[i].append(n_)
+        if not names:
+            return SqnrValues(np.zeros((0, self.samples)), np.zeros((0, self.samples)))
+        return SqnrValues(np.stack([np.concatenate(x) for x in signal]), np.stack([np.concatenate(x) for x in noise]))
+
+    def _user_values(self, candidate: list[dict[str, np.ndarray]], value: float) -> RatioValues | HookValues | None:
+        """A custom metric's per-sample form (``function.per_sample``), else the hook on resampled batches."""
+        per_sample = getattr(self._user, "per_sample", None)
+        if per_sample is None:
+            if len(self.reference) < 2:
+                return None
+            return HookValues(self._call_user, self.reference, candidate, self.labels)
+        name = self.metric_name
+        try:
+            values = np.asarray(per_sample(self.reference, candidate, self.labels), dtype=np.float64).reshape(-1)
+        except Exception as e:
+            raise QDebugError(
+                f"metric {name}'s per_sample raised {e.__class__.__name__}: {e}", "fix the metric function"
+            ) from None
+        if values.size != self.samples or not np.all(np.isfinite(values)):
+            raise QDebugError(
+                f"metric {name}'s per_sample returned {values.size} values (finite: {bool(np.isfinite(values).all())})"
+                f" for {self.samples} evaluation samples",
+                "return one finite number per sample",
+            )
+        if not math.isclose(float(values.mean()), value, rel_tol=1e-6, abs_tol=1e-9):
+            raise QDebugError(
+                f"metric {name}'s per_sample values average {float(values.mean()):.6g}, but the metric is {value:.6g}",
+                "return per-sample values whose mean is the metric (or drop per_sample: batches are resampled)",
+            )
+        return RatioValues(values, np.ones(values.size))
 
 
 def worst_output_sqnr(

@@ -16,7 +16,6 @@ command's own inputs (a user's model, its pairing).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import math
 from collections.abc import Mapping, Sequence
@@ -69,6 +68,7 @@ from qdebug.records import (
     TaskMetric,
     WeightRecord,
 )
+from qdebug.records.report import QuantSettings, config_fields
 from qdebug.report_io import save_report
 
 
@@ -130,7 +130,7 @@ def _analyze(
     prep, eval_set = _prepared(model, calib, eval_data, quantized, workdir, options, progress)
     notes = list(prep.notes)
     notes.extend(data_notes(prep.calib, eval_set, prep.normalized))
-    qproto, qinfo, options = _quantized_model(prep, model, quantized, options, workdir, notes)
+    qproto, qinfo, settings = _quantized_model(prep, model, quantized, options, workdir, notes)
     pairing, dyn_nodes = _pairing(prep, qproto, model, quantized, notes)
     ranges = prep.ranges.minmax() if prep.ranges is not None else {}
     layers = measure_layers(
@@ -159,7 +159,7 @@ def _analyze(
         weights,
         result.outputs,
         task,
-        _analysis_config(options, calib, eval_data, quantized, layers),
+        _analysis_config(options, settings, calib, eval_data, quantized, layers),
         notes,
         ranges,
         calibration_cache=str(prep.ranges.cache_path) if prep.ranges and prep.ranges.cache_path else None,
@@ -200,14 +200,15 @@ def _quantized_model(
     options: AnalyzeOptions,
     workdir: Path,
     notes: list[str],
-) -> tuple[onnx.ModelProto, ModelInfo, AnalyzeOptions]:
+) -> tuple[onnx.ModelProto, ModelInfo, QuantSettings]:
     """The QDQ model to measure: built from the calibrated ranges, or the user's (checked).
 
-    Returns it, its file's identity, and the options with the settings read from a user's static QDQ model
-    (per-channel, types), which the report then records. Notes on how it was made go to ``notes``.
+    Returns it, its file's identity, and the settings the report records: the prelude's, or those read
+    from a user's static QDQ model (per-channel, types, symmetric ranges...). Notes on how it was made go
+    to ``notes``.
     """
     if quantized is None:
-        return (*_built_model(prep, options, workdir, notes), options)
+        return (*_built_model(prep, options, workdir, notes), prep.settings)
     return _users_model(prep, model, quantized, options, notes)
 
 
@@ -216,21 +217,17 @@ def _built_model(
 ) -> tuple[onnx.ModelProto, ModelInfo]:
     """ORT's static QDQ model from the calibrated ranges, saved as ``<workdir>/quantized.onnx``."""
     assert prep.ranges is not None
-    spec = QuantSpec(
-        per_channel=options.per_channel,
-        activation_type=options.activation_type,
-        weight_type=options.weight_type,
-    )
+    settings = prep.settings
     quantized_path = workdir / "quantized.onnx"
-    qproto = quantize_static_model(prep.normalized, prep.ranges, spec, quantized_path)
+    qproto = quantize_static_model(prep.normalized, prep.ranges, QuantSpec.of(settings), quantized_path)
     notes.extend(
         quantizer_notes(
             prep.normalized,
             qproto,
             prep.ranges,
-            per_channel=options.per_channel,
-            method=options.method,
-            activation_type=options.activation_type,
+            per_channel=settings.per_channel,
+            method=settings.method,
+            activation_type=settings.activation_type,
         )
     )
     return qproto, model_info(quantized_path, qproto)
@@ -238,9 +235,9 @@ def _built_model(
 
 def _users_model(
     prep: Prepared, model: str | Path, quantized: str | Path, options: AnalyzeOptions, notes: list[str]
-) -> tuple[onnx.ModelProto, ModelInfo, AnalyzeOptions]:
+) -> tuple[onnx.ModelProto, ModelInfo, QuantSettings]:
     """The user's quantized model, refused unless it derives from ``model`` and is QDQ or dynamic; a static
-    one also gives its settings (per-channel, types) to the options."""
+    one also gives the settings it shows (per-channel, types, symmetric ranges...)."""
     qloaded = load_model(quantized, what="quantized model")
     qproto = qloaded.proto
     _check_same_inputs(prep.normalized, qproto, model, quantized)
@@ -254,9 +251,10 @@ def _users_model(
             ExitCode.MODEL,
         )
     qinfo = model_info(qloaded.path, qproto, qloaded.sha256)
+    settings = prep.settings
     if not dynamic:
-        options = _settings_from_model(qproto, options, notes)
-    return qproto, qinfo, options
+        settings = _settings_from_model(qproto, prep, Path(quantized).name, notes)
+    return qproto, qinfo, settings
 
 
 def _pairing(
@@ -396,6 +394,7 @@ def _scored_on_capture(
 
 def _analysis_config(
     options: AnalyzeOptions,
+    settings: QuantSettings,
     calib: str | Path,
     eval_data: str | Path | None,
     quantized: str | Path | None,
@@ -403,10 +402,7 @@ def _analysis_config(
 ) -> AnalysisConfig:
     """The settings the report records, with data and hook paths made absolute (:func:`record_path`)."""
     return AnalysisConfig(
-        method=options.method,
-        per_channel=options.per_channel,
-        activation_type=options.activation_type,
-        weight_type=options.weight_type,
+        **config_fields(settings),  # type: ignore[arg-type]
         batch_size=options.batch_size,
         max_samples=options.max_samples,
         calib=record_path(calib),
@@ -414,8 +410,6 @@ def _analysis_config(
         metric=record_path(options.metric) if options.metric and ":" in options.metric else options.metric,
         quantized_given=quantized is not None,
         fakequant_samples=layers.fakequant_samples,
-        upgrade_opset=options.upgrade_opset,
-        inline_constant_if=options.inline_constant_if,
         batch_axes=tuple(options.batch_axes),
     )
 
@@ -479,36 +473,17 @@ def _check_same_inputs(
         )
 
 
-def _settings_from_model(qproto: onnx.ModelProto, options: AnalyzeOptions, notes: list[str]) -> AnalyzeOptions:
-    """The options with per-channel and the types the user's QDQ model was made with, so that the report
-    records them and propose, verify and bench rebuild a comparable model; a note says what was read and
-    that the rebuilt models come from qdebug's own calibration."""
+def _settings_from_model(qproto: onnx.ModelProto, prep: Prepared, name: str, notes: list[str]) -> QuantSettings:
+    """The settings the user's QDQ model was made with, as far as its Q/DQ nodes show them (per-channel,
+    types, symmetric ranges, 7-bit weights, op types, per-channel axes, 16-bit tensors...), over the
+    flags', so that the report records them and propose, verify and bench rebuild a comparable model; one
+    note says what was read and what could not be and was assumed."""
     from qdebug.graph.match import qdq_settings
+    from qdebug.quant_config import read_off
 
-    found = qdq_settings(qproto)
-    read = dataclasses.replace(
-        options,
-        per_channel=found.per_channel if found.per_channel is not None else options.per_channel,
-        activation_type=found.activation_type or options.activation_type,
-        weight_type=found.weight_type or options.weight_type,
-    )
-    def say(field: str, value: object) -> str:
-        if field == "per_channel":
-            return "per-channel weights" if value else "per-tensor weights"
-        return f"{value} {'activations' if field == 'activation_type' else 'weights'}"
-
-    changed = [
-        f"{say(f, getattr(read, f))} (flags: {say(f, getattr(options, f))})"
-        for f in ("per_channel", "activation_type", "weight_type")
-        if getattr(read, f) != getattr(options, f)
-    ]
-    notes.append(
-        "settings read from the quantized model: "
-        + (", ".join(changed) if changed else "as the flags say")
-        + f"; propose, verify and bench rebuild it with them from qdebug's own calibration (--method "
-        f"{options.method}), so their static baseline can differ from this file"
-    )
-    return read
+    settings, note = read_off(qdq_settings(qproto), prep.normalized, prep.settings, name)
+    notes.append(note)
+    return settings
 
 
 def is_dynamic_model(model: onnx.ModelProto) -> bool:

@@ -6,9 +6,11 @@ command to get going; the proposal-vs-model checks that verify, bench and the TU
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import onnx
 
@@ -21,33 +23,140 @@ from qdebug.files import sha256_file
 from qdebug.graph.load import default_opset, is_large, load_model, normalize, save_model
 from qdebug.graph.ops import INTEGER_KERNEL_OPS, QUANT_OPS
 from qdebug.progress import Progress, no_progress
+from qdebug.quant_config import LoadedConfig, calibration_options, check_node_names
+from qdebug.quant_config import resolve as resolve_settings
 from qdebug.quantize import float16_exclusions
 from qdebug.records import ModelInfo, Proposal
+from qdebug.records.report import QuantSettings
 
 
 @dataclass(frozen=True)
-class AnalyzeOptions:
-    """Options of :func:`analyze` (the CLI flags of ``qdebug analyze``)."""
+class RuntimeSettings:
+    """How a command's sessions run: providers, threads, the calibration cache. Nothing here changes a
+    number the report records, so no record stores it (batch size and sample counts do change them: they
+    stay the commands' own options, recorded in the report's config)."""
 
-    method: str = "minmax"
-    per_channel: bool = False
-    activation_type: str = "QUInt8"
-    weight_type: str = "QInt8"
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    threads: int = 0
+    use_cache: bool = True
+    """Read and write the calibration cache (``--no-cache``: neither)."""
+
+
+@dataclass(frozen=True)
+class QuantRequest:
+    """The quantization a command was asked for, before the report's or proposal's settings are known.
+
+    ``config`` is the base: a ``--config`` file or ``--preset`` (:class:`~qdebug.quant_config.LoadedConfig`),
+    recorded settings (:class:`~qdebug.records.QuantSettings`: the report's for propose, the proposal's for
+    verify and bench, see :meth:`over`), or None for qdebug's defaults. ``given`` are the flags the user
+    gave, applied last: a ``QuantSettings`` field or an ``extra_options`` key each. :meth:`resolve` (in
+    :func:`prepare`, once the normalized model is known) gives the one ``QuantSettings`` to build with.
+    """
+
+    config: LoadedConfig | QuantSettings | None = None
+    given: tuple[tuple[str, Any], ...] = ()
+
+    def value(self, name: str, default: Any = None) -> Any:
+        """A flag's value when given, else ``default``."""
+        return next((v for k, v in self.given if k == name), default)
+
+    def with_given(self, changes: Mapping[str, Any], unset: Sequence[str] = ()) -> QuantRequest:
+        """The request with flags set (``changes``) and taken back (``unset``)."""
+        kept = {k: v for k, v in self.given if k not in changes and k not in unset}
+        return dataclasses.replace(self, given=tuple({**kept, **changes}.items()))
+
+    def over(self, recorded: QuantSettings | None) -> QuantRequest:
+        """The request with ``recorded`` as its base unless a config or preset was given."""
+        return self if self.config is not None or recorded is None else dataclasses.replace(self, config=recorded)
+
+    def resolve(self, model: onnx.ModelProto | None = None) -> QuantSettings:
+        """The settings to build with (:func:`qdebug.quant_config.resolve`)."""
+        return resolve_settings(self.config, self.given, model)
+
+
+QUANT_FLAT = ("method", "per_channel", "activation_type", "weight_type", "upgrade_opset", "inline_constant_if")
+"""The quantization settings the Options classes still take (and give) as flat keyword arguments."""
+RUNTIME_FLAT = ("providers", "threads", "use_cache")
+"""The runtime settings they take as flat keyword arguments."""
+
+_T = TypeVar("_T")
+
+
+def flat_settings(quant: Sequence[str] = (), *, resolved: bool = False) -> Callable[[type[_T]], type[_T]]:
+    """Keep an Options class's flat keyword arguments working over its embedded records.
+
+    ``Options(method="entropy", providers=(...))``, ``dataclasses.replace(options, per_channel=True)`` and
+    ``options.method`` read and write ``options.quant`` (a :class:`QuantRequest`) and ``options.runtime``
+    (a :class:`RuntimeSettings`). ``resolved``: the flat names read the settings resolved over qdebug's
+    defaults (analyze); otherwise they read the flags given, None/False meaning "not given -- the
+    proposal's" (verify, bench), and passing None/False takes a flag back.
+    """
+
+    def decorate(cls: type[_T]) -> type[_T]:
+        generated = cls.__init__
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            flat_q = {k: kwargs.pop(k) for k in quant if k in kwargs}
+            flat_r = {k: kwargs.pop(k) for k in RUNTIME_FLAT if k in kwargs}
+            if flat_q:
+                keep = {k: v for k, v in flat_q.items() if resolved or not (v is None or v is False)}
+                request = kwargs.get("quant") or QuantRequest()
+                kwargs["quant"] = request.with_given(keep, unset=[k for k in flat_q if k not in keep])
+            if flat_r:
+                kwargs["runtime"] = dataclasses.replace(kwargs.get("runtime") or RuntimeSettings(), **flat_r)
+            generated(self, *args, **kwargs)
+
+        __init__.__doc__ = generated.__doc__
+        cls.__init__ = __init__  # type: ignore[misc]
+        for name in quant:
+            setattr(cls, name, property(_flat_quant(name, resolved), doc=f"``quant``'s {name} (flat view)."))
+        for name in RUNTIME_FLAT:
+            setattr(cls, name, property(_flat_runtime(name), doc=f"``runtime.{name}`` (flat view)."))
+        return cls
+
+    return decorate
+
+
+def _flat_quant(name: str, resolved: bool) -> Callable[[Any], Any]:
+    def get(self: Any) -> Any:
+        if resolved:
+            return getattr(self.quant.resolve(), name)
+        return self.quant.value(name, False if name in ("per_channel", "upgrade_opset", "inline_constant_if") else None)
+
+    return get
+
+
+def _flat_runtime(name: str) -> Callable[[Any], Any]:
+    return lambda self: getattr(self.runtime, name)
+
+
+@flat_settings(QUANT_FLAT, resolved=True)
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """Options of :func:`analyze` (the CLI flags of ``qdebug analyze``).
+
+    The quantization settings live in ``quant`` and the runtime ones in ``runtime``; ``method``,
+    ``per_channel``, ``activation_type``, ``weight_type``, ``upgrade_opset``, ``inline_constant_if``,
+    ``providers``, ``threads`` and ``use_cache`` are still accepted and read as flat names.
+    """
+
+    quant: QuantRequest = field(default_factory=QuantRequest)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     batch_size: int | None = None
     max_samples: int | None = None
     batch_axes: tuple[tuple[str, int | None], ...] = ()
     """``--batch-axis`` overrides (input, axis); the others are read off the model (``decide_batch_axes``)."""
     metric: str | None = None
-    upgrade_opset: bool = False
-    inline_constant_if: bool = False
-    """Inline the taken branch of If nodes whose condition is a constant (ORT quantizes no subgraph)."""
-    use_cache: bool = True
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    threads: int = 0
     engine: str = "auto"
     """Capture engine: ``graph`` (reductions inside ORT), ``numpy`` (exact float64 copies), ``auto``."""
     fakequant_samples: int | None = DEFAULT_FAKEQUANT_SAMPLES
     """Run the fake-quant view on the first N samples only (None: all; 0: skip it)."""
+
+    @property
+    def settings(self) -> QuantSettings:
+        """The quantization settings resolved without the model (a ``get_qdq_config`` config's op types
+        need it: :attr:`Prepared.settings` has the final ones)."""
+        return self.quant.resolve()
 
 
 def model_info(path: Path, proto: onnx.ModelProto, sha: str | None = None) -> ModelInfo:
@@ -78,6 +187,9 @@ class Prepared:
     name_map: dict[str, str]
     calib: DataSet
     ranges: Ranges | None
+    settings: QuantSettings = field(default_factory=QuantSettings)
+    """The quantization settings every variant is built from (the request resolved on the normalized
+    model, node names checked); the ranges were calibrated with them."""
 
 
 def prepare(
@@ -96,11 +208,13 @@ def prepare(
     naming nodes the model lacks is refused before calibration, not after.
     """
     check_providers(options.providers)
+    settings = options.quant.resolve()  # a bad config is refused before the model is read
     loaded = load_model(model_path)
     _refuse_quantized_base(loaded.proto, model_path)
-    norm = normalize(
-        loaded, upgrade_opset=options.upgrade_opset, inline_constant_if=options.inline_constant_if
-    )
+    norm = normalize(loaded, upgrade_opset=settings.upgrade_opset, inline_constant_if=settings.inline_constant_if)
+    if isinstance(options.quant.config, LoadedConfig) and options.quant.config.function != "quantize_static":
+        settings = options.quant.resolve(norm.proto)  # get_qdq_config picks the op types of this model
+    check_node_names(settings, norm.proto)
     if check is not None:
         check(norm.proto)
     normalized_path = workdir / "normalized.onnx"
@@ -122,13 +236,15 @@ def prepare(
             normalized_path,
             sha256_file(normalized_path),
             data,
-            options.method,
+            settings.method,
             use_cache=options.use_cache,
             on_batch=on_batch,
             providers=options.providers,
             large=is_large(norm.proto),
+            op_types=settings.op_types or None,
+            calib_options=calibration_options(settings),
         )
-    return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges)
+    return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges, settings)
 
 
 def _refuse_quantized_base(proto: onnx.ModelProto, path: str | Path) -> None:
@@ -164,6 +280,19 @@ def calibration_notes(proposal: Proposal, ranges: Ranges | None) -> list[str]:
         "the calibration differs from the one the proposal was made with (other calibration data, sample "
         "count or method): the selective model's scales differ from propose's; pass the proposal's "
         "--calib and --max-samples to rebuild its model exactly"
+    ]
+
+
+def settings_notes(proposal: Proposal, settings: QuantSettings) -> list[str]:
+    """A note when the models are built with other quantization settings than the proposal records (a
+    ``--config``, ``--preset`` or flag given to verify): the selective model is then not propose's."""
+    if proposal.quant_settings is None or settings.without_source() == proposal.quant.without_source():
+        return []
+    from qdebug.quant_config import describe
+
+    return [
+        f"the models are built with {settings.source or 'other settings'} ({describe(settings)}), not the "
+        f"proposal's ({describe(proposal.quant)}): the selective model differs from the one propose measured"
     ]
 
 

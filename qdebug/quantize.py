@@ -9,6 +9,7 @@ milliseconds instead of a full recalibration. Every ORT failure becomes one
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -23,12 +24,20 @@ from qdebug.calibrate import Ranges, op_types_to_quantize, quiet_ort_logging
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset, save_model
 from qdebug.records import QUANT_TYPES, TensorOverride
+from qdebug.records.proposal import merge_tensor_overrides
+from qdebug.records.report import ExtraOption, QuantSettings
 from qdebug.snippet import quantize_snippet as quantize_snippet  # re-exported: it moved to snippet.py
 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """Everything that decides a static QDQ model besides the ranges."""
+    """Everything that decides a static QDQ model besides the ranges.
+
+    A variant is the base settings (:meth:`of` a :class:`~qdebug.records.QuantSettings`: the user's config
+    included) plus its own changes: ``per_channel``, ``nodes_to_exclude`` (added to the base's
+    ``base_exclusions``) and ``tensor_overrides`` (merged into the base's ``TensorQuantOverrides``, the
+    variant's keys winning) -- what propose's search, verify and bench replace.
+    """
 
     per_channel: bool = False
     activation_type: str = "QUInt8"
@@ -36,35 +45,51 @@ class QuantSpec:
     nodes_to_exclude: tuple[str, ...] = ()
     tensor_overrides: tuple[TensorOverride, ...] = ()
     keep_removable_activations: bool = False
+    reduce_range: bool = False
+    op_types: tuple[str, ...] = ()
+    """``op_types_to_quantize`` (empty: every op type ORT quantizes)."""
+    nodes_to_quantize: tuple[str, ...] = ()
+    base_exclusions: tuple[str, ...] = ()
+    """The base settings' own ``nodes_to_exclude`` (the user's), excluded by every variant."""
+    base_extra: tuple[ExtraOption, ...] = ()
+    """The base settings' ``extra_options`` (JSON values)."""
+
+    @classmethod
+    def of(cls, settings: QuantSettings, **changes: Any) -> QuantSpec:
+        """The spec of ``settings`` (a variant's own changes as keyword arguments)."""
+        base = cls(
+            per_channel=settings.per_channel,
+            activation_type=settings.activation_type,
+            weight_type=settings.weight_type,
+            reduce_range=settings.reduce_range,
+            op_types=settings.op_types,
+            nodes_to_quantize=settings.nodes_to_quantize,
+            base_exclusions=settings.nodes_to_exclude,
+            base_extra=settings.extra_options,
+        )
+        return dataclasses.replace(base, **changes) if changes else base
+
+    def excluded(self) -> list[str]:
+        """Every node ORT is told to exclude: the base's, then the variant's."""
+        return list(dict.fromkeys([*self.base_exclusions, *self.nodes_to_exclude]))
+
+    def quantized_op_types(self) -> list[str]:
+        """``op_types_to_quantize`` as ORT gets it."""
+        return list(self.op_types) if self.op_types else op_types_to_quantize()
 
     def extra_options(self) -> dict[str, Any]:
-        """ORT ``extra_options`` for this spec."""
-        from onnxruntime.quantization import QuantType
+        """ORT ``extra_options`` for this spec: the base's, the variant's overrides merged in."""
+        from qdebug.quant_config import ort_extra_options
 
+        extras = {o.key: o.value for o in self.base_extra}
         opts: dict[str, Any] = {}
         if self.tensor_overrides:
-            opts["TensorQuantOverrides"] = {o.tensor: [_override_options(o, QuantType)] for o in self.tensor_overrides}
+            user = extras.get("TensorQuantOverrides")
+            extras["TensorQuantOverrides"] = merge_tensor_overrides(user, self.tensor_overrides)  # type: ignore[arg-type]
+        opts.update(ort_extra_options(extras, self.activation_type))
         if self.keep_removable_activations:
             opts["QDQKeepRemovableActivations"] = True
         return opts
-
-
-def _override_options(o: TensorOverride, quant_type: Any) -> dict[str, Any]:
-    """One ``TensorQuantOverrides`` entry: only the keys the override sets (ORT reads a range as float32
-    arrays, like its calibrated ones)."""
-    import numpy as np
-
-    out: dict[str, Any] = {}
-    if o.quant_type:
-        out["quant_type"] = getattr(quant_type, o.quant_type)
-    if o.rmin is not None and o.rmax is not None:
-        out["rmin"] = np.array(o.rmin, dtype=np.float32)
-        out["rmax"] = np.array(o.rmax, dtype=np.float32)
-    if o.axis is not None:
-        out["axis"] = o.axis
-    if o.reduce_range:
-        out["reduce_range"] = True
-    return out
 
 
 def _qtype(name: str) -> Any:
@@ -93,10 +118,6 @@ def quantize_static_model(
     form (QLinearConv, QLinearMatMul...) instead, through ORT's ``ONNXQuantizer``
     (what ``quantize_static(quant_format=QuantFormat.QOperator)`` runs).
     """
-    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
-    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
-    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
-
     names = {n.name for n in model.graph.node}
     unknown = [n for n in spec.nodes_to_exclude if n not in names]
     if unknown:
@@ -111,6 +132,37 @@ def quantize_static_model(
     if forced:
         extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
         spec = dataclasses.replace(spec, nodes_to_exclude=tuple(spec.nodes_to_exclude) + extra_excluded)
+    from qdebug import fast_quantize
+
+    fast = fast_quantize.use_fast_path()
+    try:
+        result = _run_quantizer(model, ranges, spec, quant_format, fast)
+    except fast_quantize.IndexOutOfStep as e:
+        fast_quantize.note(
+            f"ORT's quantizer was run again on its plain path (quadratic in the node count): qdebug's index of "
+            f"the graph fell out of step with it ({e}); please report this model to qdebug"
+        )
+        result = _run_quantizer(model, ranges, spec, quant_format, False)
+    _exact_passthrough_outputs(result)
+    check_quantized_loads(model, result)
+    if out_path is not None:
+        save_model(result, out_path)
+    return result
+
+
+def _run_quantizer(
+    model: onnx.ModelProto, ranges: Ranges, spec: QuantSpec, quant_format: str, fast: bool
+) -> onnx.ModelProto:
+    """ORT's ``QDQQuantizer`` (or ``ONNXQuantizer`` for QOperator) over a copy of ``model``, as
+    ``quantize_static`` runs it after calibrating. ``fast`` runs the same quantizer over qdebug's indexed
+    model (:mod:`qdebug.fast_quantize`: the same model, in time linear in the graph); it raises
+    :class:`~qdebug.fast_quantize.IndexOutOfStep` if its index and the graph disagree at the end."""
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
+
+    from qdebug import fast_quantize
+
     work = copy.deepcopy(model)
     per_channel_weights = spec.per_channel or any(o.axis is not None for o in spec.tensor_overrides)
     if per_channel_weights and default_opset(work) < PER_CHANNEL_OPSET:
@@ -119,52 +171,31 @@ def quantize_static_model(
     activation_type = _qtype(spec.activation_type)
     extra = spec.extra_options()
     tensors = copy.deepcopy(ranges.tensors)
+    scope = fast_quantize.installed() if fast else contextlib.nullcontext()
     try:
-        with quiet_ort_logging():
+        with quiet_ort_logging(), scope:
             work = update_opset_version(
                 work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
             )
             if default_opset(work) != default_opset(model):
                 carry_ranges_to_converted(model, work, tensors)
+            nodes = (list(spec.nodes_to_quantize), spec.excluded(), spec.quantized_op_types())
+            common = (weight_type, activation_type, tensors, *nodes)
+            flags = (spec.per_channel, spec.reduce_range)
             if quant_format == "QOperator":
-                quantizer = ONNXQuantizer(
-                    work,
-                    spec.per_channel,
-                    False,
-                    QuantizationMode.QLinearOps,
-                    True,
-                    weight_type,
-                    activation_type,
-                    tensors,
-                    [],
-                    list(spec.nodes_to_exclude),
-                    op_types_to_quantize(),
-                    extra,
-                )
+                cls = fast_quantize.indexed(ONNXQuantizer) if fast else ONNXQuantizer
+                quantizer = cls(work, *flags, QuantizationMode.QLinearOps, True, *common, extra)
             else:
-                quantizer = QDQQuantizer(
-                    work,
-                    spec.per_channel,
-                    False,
-                    weight_type,
-                    activation_type,
-                    tensors,
-                    [],
-                    list(spec.nodes_to_exclude),
-                    op_types_to_quantize(),
-                    extra,
-                )
+                cls = fast_quantize.indexed(QDQQuantizer) if fast else QDQQuantizer
+                quantizer = cls(work, *flags, *common, extra)
             quantizer.quantize_model()
-            result = quantizer.model.model
-    except QDebugError:
+            if fast and isinstance(quantizer.model, fast_quantize.IndexedModel):
+                quantizer.model.check_in_step()
+            return quantizer.model.model
+    except (QDebugError, fast_quantize.IndexOutOfStep):
         raise
     except Exception as e:
         raise _explain_quantizer_error(e, spec) from None
-    _exact_passthrough_outputs(result)
-    check_quantized_loads(model, result)
-    if out_path is not None:
-        save_model(result, out_path)
-    return result
 
 
 def carry_ranges_to_converted(before: onnx.ModelProto, after: onnx.ModelProto, tensors: Any) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from qdebug.records import TensorOverride
+from qdebug.records.proposal import merge_tensor_overrides
+from qdebug.records.report import QuantSettings
 
 _METHOD_NAMES = {
     "minmax": "MinMax",
@@ -35,8 +37,13 @@ def quantize_snippet(
     max_samples: int | None = None,
     inputs: Sequence[str] = (),
     batch_axes: Mapping[str, int | None] | None = None,
+    settings: QuantSettings | None = None,
 ) -> str:
     """Ready-to-paste Python calling ``quantize_static`` with a proposal's settings.
+
+    ``settings``: the base quantization (the user's config): its ``reduce_range``, op types,
+    ``nodes_to_quantize``, own exclusions (listed first) and ``extra_options`` are written too, the
+    proposal's ``tensor_overrides`` merged into its ``TensorQuantOverrides`` as qdebug built them.
 
     Its reader reads the calibration data as qdebug did: a ``.npz`` file, a
     folder of them or a ``module:function`` / ``file.py:function`` hook, the
@@ -57,6 +64,7 @@ def quantize_snippet(
         calib_hint=calib_hint,
         batch=batch,
         max_samples=max_samples,
+        settings=settings,
     )
     return "\n".join(lines) + "\n"
 
@@ -183,19 +191,30 @@ def _call_lines(
     calib_hint: str,
     batch: int,
     max_samples: int | None,
+    settings: QuantSettings | None = None,
 ) -> list[str]:
-    """The exclusions, the 16-bit overrides and the ``quantize_static`` call itself."""
+    """The exclusions, the overrides, the user's other settings and the ``quantize_static`` call itself."""
+    base = settings or QuantSettings()
+    excluded = list(dict.fromkeys([*base.nodes_to_exclude, *nodes_to_exclude]))
     lines = [
         "nodes_to_exclude = [",
-        *[f"    {name!r}," for name in nodes_to_exclude],
+        *[f"    {name!r}," for name in excluded],
         "]",
     ]
     extra = ""
-    if tensor_overrides:
+    if base.extra_options:
+        lines.extend(_extra_lines(base, tensor_overrides))
+        extra = "\n    extra_options=extra_options,"
+    elif tensor_overrides:
         lines.append("tensor_overrides = {")
         lines.extend(f"    {o.tensor!r}: [{{{_override_text(o)}}}]," for o in tensor_overrides)
         lines.append("}")
         extra = "\n    extra_options={'TensorQuantOverrides': tensor_overrides},"
+    others = [
+        *(["    reduce_range=True,"] if base.reduce_range else []),
+        *([f"    op_types_to_quantize={list(base.op_types)!r},"] if base.op_types else []),
+        *([f"    nodes_to_quantize={list(base.nodes_to_quantize)!r},"] if base.nodes_to_quantize else []),
+    ]
     lines += [
         "quantize_static(",
         f"    {model_path!r},",
@@ -206,10 +225,73 @@ def _call_lines(
         f"    weight_type=QuantType.{weight_type},",
         f"    per_channel={per_channel},",
         f"    calibrate_method=CalibrationMethod.{_METHOD_NAMES.get(method, 'MinMax')},",
+        *others,
         f"    nodes_to_exclude=nodes_to_exclude,{extra}",
         ")",
     ]
     return lines
+
+
+def _extra_lines(settings: QuantSettings, tensor_overrides: Sequence[TensorOverride]) -> list[str]:
+    """``tensor_overrides`` (the user's merged with the proposal's, as qdebug builds them) and the user's
+    ``extra_options`` dict, written as ORT reads them."""
+    extras = settings.extra_dict()
+    user = extras.pop("TensorQuantOverrides", None)
+    merged = merge_tensor_overrides(user, tensor_overrides)  # type: ignore[arg-type]
+    lines = []
+    if merged or user is not None:
+        lines.append("tensor_overrides = {")
+        for name, entries in merged.items():
+            lines.append(f"    {name!r}: [{', '.join(_entry_text(e) for e in entries)}],")
+        lines.append("}")
+        extras["TensorQuantOverrides"] = _Raw("tensor_overrides")
+    lines.append("extra_options = {")
+    lines.extend(f"    {key!r}: {_value_text(value)}," for key, value in extras.items())
+    lines.append("}")
+    return lines
+
+
+class _Raw(str):
+    """Python source written as it is (a name defined above)."""
+
+
+def _value_text(value: object) -> str:
+    """A JSON value as a Python literal (``True``, ``None``, nested dicts and lists)."""
+    if isinstance(value, _Raw):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_value_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    return repr(value)
+
+
+_NUMPY_TYPES = {"QUInt8": "uint8", "QInt8": "int8", "QUInt16": "uint16", "QInt16": "int16"}
+
+
+def _entry_text(entry: Mapping[str, object]) -> str:
+    """One ``TensorQuantOverrides`` entry (JSON values) as ORT wants it: ``QuantType`` members, float32
+    ranges and scales, a typed zero point, ``recv_nodes`` as a set."""
+    parts = []
+    for key, value in entry.items():
+        if key == "quant_type":
+            parts.append(f"'quant_type': QuantType.{value}")
+        elif key in ("rmin", "rmax", "scale"):
+            arr = f"np.array({value!r}, dtype=np.float32)" if isinstance(value, list) else f"np.float32({value!r})"
+            parts.append(f"{key!r}: {arr}")
+        elif key == "zero_point":
+            dtype = _NUMPY_TYPES.get(str(entry.get("quant_type", "")), "int32")
+            parts.append(f"'zero_point': np.array({value!r}, dtype=np.{dtype})")
+        elif key == "convert" and isinstance(value, dict):
+            inner = {k: v for k, v in value.items() if k != "recv_nodes"}
+            text = _entry_text(inner)[1:-1]
+            if "recv_nodes" in value:
+                nodes = sorted(value["recv_nodes"])  # type: ignore[call-overload]
+                text += (", " if text else "") + "'recv_nodes': {" + ", ".join(repr(n) for n in nodes) + "}"
+            parts.append("'convert': {" + text + "}")
+        else:
+            parts.append(f"{key!r}: {_value_text(value)}")
+    return "{" + ", ".join(parts) + "}"
 
 
 def _override_text(o: TensorOverride) -> str:

@@ -7,6 +7,9 @@ not trusted), and the three variants are compared on:
 * the task metric and the worst output SQNR vs FP32;
 * the recovered fraction ``(sel - static) / (fp32 - static)`` -- for a metric
   with no finite FP32 value (output SQNR) the verdict uses ``--target-sqnr``;
+* every drop, recovery and output SQNR with its paired-bootstrap interval
+  (:mod:`qdebug.noise`, :func:`_noise`): :func:`assess` passes or fails a gate
+  only beyond the noise at ``--confidence``, else the result is undecided (exit 8);
 * nodes kept FP32 (count and share of the quantizable nodes), Q/DQ pairs;
 * model size, and latency p50/p95 + throughput measured fairly by
   :func:`time_sessions`: one session per variant created once with the same
@@ -29,7 +32,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -40,7 +43,7 @@ from qdebug.calibrate import op_types_to_quantize
 from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, data_notes, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import EvalResult, Evaluator, metric_scope_note
+from qdebug.evaluate import EvalResult, Evaluator, HookValues, metric_scope_note
 from qdebug.files import (
     artifacts_dir,
     atomic_write_text,
@@ -51,7 +54,19 @@ from qdebug.files import (
 from qdebug.formatting import ACCURACY_METRICS, fmt_db
 from qdebug.graph.load import LoadedModel, WeightBytes, load_model, save_model, stored_size, weight_bytes
 from qdebug.graph.match import pair_models
-from qdebug.prepare import AnalyzeOptions, base_setting_notes, calibration_notes, check_proposal, prepare
+from qdebug.noise import DEFAULT_CONFIDENCE, Interval, PairedNoise, paired_noise, samples_to_decide, single_interval
+from qdebug.prepare import (
+    QUANT_FLAT,
+    AnalyzeOptions,
+    QuantRequest,
+    RuntimeSettings,
+    base_setting_notes,
+    calibration_notes,
+    check_proposal,
+    flat_settings,
+    prepare,
+    settings_notes,
+)
 from qdebug.progress import Progress, no_progress
 from qdebug.quantize import QuantSpec, quantize_static_model
 from qdebug.records import SCHEMA_VERSION, Proposal
@@ -66,6 +81,7 @@ __all__ = [
     "VariantResult",
     "VerifyOptions",
     "VerifyResult",
+    "assess",
     "judge",
     "time_sessions",
     "verify",
@@ -80,22 +96,29 @@ DEFAULT_MIN_RECOVERY = 0.9
 # ----------------------------------------------------------------------------- verify
 
 
+@flat_settings(QUANT_FLAT)
 @dataclass(frozen=True)
 class VerifyOptions:
-    """Options of :func:`verify` (the flags of ``qdebug verify``)."""
+    """Options of :func:`verify` (the flags of ``qdebug verify``).
+
+    ``quant``: a ``--config``/``--preset`` and the quantization flags given; what they leave open is the
+    proposal's (:attr:`~qdebug.records.Proposal.quant`), else qdebug's default. ``method``,
+    ``activation_type``, ``weight_type`` (None: the proposal's), ``per_channel`` (per-channel weights for
+    the static baseline too), ``upgrade_opset``, ``inline_constant_if`` (False: the proposal's) and the
+    runtime's ``providers``, ``threads``, ``use_cache`` are still accepted and read as flat names.
+    """
 
     min_recovery: float = DEFAULT_MIN_RECOVERY
     target_sqnr: float | None = None
     target_drop: float | None = None
     """Judge as ``propose --target-drop`` does instead of by recovery: the selective model may lose at most
     this much against FP32 (points for top-1 style metrics). None: judge by ``min_recovery``."""
+    confidence: float = DEFAULT_CONFIDENCE
+    """Confidence of the paired-bootstrap intervals the gates are judged by (:mod:`qdebug.noise`): a gate
+    passes or fails only beyond the noise, else the result is undecided. 0: judge the point estimates."""
     metric: str | None = None
-    method: str | None = None
-    """Calibration method (None: the proposal's, else minmax)."""
-    activation_type: str | None = None
-    weight_type: str | None = None
-    per_channel: bool = False
-    """Per-channel weights for the static baseline too (the selective model also follows the proposal)."""
+    quant: QuantRequest = field(default_factory=QuantRequest)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     batch_size: int | None = None
     max_samples: int | None = None
     eval_max_samples: int | None = None
@@ -104,11 +127,6 @@ class VerifyOptions:
     runs: int = 50
     """Timed runs per variant (0: no latency measurement)."""
     warmup: int = 5
-    use_cache: bool = True
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    threads: int = 0
-    upgrade_opset: bool = False
-    inline_constant_if: bool = False
 
 
 class _Context:
@@ -126,16 +144,15 @@ class _Context:
         check: Callable[[onnx.ModelProto], None] | None = None,
     ) -> None:
         self.options = options
+        quant = options.quant
+        if method and quant.config is None and quant.value("method") is None:
+            quant = quant.with_given({"method": method})
         aopts = AnalyzeOptions(
-            method=method,
+            quant=quant,
+            runtime=options.runtime,
             batch_size=options.batch_size,
             max_samples=options.max_samples,
             batch_axes=options.batch_axes,
-            upgrade_opset=options.upgrade_opset,
-            inline_constant_if=options.inline_constant_if,
-            use_cache=options.use_cache,
-            providers=options.providers,
-            threads=options.threads,
         )
         self.prep = prepare(model, calib, workdir, aopts, progress=progress, check=check)
         self.config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
@@ -146,12 +163,12 @@ class _Context:
         self.evaluator = Evaluator(self.prep.normalized, eval_set, self.config, options.metric)
         self.data_notes += [n for n in [metric_scope_note(self.evaluator)] if n]
         self.feeds = dict(self.evaluator.batches[0].feeds)
-        self.static_cache: dict[tuple[bool, str, str], tuple[onnx.ModelProto, EvalResult, set[str]]] = {}
-        self._ops = set(op_types_to_quantize())
+        self.static_cache: dict[str, tuple[onnx.ModelProto, EvalResult, set[str]]] = {}
+        self._ops = set(self.prep.settings.op_types or op_types_to_quantize())
 
     def static(self, spec: QuantSpec) -> tuple[onnx.ModelProto, EvalResult, set[str]]:
         """(model, EvalResult, quantizable node names) of the full static variant (cached per spec)."""
-        key = (spec.per_channel, spec.activation_type, spec.weight_type)
+        key = repr(spec)
         if key not in self.static_cache:
             model = quantize_static_model(self.prep.normalized, self.prep.ranges, spec)
             result = self.evaluator.score(model, what="static quantized model")
@@ -232,7 +249,7 @@ def verify(
         check_writable(output)
     loaded = load_model(model)
     _same_model(proposal, loaded, model)
-    method, activation, weight, options = _resolved_settings(options, proposal)
+    method, options = _resolved_settings(options, proposal)
     tmp = None
     # a failed or interrupted run leaves no half-filled <stem>_files/, and an earlier run's outputs as they were
     guard = removed_on_failure(
@@ -261,7 +278,7 @@ def verify(
                 )
             check_proposal(proposal, loaded.sha256, model, ctx.prep.normalized)
             _require_fp32_value(ctx.evaluator, options)
-            built = _quantized_variants(ctx, proposal, options, activation, weight, progress, cancelled)
+            built = _quantized_variants(ctx, proposal, progress, cancelled)
             if built is None:
                 return _cancelled(proposal, source)
             models = {"fp32": ctx.prep.normalized, "static": built.static_model, "selective": built.selective_model}
@@ -321,6 +338,12 @@ def _check_options(options: VerifyOptions) -> None:
         raise QDebugError(
             f"--target-drop must be >= 0 (got {options.target_drop})", "pass the allowed drop", ExitCode.USAGE
         )
+    if not 0.0 <= options.confidence < 1.0:
+        raise QDebugError(
+            f"--confidence must be within [0, 1) (got {options.confidence})",
+            "pass a level such as 0.95 (0: judge the point estimates, ignoring the noise)",
+            ExitCode.USAGE,
+        )
     if not 0.0 <= options.min_recovery <= 1.5:
         raise QDebugError(
             f"--min-recovery must be within [0, 1.5] (got {options.min_recovery})",
@@ -340,19 +363,19 @@ def _same_model(proposal: Proposal, loaded: LoadedModel, model: str | Path) -> N
         )
 
 
-def _resolved_settings(options: VerifyOptions, proposal: Proposal) -> tuple[str, str, str, VerifyOptions]:
-    """(method, activation type, weight type, options): a flag wins, else the proposal's setting, else the
-    default; the proposal's calibration sample count applies unless ``--max-samples`` is given, so the
-    ranges are the ones the proposal was searched with."""
-    method = options.method or proposal.method or "minmax"
-    activation = options.activation_type or proposal.activation_type or "QUInt8"
-    weight = options.weight_type or proposal.weight_type or "QInt8"
+def _resolved_settings(options: VerifyOptions, proposal: Proposal) -> tuple[str, VerifyOptions]:
+    """(calibration method, options): the options' quantization request over the proposal's settings (a
+    flag or ``--config`` wins, else the proposal's setting, else the default); the proposal's calibration
+    sample count applies unless ``--max-samples`` is given, so the ranges are the ones the proposal was
+    searched with."""
+    options = dataclasses.replace(options, quant=options.quant.over(proposal.quant))
+    method = options.quant.resolve().method
     if options.max_samples is None and proposal.calib_max_samples is not None:
         options = dataclasses.replace(options, max_samples=proposal.calib_max_samples)
     if options.metric is None and proposal.metric and proposal.metric != "output_sqnr_db":
         # the metric propose judged by (a custom one had to be given again, or verify judged output SQNR)
         options = dataclasses.replace(options, metric=proposal.metric)
-    return method, activation, weight, options
+    return method, options
 
 
 def _require_fp32_value(evaluator: Evaluator, options: VerifyOptions) -> None:
@@ -374,26 +397,21 @@ def _require_fp32_value(evaluator: Evaluator, options: VerifyOptions) -> None:
 
 
 def _quantized_variants(
-    ctx: _Context,
-    proposal: Proposal,
-    options: VerifyOptions,
-    activation: str,
-    weight: str,
-    progress: Progress,
-    cancelled: Callable[[], bool],
+    ctx: _Context, proposal: Proposal, progress: Progress, cancelled: Callable[[], bool]
 ) -> _Variants | None:
-    """Build and score full static (cached in ``ctx``) and selective static; None once cancelled."""
-    base_pc = options.per_channel or bool(proposal.base_per_channel)
-    base = QuantSpec(per_channel=base_pc, activation_type=activation, weight_type=weight)
+    """Build and score full static (cached in ``ctx``) and selective static, both from the settings the
+    context calibrated with (the proposal's, the user's config included, with the flags); None once
+    cancelled."""
+    settings = ctx.prep.settings
+    base = QuantSpec.of(settings, per_channel=settings.per_channel or bool(proposal.base_per_channel))
     progress("static", 0, 3)
     static_model, static_res, quantizable = ctx.static(base)
     if cancelled():
         return None
     progress("selective", 1, 3)
-    sel_spec = QuantSpec(
-        per_channel=options.per_channel or proposal.per_channel,
-        activation_type=activation,
-        weight_type=weight,
+    sel_spec = QuantSpec.of(
+        settings,
+        per_channel=settings.per_channel or proposal.per_channel,
         nodes_to_exclude=tuple(proposal.nodes_to_exclude),
         tensor_overrides=tuple(proposal.tensor_overrides),
     )
@@ -543,9 +561,10 @@ def _verify_result(
     columns: tuple[VariantResult, ...],
     start: float,
 ) -> VerifyResult:
-    """Judge the selective model and assemble the ``verify.json`` record."""
+    """Judge the selective model (by the intervals of :func:`_noise`) and assemble the ``verify.json`` record."""
     evaluator = ctx.evaluator
-    recovered, met, verdict = judge(
+    noise, noise_notes = _noise(evaluator, built, options)
+    j = assess(
         evaluator.metric_name,
         evaluator.fp32_value,
         built.static.value,
@@ -554,8 +573,9 @@ def _verify_result(
         options.min_recovery,
         options.target_sqnr,
         options.target_drop,
+        noise=noise,
     )
-    verdict += _speed_clause(columns)
+    recovered, met, verdict = j.recovered, j.met, j.verdict + _speed_clause(columns)
     return VerifyResult(
         schema_version=SCHEMA_VERSION,
         kind="verify",
@@ -576,9 +596,96 @@ def _verify_result(
             ctx.data_notes
             + calibration_notes(proposal, ctx.prep.ranges)
             + base_setting_notes(proposal, options.per_channel)
+            + settings_notes(proposal, ctx.prep.settings)
+            + noise_notes
         ),
         target_drop=math.nan if options.target_drop is None else float(options.target_drop),
+        **_noise_fields(noise, j),
     )
+
+
+def _noise(evaluator: Evaluator, built: _Variants, options: VerifyOptions) -> tuple[PairedNoise | None, list[str]]:
+    """The paired bootstrap of FP32, static and selective (and of the selective model's output SQNR when
+    ``--target-sqnr`` asks for it), or None with ``--confidence 0``; notes say what it could not cover."""
+    confidence = options.confidence
+    if confidence <= 0:
+        return None, []
+    metric, notes = evaluator.metric_name, []
+    values = tuple(evaluator.sample_values(r) for r in (None, built.static, built.selective))
+    noise = None
+    if math.isfinite(evaluator.fp32_value):
+        if any(v is None or v.units < 2 for v in values):
+            notes.append(
+                f"no uncertainty estimate for {metric}: a custom metric on one evaluation batch and without a "
+                "per_sample form (see README), or a single sample; its gate is judged on the point estimates"
+            )
+        else:
+            fp32_v, static_v, sel_v = values
+            hits = (fp32_v.hits > 0.5, sel_v.hits > 0.5) if metric == "top1" else None  # type: ignore[union-attr]
+            noise = paired_noise(
+                (fp32_v, static_v, sel_v),  # type: ignore[arg-type]
+                (evaluator.fp32_value, built.static.value, built.selective.value),
+                confidence=confidence,
+                scale=100.0 if metric in ACCURACY_METRICS else 1.0,
+                samples=evaluator.samples,
+                hits=hits,
+            )
+            if isinstance(sel_v, HookValues):
+                notes.append(
+                    f"the intervals of {metric} resample its {sel_v.units} evaluation batches (the metric has no "
+                    "per_sample form): they are rough with few batches"
+                )
+    if options.target_sqnr is not None:
+        sqnr = evaluator.sqnr_values(built.selective)
+        if sqnr is not None and sqnr.units >= 2:
+            iv = single_interval(sqnr, built.selective.output_sqnr_db, confidence)
+            base = noise or PairedNoise(confidence, sqnr.resamples, sqnr.units, evaluator.samples)
+            noise = dataclasses.replace(base, sqnr=iv, sqnr_units=sqnr.units)
+    return noise, notes
+
+
+def _noise_fields(noise: PairedNoise | None, j: Judgement) -> dict[str, object]:
+    """The ``verify.json`` fields of the intervals (their defaults without them)."""
+    if noise is None:
+        return {}
+    nan2 = (math.nan, math.nan)
+    test = noise.mcnemar
+    return {
+        "confidence": noise.confidence,
+        "decided": j.decided,
+        "drop_interval": noise.drop.pair() if noise.drop else nan2,
+        "static_drop_interval": noise.static_drop.pair() if noise.static_drop else nan2,
+        "recovery_interval": noise.recovery.pair() if noise.recovery else nan2,
+        "sqnr_interval": noise.sqnr.pair() if noise.sqnr else nan2,
+        "p_value": test.p_value if test else math.nan,
+        "discordant": (test.first_only, test.second_only) if test else None,
+        "samples_to_decide": j.samples_to_decide,
+        "resamples": noise.resamples,
+        "noise_units": noise.units if noise.drop else noise.sqnr_units,
+    }
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What :func:`assess` concludes."""
+
+    recovered: float
+    met: bool
+    """Every gate passed -- beyond the noise when intervals were given."""
+    decided: bool
+    """False when no gate failed beyond the noise but one could not be told from it (``UNDECIDED``)."""
+    verdict: str
+    samples_to_decide: int | None = None
+    """Samples that would decide every undecided gate, if the estimates and their spread held."""
+
+
+@dataclass(frozen=True)
+class _Gate:
+    text: str
+    side: int
+    """1: passes, -1: fails (beyond the noise when an interval is given), 0: the interval straddles it."""
+    needed: int | None = None
+    """For a straddling gate: samples that would decide it (None: not estimable)."""
 
 
 def judge(
@@ -590,60 +697,153 @@ def judge(
     min_recovery: float,
     target_sqnr: float | None,
     target_drop: float | None = None,
+    *,
+    noise: PairedNoise | None = None,
 ) -> tuple[float, bool, str]:
-    """(recovered fraction, met, one-line verdict).
+    """(recovered fraction, met, one-line verdict) of :func:`assess`."""
+    j = assess(metric, fp32, static, selective, selective_sqnr, min_recovery, target_sqnr, target_drop, noise=noise)
+    return j.recovered, j.met, j.verdict
+
+
+def assess(
+    metric: str,
+    fp32: float,
+    static: float,
+    selective: float,
+    selective_sqnr: float,
+    min_recovery: float,
+    target_sqnr: float | None,
+    target_drop: float | None = None,
+    *,
+    noise: PairedNoise | None = None,
+) -> Judgement:
+    """Judge the selective model's gates, by their intervals when ``noise`` gives them.
 
     ``target_drop`` judges the selective model against FP32 as ``propose --target-drop`` does (points for
     accuracy metrics), so a CI gate can hold the proposal to the target it was searched for: by recovery,
-    a proposal propose had reported as missing its target could pass.
+    a proposal propose had reported as missing its target could pass. Without ``noise`` every gate is
+    judged on its point estimate. With it, a gate passes when its estimate and whole interval pass, fails
+    when they all fail, and is undecided otherwise; the result fails when a gate fails, is undecided when
+    one is, and passes when every gate passes.
     """
-    parts = []
-    met = True
     recovered = math.nan
     if math.isfinite(fp32) and math.isfinite(static) and fp32 - static > 1e-12:
         recovered = (selective - static) / (fp32 - static)
+    gates = []
     if target_drop is not None and not math.isfinite(fp32):
-        met = False
-        parts.append(f"no FP32 value of {metric} to measure a drop from")
+        gates.append(_Gate(f"no FP32 value of {metric} to measure a drop from", -1))
     elif target_drop is not None:
-        scale = 100.0 if metric in ACCURACY_METRICS else 1.0
-        drop = (fp32 - selective) * scale
-        ok = drop <= target_drop + 1e-9
-        met &= ok
-        unit = " points" if scale == 100.0 else ""
-        where = f"{drop:.2f}{unit} below" if drop >= 0 else f"{-drop:.2f}{unit} above"
-        parts.append(
-            f"the selective model is {where} FP32 on {metric} ({'<=' if ok else '>'} {target_drop:g}{unit} "
-            "drop allowed)"
-        )
+        gates.append(_drop_gate(metric, fp32, selective, target_drop, noise))
     elif math.isfinite(fp32):
-        gap = fp32 - static
-        if gap > 1e-12:
-            recovered = (selective - static) / gap
-            ok = recovered >= min_recovery - 1e-12
-            met &= ok
-            whole = abs(100 * min_recovery - round(100 * min_recovery)) < 1e-9  # 90 %, not 93.06 %
-            parts.append(
-                f"recovered {100 * recovered:.{1 if whole else 2}f}% of the {metric} lost by static "
-                f"quantization ({'>=' if ok else '<'} {_percent(min_recovery)} required)"
-            )
-        else:
-            # static at or above FP32 (often by noise): the selective model passes when it keeps either level
-            ok = selective >= min(static, fp32) - 1e-12
-            met &= ok
-            level = "not worse than static" if selective >= static - 1e-12 else "at least FP32's value"
-            parts.append(
-                f"static quantization lost nothing on {metric}; the selective model is "
-                f"{level if ok else 'worse than both FP32 and static'}"
-            )
+        gates.append(_recovery_gate(metric, fp32, static, selective, min_recovery, noise))
     if target_sqnr is not None:
-        ok = not math.isnan(selective_sqnr) and selective_sqnr >= target_sqnr - 1e-12
-        met &= ok
-        parts.append(
-            f"output SQNR {fmt_db(selective_sqnr)} dB {'>=' if ok else '<'} {target_sqnr:.1f} dB target"
+        gates.append(_sqnr_gate(selective_sqnr, target_sqnr, noise))
+    parts = "; ".join(g.text for g in gates)
+    if any(g.side < 0 for g in gates):
+        return Judgement(recovered, False, True, "FAIL: " + parts)
+    open_gates = [g for g in gates if g.side == 0]
+    if not open_gates:
+        return Judgement(recovered, True, True, "PASS: " + parts)
+    assert noise is not None
+    needed = None if any(g.needed is None for g in open_gates) else max(g.needed or 0 for g in open_gates)
+    tail = (
+        f"; about {needed:,} samples would decide it ({noise.samples:,} now)"
+        if needed is not None
+        else "; no sample count is estimable (an estimate on its target, or an unbounded interval)"
+    )
+    head = f"UNDECIDED: the evaluation set is too small to tell at {_percent(noise.confidence)} confidence: "
+    return Judgement(recovered, False, False, head + parts + tail, needed)
+
+
+def _side(iv: Interval | None, estimate: float, passes: Callable[[float], bool]) -> int:
+    """1 when the estimate and both bounds pass, -1 when all fail, 0 when they disagree; the estimate
+    alone without an interval (or with an undefined one)."""
+    if iv is None or math.isnan(iv.low) or math.isnan(iv.high):
+        return 1 if passes(estimate) else -1
+    verdicts = {passes(x) for x in (iv.low, estimate, iv.high)}
+    return 0 if len(verdicts) == 2 else (1 if verdicts == {True} else -1)
+
+
+def _shown(iv: Interval | None, fmt: Callable[[float], str], unit: str = "") -> str:
+    """`` [95% interval 0.20 to 1.40 points]``, appended to a gate's text (nothing without an interval)."""
+    if iv is None or math.isnan(iv.low):
+        return ""
+    return f" [{_percent(iv.confidence)} interval {fmt(iv.low)} to {fmt(iv.high)}{unit}]"
+
+
+def _needed(iv: Interval | None, threshold: float, units: int, per_unit: float) -> int | None:
+    """Samples that would decide a straddling gate (:func:`qdebug.noise.samples_to_decide`)."""
+    n = None if iv is None else samples_to_decide(iv, threshold, units)
+    return None if n is None else math.ceil(n * per_unit)
+
+
+def _points(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.1f}%" if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+
+
+def _drop_gate(metric: str, fp32: float, selective: float, target_drop: float, noise: PairedNoise | None) -> _Gate:
+    scale = 100.0 if metric in ACCURACY_METRICS else 1.0
+    drop = (fp32 - selective) * scale
+    ok = drop <= target_drop + 1e-9
+    unit = " points" if scale == 100.0 else ""
+    where = f"{drop:.2f}{unit} below" if drop >= 0 else f"{-drop:.2f}{unit} above"
+    iv = noise.drop if noise else None
+    side = _side(iv, drop, lambda x: x <= target_drop + 1e-9)
+    text = (
+        f"the selective model is {where} FP32 on {metric} ({'<=' if ok else '>'} {target_drop:g}{unit} "
+        f"drop allowed){_shown(iv, _points, unit)}"
+    )
+    needed = _needed(iv, target_drop, noise.units, noise.per_unit) if noise and side == 0 else None
+    return _Gate(text, side, needed)
+
+
+def _recovery_gate(
+    metric: str, fp32: float, static: float, selective: float, min_recovery: float, noise: PairedNoise | None
+) -> _Gate:
+    gap = fp32 - static
+    if gap > 1e-12:
+        recovered = (selective - static) / gap
+        ok = recovered >= min_recovery - 1e-12
+        whole = abs(100 * min_recovery - round(100 * min_recovery)) < 1e-9  # 90 %, not 93.06 %
+        iv = noise.recovery if noise else None
+        side = _side(iv, recovered, lambda x: x >= min_recovery - 1e-12)
+        text = (
+            f"recovered {100 * recovered:.{1 if whole else 2}f}% of the {metric} lost by static "
+            f"quantization ({'>=' if ok else '<'} {_percent(min_recovery)} required){_shown(iv, _share)}"
         )
-    verdict = ("PASS: " if met else "FAIL: ") + "; ".join(parts)
-    return recovered, met, verdict
+        needed = _needed(iv, min_recovery, noise.units, noise.per_unit) if noise and side == 0 else None
+        return _Gate(text, side, needed)
+    # static at or above FP32 (often by noise): the selective model passes when it keeps either level
+    margin = selective - min(static, fp32)
+    ok = margin >= -1e-12
+    level = "not worse than static" if selective >= static - 1e-12 else "at least FP32's value"
+    iv = noise.margin if noise else None
+    side = _side(iv, margin * (100.0 if metric in ACCURACY_METRICS else 1.0), lambda x: x >= -1e-9)
+    unit = " points" if metric in ACCURACY_METRICS else ""
+    shown = _shown(iv, _points, f"{unit} of selective minus the lower of FP32 and static")
+    text = (
+        f"static quantization lost nothing on {metric}; the selective model is "
+        f"{level if ok else 'worse than both FP32 and static'}{shown}"
+    )
+    needed = _needed(iv, 0.0, noise.units, noise.per_unit) if noise and side == 0 else None
+    return _Gate(text, side, needed)
+
+
+def _sqnr_gate(selective_sqnr: float, target_sqnr: float, noise: PairedNoise | None) -> _Gate:
+    ok = not math.isnan(selective_sqnr) and selective_sqnr >= target_sqnr - 1e-12
+    iv = noise.sqnr if noise else None
+    side = -1 if math.isnan(selective_sqnr) else _side(iv, selective_sqnr, lambda x: x >= target_sqnr - 1e-12)
+    text = (
+        f"output SQNR {fmt_db(selective_sqnr)} dB {'>=' if ok else '<'} {target_sqnr:.1f} dB target"
+        f"{_shown(iv, fmt_db, ' dB')}"
+    )
+    per_unit = noise.samples / noise.sqnr_units if noise and noise.sqnr_units else 1.0
+    needed = _needed(iv, target_sqnr, noise.sqnr_units, per_unit) if noise and side == 0 else None
+    return _Gate(text, side, needed)
 
 
 def _cancelled(proposal: Proposal, source: str) -> VerifyResult:

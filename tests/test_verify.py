@@ -282,7 +282,8 @@ def test_verify_and_bench_rebuild_the_proposals_calibration(tmp_path, capsys):
     assert proposal["calib_max_samples"] == 16 and proposal["calibration_key"]
     theirs = qdq_scales(proposal["quantized_model"])
     base = [str(model), "--calib", str(calib), "--proposal", str(prop), "-q"]
-    assert main(["verify", *base, "--runs", "0", "-o", str(tmp_path / "v.json")]) in (0, 6)
+    # 16 samples: one sample separates FP32 from static, so the gate may be undecided (8) as well
+    assert main(["verify", *base, "--runs", "0", "-o", str(tmp_path / "v.json")]) in (0, 6, ExitCode.UNDECIDED)
     out = capsys.readouterr().out
     assert "note: the calibration differs" not in out
     mine = qdq_scales(tmp_path / "v_files" / "selective.onnx")
@@ -296,7 +297,7 @@ def test_verify_and_bench_rebuild_the_proposals_calibration(tmp_path, capsys):
     # other calibration data: verify judges the model it built, and says its scales are not propose's
     other = small_data(tmp_path / "o.npz", n=48, seed=7)
     args = ["verify", str(model), "--calib", str(other), "--proposal", str(prop), "--runs", "0", "-q"]
-    assert main(args) in (0, 6)
+    assert main(args) in (0, 6, ExitCode.UNDECIDED)
     assert "note: the calibration differs from the one the proposal was made with" in capsys.readouterr().out
 
 
@@ -453,5 +454,5 @@ def test_verify_judges_by_the_proposals_custom_metric_and_hooks_may_hold_datacla
     assert main(argv) in (0, 6)
     code = main(["verify", str(model), "--calib", str(calib), "--proposal", str(proposal), "--runs", "2",
                  "--target-drop", "1", "-o", str(out), "-q"])  # fmt: skip
-    assert code in (0, 6), capsys.readouterr().err
+    assert code in (0, 6, ExitCode.UNDECIDED), capsys.readouterr().err
     assert json.loads(out.read_text())["metric"] == metric

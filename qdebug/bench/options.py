@@ -8,23 +8,33 @@ so that those stages need not import the driver that imports them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from qdebug.prepare import QuantRequest, RuntimeSettings, flat_settings
+
+BENCH_FLAT = ("per_channel", "activation_type", "weight_type", "upgrade_opset", "inline_constant_if")
+"""The quantization settings :class:`BenchOptions` still takes as flat keyword arguments (the method is
+its own ``methods`` list)."""
 
 
+@flat_settings(BENCH_FLAT)
 @dataclass(frozen=True)
 class BenchOptions:
-    """Options of :func:`run_bench` (the flags of ``qdebug bench``)."""
+    """Options of :func:`run_bench` (the flags of ``qdebug bench``).
+
+    ``quant``: a ``--config``/``--preset`` and the quantization flags given; what they leave open is the
+    proposal's settings, else qdebug's defaults (``per_channel``, ``activation_type``, ``weight_type``,
+    ``upgrade_opset``, ``inline_constant_if`` are still accepted and read as flat names, None/False meaning
+    "the proposal's"); ``runtime``: providers, threads, cache (flat names too).
+    """
 
     variants: tuple[str, ...] | None = None
     """Variants to measure (None: fp32, dynamic, static, and selective when a proposal is given -- as the
     CLI does without --variants)."""
     methods: tuple[str, ...] = ()
     """Calibration methods, one static variant each (empty: the proposal's method, else minmax)."""
-    per_channel: bool = False
-    activation_type: str | None = None
-    """Activation type of the static variants (None: the proposal's, else QUInt8)."""
-    weight_type: str | None = None
-    """Weight type of the static variants (None: the proposal's, else QInt8)."""
+    quant: QuantRequest = field(default_factory=QuantRequest)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     dynamic_ops: tuple[str, ...] = ()
     """Op types ``quantize_dynamic`` quantizes (empty: ORT's default set)."""
     batch_size: int | None = None
@@ -33,11 +43,6 @@ class BenchOptions:
     batch_axes: tuple[tuple[str, int | None], ...] = ()
     """``--batch-axis`` overrides (input, axis); the others are read off the model."""
     metric: str | None = None
-    upgrade_opset: bool = False
-    inline_constant_if: bool = False
-    use_cache: bool = True
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    threads: int = 0
     runs: int = 5
     warmup: int = 3
     alloc_batches: int = 20

@@ -65,6 +65,7 @@ from qdebug.prepare import (
     prepare,
 )
 from qdebug.progress import Progress, no_progress
+from qdebug.quant_config import calibration_options
 from qdebug.records import Proposal, Report, TaskMetric, rank_nodes
 from qdebug.records.bench import BENCH_SCHEMA_VERSION, KINDS, BenchReport, VariantResult, WorstLayer
 from qdebug.report_io import dumps, load_proposal
@@ -217,19 +218,12 @@ def _proposal_for(
 def _prepare_options(options: BenchOptions) -> AnalyzeOptions:
     """The preparation's settings: the first calibration method, and the shared types and runtime."""
     return AnalyzeOptions(
-        method=options.methods[0],
-        per_channel=options.per_channel,
-        activation_type=options.activation_type,
-        weight_type=options.weight_type,
+        quant=options.quant.with_given({"method": options.methods[0]}),
+        runtime=options.runtime,
         batch_size=options.batch_size,
         max_samples=options.max_samples,
         batch_axes=options.batch_axes,
         metric=options.metric,
-        upgrade_opset=options.upgrade_opset,
-        inline_constant_if=options.inline_constant_if,
-        use_cache=options.use_cache,
-        providers=options.providers,
-        threads=options.threads,
     )
 
 
@@ -273,6 +267,8 @@ def _calibrations(prep: Prepared, options: BenchOptions) -> dict[str, Ranges]:
             method,
             use_cache=options.use_cache,
             providers=options.providers,
+            op_types=prep.settings.op_types or None,
+            calib_options=calibration_options(prep.settings),
         )
     return ranges
 

@@ -11,6 +11,7 @@ others go on.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from qdebug.calibrate import Ranges
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
+from qdebug.quant_config import describe
 from qdebug.quantize import QuantSpec, quantize_dynamic_model, quantize_static_model
 from qdebug.records import METHODS, Proposal
 from qdebug.records.bench import KINDS
@@ -69,32 +71,34 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
 
 def _settings_of(options: BenchOptions, proposal: Proposal | None, notes: list[str]) -> BenchOptions:
-    """``options`` with the calibration method and types filled in: the proposal's, else the defaults.
+    """``options`` with the quantization settings filled in: the flags and ``--config`` over the proposal's
+    settings (the user's config included), else over the defaults; the calibration methods default to
+    theirs.
 
-    Every static variant and the selective one share them, so the table
-    compares exclusions, not settings; flags given explicitly win, and a
-    selective model then built with other settings than the proposal's is noted.
+    Every static variant and the selective one share them -- the report's per-channel setting and types
+    included (a per-channel report's static variants had been built per-tensor, and the selective one
+    credited with the gap) -- so the table compares exclusions, not settings; a selective model then built
+    with other settings than the proposal's is noted.
     """
-    recorded = proposal is not None
-    methods = options.methods or ((proposal.method,) if recorded and proposal.method else ("minmax",))
-    activation = options.activation_type or (proposal.activation_type if recorded else "") or "QUInt8"
-    weight = options.weight_type or (proposal.weight_type if recorded else "") or "QInt8"
-    if recorded and "selective" in options.variants:
-        used = {"method": methods[0], "activation type": activation, "weight type": weight}
-        made = {"method": proposal.method, "activation type": proposal.activation_type}
-        made["weight type"] = proposal.weight_type
-        differ = [f"{k} {used[k]} (proposal: {made[k]})" for k in used if made[k] and made[k] != used[k]]
+    quant = options.quant.over(proposal.quant if proposal is not None else None)
+    settings = quant.resolve()
+    methods = options.methods or (settings.method,)
+    if proposal is not None and "selective" in (options.variants or ()):
+        made = proposal.quant
+        used = {"method": methods[0], "activation type": settings.activation_type}
+        used["weight type"] = settings.weight_type
+        was = {"method": proposal.method, "activation type": proposal.activation_type}
+        was["weight type"] = proposal.weight_type
+        differ = [f"{k} {used[k]} (proposal: {was[k]})" for k in used if was[k] and was[k] != used[k]]
+        same_rest = dataclasses.replace(settings, method=made.method, source="") == made.without_source()
+        if not differ and not same_rest and proposal.quant_settings is not None:
+            differ = [f"{settings.source or 'other settings'} ({describe(settings)})"]
         if differ:
             notes.append(
                 f"the selective model is built with {', '.join(differ)}: its scales differ from the "
                 "proposal's model"
             )
-    # the report's per-channel setting is the base of every variant, as its types are (a per-channel
-    # report's static variants had been built per-tensor, and the selective one credited with the gap)
-    per_channel = options.per_channel or bool(recorded and proposal.base_per_channel)
-    return replace(
-        options, methods=methods, activation_type=activation, weight_type=weight, per_channel=per_channel
-    )
+    return replace(options, methods=methods, quant=quant)
 
 
 def _build_variants(
@@ -111,6 +115,7 @@ def _build_variants(
     have (the user's error), and an output error (a full disk fails every later write too).
     """
     several = len(options.methods) > 1
+    per_channel = prep.settings.per_channel
     built: list[_Built] = []
     plan = _plan(options)
     for i, (kind, method) in enumerate(plan):
@@ -133,7 +138,7 @@ def _build_variants(
                 raise  # a proposal for another model is the user's error, not a variant failure
             if e.code == ExitCode.OUTPUT:
                 raise  # a full disk fails every later write too: not one variant's failure
-            built.append(_Built(name, kind, method, "", options.per_channel, None, error=e.one_line()))
+            built.append(_Built(name, kind, method, "", per_channel, None, error=e.one_line()))
     progress("build", len(plan), len(plan))
     return built
 
@@ -153,29 +158,26 @@ def _plan(options: BenchOptions) -> list[tuple[str, str]]:
 
 def _dynamic(prep: Prepared, name: str, path: Path, options: BenchOptions) -> _Built:
     """The dynamic variant (``quantize_dynamic``: int8 weights, activations quantized at run time)."""
+    per_channel = prep.settings.per_channel
     quantize_dynamic_model(
         prep.normalized_path,
         path,
         op_types=options.dynamic_ops or None,
-        per_channel=options.per_channel,
+        per_channel=per_channel,
     )
     # the op types only when --dynamic-ops chose them ("ORT's default op types" told nothing)
     notes = (f"op types: {','.join(options.dynamic_ops)}",) if options.dynamic_ops else ()
-    return _Built(name, "dynamic", "", "dynamic", options.per_channel, path, notes=notes)
+    return _Built(name, "dynamic", "", "dynamic", per_channel, path, notes=notes)
 
 
 def _static(
     prep: Prepared, name: str, kind: str, method: str, ranges: Ranges, path: Path, options: BenchOptions
 ) -> _Built:
     """A static variant from one method's ranges, in the QDQ format or (``qoperator``) the QOperator one."""
-    spec = QuantSpec(
-        per_channel=options.per_channel,
-        activation_type=options.activation_type,
-        weight_type=options.weight_type,
-    )
+    spec = QuantSpec.of(prep.settings)  # the method is the ranges'
     fmt = "QOperator" if kind == "qoperator" else "QDQ"
     quantize_static_model(prep.normalized, ranges, spec, path, quant_format=fmt)
-    return _Built(name, kind, method, fmt, options.per_channel, path)
+    return _Built(name, kind, method, fmt, spec.per_channel, path)
 
 
 def _selective(
@@ -188,16 +190,15 @@ def _selective(
     proposal: Proposal,
 ) -> _Built:
     """The static variant with the proposal's exclusions, tensor overrides and per-channel setting."""
-    spec = QuantSpec(
+    spec = QuantSpec.of(
+        prep.settings,
         per_channel=proposal.per_channel,
-        activation_type=options.activation_type,
-        weight_type=options.weight_type,
         nodes_to_exclude=tuple(proposal.nodes_to_exclude),
         tensor_overrides=tuple(proposal.tensor_overrides),
     )
     quantize_static_model(prep.normalized, ranges, spec, path)
     notes = []
-    if proposal.per_channel != options.per_channel:
+    if proposal.per_channel != prep.settings.per_channel:
         mode = ("per-channel", "per-tensor") if proposal.per_channel else ("per-tensor", "per-channel")
         flag = "--per-channel" if proposal.per_channel else "no --per-channel"
         notes.append(

@@ -32,8 +32,10 @@ from qdebug.cli.common import (
     fmt_db,
     fmt_metric,
     positive_float,
-    provider_list,
+    quant_request,
+    runtime_settings,
 )
+from qdebug.errors import ExitCode, QDebugError
 from qdebug.formatting import fmt_size, prefix_note, table_names
 
 if TYPE_CHECKING:  # qdebug.bench loads onnxruntime: imported when a command runs, not for --help
@@ -103,23 +105,25 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
     else:
         variants = ("fp32", "dynamic", "static") + (("selective",) if args.proposal else ())
     dynamic_ops = tuple(o.strip() for o in (args.dynamic_ops or "").split(",") if o.strip())
-    providers = provider_list(args.provider)
+    methods = parse_methods(args.method) if args.method is not None else ()
+    if args.calib_percentile is not None:
+        if methods and "percentile" not in methods:
+            raise QDebugError(
+                "--calib-percentile is the percentile method's option, and --method has no percentile",
+                "add percentile to --method, or drop --method",
+                ExitCode.USAGE,
+            )
+        methods = methods or ("percentile",)
     return BenchOptions(
         variants=variants,
-        methods=parse_methods(args.method) if args.method is not None else (),
-        per_channel=args.per_channel,
-        activation_type=args.activation_type,
-        weight_type=args.weight_type,
+        methods=methods,
+        quant=quant_request(args, with_method=False),  # unset: the proposal's
+        runtime=runtime_settings(args),
         dynamic_ops=dynamic_ops,
         batch_size=args.batch_size,
         max_samples=args.max_samples,
         batch_axes=batch_axes_arg(args),
         metric=args.metric,
-        upgrade_opset=args.upgrade_opset,
-        inline_constant_if=args.inline_constant_if,
-        use_cache=not args.no_cache,
-        providers=providers,
-        threads=args.threads,
         runs=args.runs,
         warmup=args.warmup,
         dynamic_layers=not args.no_dynamic_layers,

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from qdebug.formatting import fmt_db, fmt_metric
 
 __all__ = [
+    "add_config_arguments",
     "add_quant_arguments",
     "analyze_options",
+    "quant_request",
+    "runtime_settings",
     "batch_axes_arg",
     "batch_axis_pairs",
     "finite_float",
@@ -87,36 +91,36 @@ def add_quant_arguments(
     variant per method) instead of one of the four names. ``from_proposal``: the method and
     types default to None, meaning the settings recorded in the proposal (verify, bench).
     """
-    default = (lambda d: f"the proposal's, else {d}") if from_proposal else (lambda d: d)
+    default = (lambda d: f"the proposal's, else {d}") if from_proposal else (lambda d: f"the config's, else {d}")
     if several_methods:
         p.add_argument(
             "--method",
-            default="minmax",
+            default=None,
             help="calibration method(s), comma-separated: minmax, entropy, percentile, distribution "
             f"(one static variant each; default: {default('minmax')})",
         )
     else:
         p.add_argument(
             "--method",
-            default="minmax",
+            default=None,
             choices=("minmax", "entropy", "percentile", "distribution"),
             help=f"calibration method (default: {default('minmax')})",
         )
     p.add_argument("--per-channel", action="store_true", help="quantize weights per channel")
     p.add_argument(
         "--activation-type",
-        default="QUInt8",
+        default=None,
         choices=("QUInt8", "QInt8", "QUInt16", "QInt16"),
         help=f"activation quantization type (default: {default('QUInt8')})",
     )
     p.add_argument(
         "--weight-type",
-        default="QInt8",
+        default=None,
         choices=("QUInt8", "QInt8"),
         help=f"weight quantization type (default: {default('QInt8')})",
     )
-    if from_proposal:
-        p.set_defaults(method=None, activation_type=None, weight_type=None)
+    _add_option_flags(p)
+    add_config_arguments(p)
     p.add_argument(
         "--batch-size",
         type=int,
@@ -160,6 +164,149 @@ def add_quant_arguments(
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
+def _add_option_flags(p: argparse.ArgumentParser) -> None:
+    """The ORT options people reach for most, as flags (each one key of a config)."""
+    p.add_argument(
+        "--symmetric-activations",
+        action="store_true",
+        help="symmetric activation ranges (ActivationSymmetric): zero point 0 (int8) or 128 (uint8), half "
+        "the levels unused on a one-sided tensor such as a Relu output; what TensorRT and S8S8 expect",
+    )
+    p.add_argument(
+        "--symmetric-weights",
+        action="store_true",
+        help="symmetric weight ranges (WeightSymmetric; already ORT's default for int8 weights)",
+    )
+    p.add_argument(
+        "--reduce-range",
+        action="store_true",
+        help="7-bit weights (reduce_range): half the weight resolution, no u8s8 saturation on x86 CPUs "
+        "without VNNI",
+    )
+    p.add_argument(
+        "--op-types",
+        default=None,
+        metavar="OPS",
+        help="quantize only these op types, comma-separated (op_types_to_quantize, e.g. Conv,MatMul,Gemm; "
+        "calibration collects their tensors only)",
+    )
+    p.add_argument(
+        "--calib-percentile",
+        type=positive_float,
+        default=None,
+        metavar="P",
+        help="percentile calibration keeping P %% of the values inside the range (CalibPercentile, e.g. "
+        "99.99; implies --method percentile): outliers beyond it are clipped",
+    )
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """``--config``, ``--preset`` and ``--print-config`` (analyze, propose, verify, bench)."""
+    from qdebug.quant_config import PRESET_HELP
+
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="your quantize_static (or get_qdq_config) keyword arguments as JSON, TOML or Python: every model "
+        "qdebug builds uses them (flags given as well win)",
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        choices=tuple(PRESET_HELP),
+        help="a deployment config: " + "; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()),
+    )
+    p.add_argument(
+        "--print-config",
+        nargs=0,
+        action=_PrintConfig,
+        help="print the quantize_static config that --preset / --config and the flags before this one stand "
+        "for (JSON, loadable with --config) and exit",
+    )
+
+
+class _PrintConfig(argparse.Action):
+    """``--print-config``: the config of what was given so far, printed at once (no model needed)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        from qdebug.errors import QDebugError
+        from qdebug.quant_config import config_text
+
+        try:
+            text = config_text(quant_request(namespace).resolve())
+        except QDebugError as e:
+            parser.exit(int(e.code), f"qdebug: error: {e.one_line()}\n")
+        sys.stdout.write(text)
+        parser.exit(0)
+
+
+def quant_request(args: Any, *, with_method: bool = True) -> Any:
+    """The :class:`~qdebug.prepare.QuantRequest` of the parsed flags: ``--config`` or ``--preset`` as the
+    base, each quantization flag given on top. ``with_method``: ``--method`` is one method (bench's is a
+    list of variants)."""
+    from qdebug.errors import ExitCode, QDebugError
+    from qdebug.prepare import QuantRequest
+    from qdebug.quant_config import load_config, preset_config
+
+    config_path, preset = getattr(args, "config", None), getattr(args, "preset", None)
+    if config_path and preset:
+        raise QDebugError("--config and --preset both given", "pass one of them (flags add to either)", ExitCode.USAGE)
+    config = load_config(config_path) if config_path else preset_config(preset) if preset else None
+    given: dict[str, Any] = {}
+    method = getattr(args, "method", None)
+    if with_method and method is not None:
+        given["method"] = method
+    for name in ("activation_type", "weight_type"):
+        if getattr(args, name, None) is not None:
+            given[name] = getattr(args, name)
+    for name in ("per_channel", "upgrade_opset", "inline_constant_if", "reduce_range"):
+        if getattr(args, name, False):
+            given[name] = True
+    if getattr(args, "op_types", None):
+        given["op_types"] = _op_types(args.op_types)
+    if getattr(args, "symmetric_activations", False):
+        given["ActivationSymmetric"] = True
+    if getattr(args, "symmetric_weights", False):
+        given["WeightSymmetric"] = True
+    percentile = getattr(args, "calib_percentile", None)
+    if percentile is not None:
+        if with_method and method not in (None, "percentile"):
+            raise QDebugError(
+                f"--calib-percentile is the percentile method's option, not {method}'s",
+                "drop --method or pass --method percentile",
+                ExitCode.USAGE,
+            )
+        if with_method:
+            given["method"] = "percentile"
+        given["CalibPercentile"] = percentile
+    return QuantRequest(config, tuple(given.items()))
+
+
+def _op_types(text: str) -> tuple[str, ...]:
+    """``--op-types``: a comma list of ONNX op types (unknown ones refused), sorted."""
+    import onnx
+
+    from qdebug.errors import ExitCode, QDebugError
+
+    ops = sorted({o.strip() for o in text.split(",") if o.strip()})
+    unknown = [o for o in ops if not onnx.defs.has(o)]
+    if unknown or not ops:
+        raise QDebugError(
+            f"--op-types names op type(s) that ONNX does not define: {unknown or [text]}",
+            "use ONNX op type names such as Conv,MatMul,Gemm",
+            ExitCode.USAGE,
+        )
+    return tuple(ops)
+
+
+def runtime_settings(args: Any) -> Any:
+    """The :class:`~qdebug.prepare.RuntimeSettings` of ``--provider``, ``--threads`` and ``--no-cache``."""
+    from qdebug.prepare import RuntimeSettings
+
+    return RuntimeSettings(provider_list(args.provider), args.threads, not args.no_cache)
+
+
 def provider_list(provider: str) -> tuple[str, ...]:
     """The session provider list for ``--provider``: the chosen one, with the CPU as fallback."""
     return (provider,) if provider == "CPUExecutionProvider" else (provider, "CPUExecutionProvider")
@@ -170,17 +317,10 @@ def analyze_options(args: Any) -> Any:
     from qdebug.prepare import AnalyzeOptions
 
     return AnalyzeOptions(
-        method=args.method,
-        per_channel=args.per_channel,
-        activation_type=args.activation_type,
-        weight_type=args.weight_type,
+        quant=quant_request(args),
+        runtime=runtime_settings(args),
         batch_size=args.batch_size,
         max_samples=args.max_samples,
         batch_axes=batch_axes_arg(args),
         metric=args.metric,
-        upgrade_opset=args.upgrade_opset,
-        inline_constant_if=args.inline_constant_if,
-        use_cache=not args.no_cache,
-        providers=provider_list(args.provider),
-        threads=args.threads,
     )

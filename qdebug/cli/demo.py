@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nExplore it interactively:  {tui}")
     # an error in propose or verify is the demo's error; a missed target (6) is shown as FAIL above but is
     # not one: the demo's recovery depends on the CPU's kernels (VNNI or not), and `pip install . && qdebug
-    # demo` must succeed on any machine
-    return code if code != ExitCode.TARGET_NOT_MET else 0
+    # demo` must succeed on any machine; so is an undecided verdict (8: the evaluation set cannot tell)
+    return code if code not in (ExitCode.TARGET_NOT_MET, ExitCode.UNDECIDED) else 0
 
 
 def _propose_and_verify(

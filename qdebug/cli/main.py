@@ -22,7 +22,7 @@ from typing import NoReturn, TextIO
 from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
 
-SUBCOMMANDS = ("analyze", "propose", "verify", "bench", "diff", "tui", "demo")
+SUBCOMMANDS = ("analyze", "propose", "verify", "bench", "diff", "export", "tui", "demo")
 
 EPILOG = """exit codes:
   0  success (verify: target met)          5  data does not match the model

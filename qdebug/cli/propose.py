@@ -31,7 +31,15 @@ import math
 import sys
 
 from qdebug.ci_outputs import MARKDOWN_HELP
-from qdebug.cli.common import batch_axes_arg, batch_axis_pairs, finite_float, fmt_metric, provider_list
+from qdebug.cli.common import (
+    add_config_arguments,
+    batch_axes_arg,
+    batch_axis_pairs,
+    finite_float,
+    fmt_metric,
+    quant_request,
+    runtime_settings,
+)
 from qdebug.formatting import prefix_note
 
 
@@ -103,6 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", default="CPUExecutionProvider", help="ONNX Runtime execution provider")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
     p.add_argument("--snippet", action="store_true", help="also print the quantize_static snippet on stdout")
+    add_config_arguments(p)  # default: the report's settings
     p.add_argument(
         "--wide", action="store_true", help="full node names in the proposal table (default: shortened to fit)"
     )
@@ -145,7 +154,6 @@ def run(args: argparse.Namespace) -> int:
         raise QDebugError("--screen-samples must be >= 0", "pass 0 to score on all samples", ExitCode.USAGE)
     if args.time_runs < 0:
         raise QDebugError("--time-runs must be >= 0", "pass 0 to skip the frontier, or a run count", ExitCode.USAGE)
-    providers = provider_list(args.provider)
     options = ProposeOptions(
         target_drop=args.target_drop,
         target_sqnr=args.target_sqnr,
@@ -154,9 +162,8 @@ def run(args: argparse.Namespace) -> int:
         metric=args.metric,
         eval_max_samples=args.eval_max_samples,
         max_evaluations=args.max_evaluations,
-        use_cache=not args.no_cache,
-        providers=providers,
-        threads=args.threads,
+        quant=quant_request(args),
+        runtime=runtime_settings(args),
         time_runs=args.time_runs,
         screen_samples=args.screen_samples,
         batch_axes=batch_axes_arg(args),

@@ -180,6 +180,7 @@ def _tui_options(cfg: AnalysisConfig, base: VerifyOptions, runs: int) -> VerifyO
     judging, evaluation cap and runtime settings of ``base``."""
     return dataclasses.replace(
         base,
+        quant=base.quant.over(cfg.quant),  # every setting the report records, the user's config included
         target_drop=None,
         metric=base.metric or cfg.metric,
         method=cfg.method,

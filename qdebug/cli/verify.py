@@ -9,10 +9,16 @@ bound once). For a metric with no finite FP32 value (output_sqnr_db) the
 verdict uses --target-sqnr. Quantization settings default to the ones the
 proposal records (else minmax / QUInt8 / QInt8).
 
-exit codes: 0 when the recovery (and --target-sqnr, if given) is met; 6 when
-not (for CI gating); 3 for a proposal made for another model or naming nodes
-the model does not have; 5 for evaluation data without labels when top1 is
-asked.
+Every drop, recovery and output SQNR gets a paired-bootstrap interval over the
+evaluation samples at --confidence (and, for top1, McNemar's exact test of
+FP32 vs selective): a gate passes or fails only beyond the noise.
+
+exit codes: 0 when the recovery (and --target-sqnr, if given) is met beyond
+the noise; 6 when missed beyond it (for CI gating); 8 when undecided: the
+evaluation set is too small, the interval straddles the target (the verdict
+says about how many samples would decide it); 3 for a proposal made for
+another model or naming nodes the model does not have; 5 for evaluation data
+without labels when top1 is asked.
 
 Example:
   qdebug verify model.onnx --calib calib.npz --eval eval.npz --proposal proposal.json -o verify.json
@@ -25,7 +31,7 @@ import argparse
 import sys
 
 from qdebug.ci_outputs import JUNIT_HELP, MARKDOWN_HELP
-from qdebug.cli.common import add_quant_arguments, batch_axes_arg, finite_float, provider_list
+from qdebug.cli.common import add_quant_arguments, batch_axes_arg, finite_float, quant_request, runtime_settings
 from qdebug.errors import ExitCode, QDebugError
 
 
@@ -62,6 +68,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also require the selective model's worst output SQNR >= DB (needed for output_sqnr_db)",
     )
     p.add_argument(
+        "--confidence",
+        type=finite_float,
+        default=0.95,
+        metavar="LEVEL",
+        help="confidence of the paired-bootstrap intervals the gates are judged by: exit 6 only when the "
+        "target is missed beyond the noise, 8 (undecided) when the interval straddles it; 0 judges the point "
+        "estimates (default: 0.95)",
+    )
+    p.add_argument(
         "--eval-max-samples", type=int, default=None, metavar="N", help="evaluate on the first N samples"
     )
     p.add_argument(
@@ -77,34 +92,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Verify and print the side-by-side table; exit 6 when the target is not met."""
+    """Verify and print the side-by-side table; exit 6 when the target is missed, 8 when undecided."""
     from qdebug import ci_outputs
     from qdebug.cli.progress import stderr_progress
     from qdebug.verify import VerifyOptions, verify  # onnx and onnxruntime: not for --help
 
     if args.runs < 0 or args.warmup < 0:
         raise QDebugError("--runs and --warmup must be >= 0", "pass a count", ExitCode.USAGE)
-    providers = provider_list(args.provider)
     options = VerifyOptions(
         min_recovery=args.min_recovery,
         target_sqnr=args.target_sqnr,
         target_drop=args.target_drop,
+        confidence=args.confidence,
         metric=args.metric,
-        method=args.method,
-        activation_type=args.activation_type,
-        weight_type=args.weight_type,
-        per_channel=args.per_channel,
+        quant=quant_request(args),  # None / unset: the proposal's
+        runtime=runtime_settings(args),
         batch_size=args.batch_size,
         max_samples=args.max_samples,
         eval_max_samples=args.eval_max_samples,
         batch_axes=batch_axes_arg(args),
         runs=args.runs,
         warmup=args.warmup,
-        use_cache=not args.no_cache,
-        providers=providers,
-        threads=args.threads,
-        upgrade_opset=args.upgrade_opset,
-        inline_constant_if=args.inline_constant_if,
     )
     ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.proposal), (args.output,))
     with stderr_progress(not args.quiet) as progress:
@@ -125,4 +133,6 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         print(f"\nverify report written to {args.output}", file=sys.stderr)
     ci_outputs.write_ci_outputs(args, result)
-    return 0 if result.met else int(ExitCode.TARGET_NOT_MET)
+    if result.met:
+        return 0
+    return int(ExitCode.TARGET_NOT_MET if result.decided else ExitCode.UNDECIDED)

@@ -327,7 +327,8 @@ _QTYPE_OF = {
 
 @dataclass(frozen=True)
 class QDQSettings:
-    """The quantization settings a QDQ model was made with, as far as the model shows them."""
+    """The quantization settings a QDQ model was made with, as far as the model shows them (None: the model
+    has nothing to tell it by)."""
 
     per_channel: bool | None
     """A weight is quantized with more than one scale (None: no quantized weight to tell by)."""
@@ -335,10 +336,33 @@ class QDQSettings:
     """The most common type of QuantizeLinear outputs (None: no QuantizeLinear with a known type)."""
     weight_type: str | None
     """The most common type of quantized weights (None: no weight quantized)."""
+    activation_symmetric: bool | None = None
+    """Every activation's zero point is its type's midpoint (0 for int8/int16, 128/32768 for uint8/uint16)."""
+    weight_symmetric: bool | None = None
+    """Every weight's zero point is its type's midpoint."""
+    reduce_range: bool | None = None
+    """Every 8-bit weight fits 7 bits (int8 within [-64, 64], uint8 within [0, 127]): ``reduce_range``."""
+    op_types: tuple[str, ...] = ()
+    """Op types of the nodes quantized as their own (sorted): a dequantized weight, or every activation input
+    dequantized and every output quantized."""
+    per_channel_axes: tuple[tuple[str, int], ...] = ()
+    """(op type reading the weight, channel axis) of every per-channel weight, once each."""
+    tensor_types: tuple[tuple[str, str], ...] = ()
+    """(float tensor, quantization type) of every quantized activation, in node order."""
+    float_weights: bool | None = None
+    """Weights are kept float and quantized by a QuantizeLinear in the graph (``AddQDQPairToWeight``)."""
+    dedicated_pairs: bool | None = None
+    """A tensor read by several nodes has a QuantizeLinear per reader (``DedicatedQDQPair``)."""
+
+
+_MIDPOINT = {"QInt8": 0, "QInt16": 0, "QInt4": 0, "QUInt8": 128, "QUInt16": 32768, "QUInt4": 8}
+"""The zero point of a symmetric range, by type (what ORT's ``compute_scale_zp`` writes)."""
 
 
 def qdq_settings(model: onnx.ModelProto) -> QDQSettings:
-    """Read per-channel and the activation and weight types off a QDQ model's Q/DQ nodes.
+    """Read the settings off a QDQ model's Q/DQ nodes: per-channel, the types, symmetric ranges (zero points),
+    7-bit weights (the weights' integer range), the op types carrying Q/DQ, per-channel axes, each
+    activation's type, float weights with a Q/DQ pair, one Q per reader.
 
     A user's own ``--quantized`` model may have been made per-channel or with int8 activations; the report
     had recorded the flags' defaults instead, and propose, verify and bench then rebuilt another model (a
@@ -350,9 +374,17 @@ def qdq_settings(model: onnx.ModelProto) -> QDQSettings:
 
     graphs = list(iter_graphs(model.graph))
     inits = {t.name: t for g in graphs for t in g.initializer}
+    nodes = [n for g in graphs for n in g.node]
     acts: Counter[str] = Counter()
     weights: Counter[str] = Counter()
     scales: list[bool] = []  # per weight: more than one scale
+    act_sym: list[bool] = []
+    weight_sym: list[bool] = []
+    int_ranges: list[bool] = []  # per 8-bit weight: fits 7 bits
+    tensor_types: list[tuple[str, str]] = []
+    float_weights: list[bool] = []
+    readers = Counter(t for n in nodes for t in n.input if t)
+    q_count = Counter(n.input[0] for n in nodes if n.op_type in Q_OPS and n.input)
 
     def scale_count(node: onnx.NodeProto) -> int:
         scale = inits.get(node.input[1]) if len(node.input) > 1 else None
@@ -362,22 +394,100 @@ def qdq_settings(model: onnx.ModelProto) -> QDQSettings:
         zp = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         return _QTYPE_OF.get(zp.data_type, "") if zp is not None else "QUInt8"
 
-    for node in (n for g in graphs for n in g.node):
+    def symmetric(node: onnx.NodeProto, qtype: str) -> bool | None:
+        zp = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if zp is None or qtype not in _MIDPOINT:
+            return None
+        return bool(np.all(numpy_helper.to_array(zp).astype(np.int64) == _MIDPOINT[qtype]))
+
+    for node in nodes:
         if node.op_type in DQ_OPS and node.input[0] in inits:  # ORT's own: the integer weight is stored
             weight = inits[node.input[0]]
             if weight.data_type in _QTYPE_OF:
-                weights[_QTYPE_OF[weight.data_type]] += 1
+                qtype = _QTYPE_OF[weight.data_type]
+                weights[qtype] += 1
                 scales.append(scale_count(node) > 1)
+                weight_sym.extend(x for x in [symmetric(node, qtype)] if x is not None)
+                float_weights.append(False)
+                if qtype in ("QInt8", "QUInt8"):
+                    values = numpy_helper.to_array(weight).astype(np.int64)
+                    fits = np.abs(values).max() <= 64 if qtype == "QInt8" else values.max() <= 127
+                    int_ranges.append(bool(fits) if values.size else True)
         elif node.op_type in Q_OPS and node.input[0] in inits:  # float weight -> Q -> DQ (TensorRT-style)
             if inits[node.input[0]].data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
-                weights[zp_type(node) or "QInt8"] += 1
+                qtype = zp_type(node) or "QInt8"
+                weights[qtype] += 1
                 scales.append(scale_count(node) > 1)
+                weight_sym.extend(x for x in [symmetric(node, qtype)] if x is not None)
+                float_weights.append(True)
         elif node.op_type in Q_OPS:
-            acts[zp_type(node)] += 1
+            qtype = zp_type(node)
+            acts[qtype] += 1
+            if qtype:
+                tensor_types.append((node.input[0], qtype))
+                act_sym.extend(x for x in [symmetric(node, qtype)] if x is not None)
     acts.pop("", None)
     weights.pop("", None)
     top = lambda c: c.most_common(1)[0][0] if c else None  # noqa: E731
-    return QDQSettings(any(scales) if scales else None, top(acts), top(weights))
+    every = lambda flags: all(flags) if flags else None  # noqa: E731
+    shared = [t for t, k in q_count.items() if readers[t] > 1]
+    return QDQSettings(
+        any(scales) if scales else None,
+        top(acts),
+        top(weights),
+        activation_symmetric=every(act_sym),
+        weight_symmetric=every(weight_sym),
+        reduce_range=every(int_ranges),
+        op_types=_qdq_op_types(nodes, inits),
+        per_channel_axes=_per_channel_axes(nodes, inits),
+        tensor_types=tuple(tensor_types),
+        float_weights=every(float_weights),
+        dedicated_pairs=any(q_count[t] > 1 for t in shared) if shared else None,
+    )
+
+
+def _qdq_op_types(nodes: list[onnx.NodeProto], inits: dict[str, onnx.TensorProto]) -> tuple[str, ...]:
+    """Op types of the nodes ORT quantized as their own: a node reading a dequantized weight (weights are
+    quantized by their reader only), or one whose activation inputs are all dequantized and whose outputs
+    are all quantized. A node merely next to a quantized one (a BatchNormalization reading a quantized
+    Conv output) is not counted."""
+    dq_out = {o for n in nodes if n.op_type in DQ_OPS for o in n.output}
+    dq_weight = {n.output[0] for n in nodes if n.op_type in DQ_OPS and n.input and n.input[0] in inits}
+    q_float = {n.output[0] for n in nodes if n.op_type in Q_OPS and n.input and n.input[0] in inits}
+    dq_weight |= {n.output[0] for n in nodes if n.op_type in DQ_OPS and n.input and n.input[0] in q_float}
+    q_in = {n.input[0] for n in nodes if n.op_type in Q_OPS and n.input}
+    found = set()
+    for n in nodes:
+        if n.op_type in Q_OPS + DQ_OPS:
+            continue
+        acts = [t for t in n.input if t and t not in inits and t not in dq_weight]
+        outs = [t for t in n.output if t]
+        if any(t in dq_weight for t in n.input) or (
+            acts and outs and all(t in dq_out for t in acts) and all(t in q_in for t in outs)
+        ):
+            found.add(n.op_type)
+    return tuple(sorted(found))
+
+
+def _per_channel_axes(nodes: list[onnx.NodeProto], inits: dict[str, onnx.TensorProto]) -> tuple[tuple[str, int], ...]:
+    """(reader op type, axis) of every per-channel weight's DequantizeLinear, once each, sorted."""
+    readers: dict[str, list[str]] = defaultdict(list)
+    for n in nodes:
+        for t in n.input:
+            readers[t].append(n.op_type)
+    found: set[tuple[str, int]] = set()
+    for node in nodes:
+        if node.op_type not in DQ_OPS or node.input[0] not in inits or len(node.input) < 2:
+            scale = None
+        else:
+            scale = inits.get(node.input[1])
+        if scale is None or int(np.prod(scale.dims)) <= 1:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        rank = len(inits[node.input[0]].dims)
+        for op in readers.get(node.output[0], []):
+            found.add((op, axis % rank if rank else axis))
+    return tuple(sorted(found))
 
 
 def is_qdq_model(model: onnx.ModelProto) -> bool:

@@ -136,7 +136,8 @@ def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, 
     renamed = {new for new, old in prep.name_map.items() if new != old}
     user = onnx.load(str(model_path), load_external_data=False)
     # plain quantize_static leaves weights held in Constant nodes float (normalization made them initializers)
-    normalized = any(n in renamed for n in excluded) or _constant_weights(user) or _if_inlined(user, prep)
+    named = (*excluded, *prep.settings.nodes_to_exclude, *prep.settings.nodes_to_quantize)
+    normalized = any(n in renamed for n in named) or _constant_weights(user) or _if_inlined(user, prep)
     target_model = prep.normalized_path if normalized else model_path
     model_file = str(Path(target_model).resolve())
     prelude = ""
@@ -144,19 +145,21 @@ def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, 
         # the user's own quantize_static would rewire an activation to a bias copy (ORT's _dup_initializer)
         prelude = unshare_snippet(model_file, "model.unshared.onnx") + "\n"
         model_file = "model.unshared.onnx"
+    settings = prep.settings  # the base quantization, the user's config included
     return prelude + quantize_snippet(
         model_file,
         excluded,
-        method=report.config.method,
+        method=settings.method,
         per_channel=spec.per_channel,
-        activation_type=report.config.activation_type,
-        weight_type=report.config.weight_type,
+        activation_type=settings.activation_type,
+        weight_type=settings.weight_type,
         tensor_overrides=spec.tensor_overrides,
         calib_hint=str(calib_src),
         batch=fixed_batch(prep.calib.specs),  # a fixed batch dimension accepts nothing else
         max_samples=report.config.max_samples,
         inputs=[s.name for s in prep.calib.specs],
         batch_axes=batch_axes(prep.calib.specs),
+        settings=settings,
     )
 
 

@@ -18,7 +18,7 @@ import math
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -40,7 +40,7 @@ from qdebug.files import (
 from qdebug.formatting import ACCURACY_METRICS
 from qdebug.graph.load import save_model
 from qdebug.graph.match import pair_models, qdq_settings
-from qdebug.prepare import AnalyzeOptions, Prepared, prepare
+from qdebug.prepare import AnalyzeOptions, Prepared, QuantRequest, RuntimeSettings, flat_settings, prepare
 from qdebug.progress import Progress, no_progress
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
@@ -76,9 +76,15 @@ RERANK_SAMPLES = 32
 """Calibration samples used by one re-ranking capture."""
 
 
+@flat_settings()
 @dataclass(frozen=True)
 class ProposeOptions:
-    """Options of :func:`propose` (the flags of ``qdebug propose``)."""
+    """Options of :func:`propose` (the flags of ``qdebug propose``).
+
+    ``quant``: a ``--config`` or ``--preset`` to build every variant with instead of the report's settings
+    (empty: the report's, which is what the ranking describes); ``runtime``: providers, threads, cache
+    (``providers=``, ``threads=``, ``use_cache=`` are still accepted and read as flat names).
+    """
 
     target_drop: float | None = None
     """Allowed drop of the task metric vs FP32: percentage points for the accuracy metrics
@@ -103,9 +109,8 @@ class ProposeOptions:
     least 1,024; 0: never)."""
     time_runs: int = TIME_RUNS
     """Timed runs per point of the verified frontier (0: no frontier, no speed verdict)."""
-    use_cache: bool = True
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    threads: int = 0
+    quant: QuantRequest = field(default_factory=QuantRequest)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
 
 
 @dataclass(frozen=True)
@@ -358,7 +363,14 @@ def _propose(
         max_evaluations=search.budget,
         seconds=seconds,
         proposal_path=str(output) if output is not None else None,
-        notes=(*input_notes, *_notes(report), *_nothing_quantized(final, static), *screen_notes, *speed_notes),
+        notes=(
+            *input_notes,
+            *_settings_notes(report, prep),
+            *_notes(report),
+            *_nothing_quantized(final, static),
+            *screen_notes,
+            *speed_notes,
+        ),
         no_speedup=no_speedup,
     )
 
@@ -411,20 +423,25 @@ def _prepare_options(cfg: AnalysisConfig, options: ProposeOptions) -> AnalyzeOpt
     """The report's quantization settings with this run's metric, cache and runtime flags: the variants
     must be quantized exactly as the analyzed model was, or the ranking would describe another model."""
     return AnalyzeOptions(
-        method=cfg.method,
-        per_channel=cfg.per_channel,
-        activation_type=cfg.activation_type,
-        weight_type=cfg.weight_type,
+        quant=options.quant.over(cfg.quant),  # the report's settings, the user's config included
+        runtime=options.runtime,
         batch_size=cfg.batch_size,
         max_samples=cfg.max_samples,
         metric=options.metric or cfg.metric,
-        upgrade_opset=cfg.upgrade_opset,
-        inline_constant_if=cfg.inline_constant_if,
-        use_cache=options.use_cache,
-        providers=options.providers,
-        threads=options.threads,
         batch_axes=options.batch_axes or cfg.batch_axes,
     )
+
+
+def _settings_notes(report: Report, prep: Prepared) -> list[str]:
+    """A note when propose builds its variants with other settings than the report's (``--config``)."""
+    if prep.settings.without_source() == report.config.quant.without_source():
+        return []
+    from qdebug.quant_config import describe
+
+    return [
+        f"the variants are built with {prep.settings.source or 'other settings'} ({describe(prep.settings)}), "
+        f"not the report's ({describe(report.config.quant)}): the ranking describes the report's model"
+    ]
 
 
 def _check_names(report: Report, prep: Prepared) -> None:
@@ -469,14 +486,11 @@ def _search(
 ) -> tuple[Search, Structure, list[Unit]]:
     """The search state over the report's first ranking, with its budget (some held back for refining)."""
     assert prep.ranges is not None
-    cfg = report.config
     structure = Structure(prep.normalized, report.nodes)
     initial = rank_units(structure, report.nodes, report.weights)
     budget = options.max_evaluations or default_budget(_candidate_nodes(initial))
-    base_spec = QuantSpec(
-        per_channel=cfg.per_channel, activation_type=cfg.activation_type, weight_type=cfg.weight_type
-    )
-    int16_type = "QInt16" if cfg.activation_type == "QInt8" else "QUInt16"
+    base_spec = QuantSpec.of(prep.settings)  # the report's settings, the user's config included
+    int16_type = "QInt16" if prep.settings.activation_type == "QInt8" else "QUInt16"
     search = Search(
         prep.normalized,
         prep.ranges,
@@ -533,7 +547,7 @@ def _selective(
     dropped when the report's settings had none and they do not earn their place."""
     plan, final = _final(search, plan, met)
     spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel, fixes=final.fixes)
-    if spec.per_channel and not report.config.per_channel:
+    if spec.per_channel and not search.base_spec.per_channel:
         final = _without_per_channel(search, final, bool(qdq_settings(selective).per_channel))
         if not final.per_channel:
             spec, selective, _ = search.build(final.nodes, final.overrides, False, fixes=final.fixes)
@@ -554,7 +568,7 @@ def _proposal_record(
 ) -> Proposal:
     """The proposal file's record; ``sel_path`` is where the selective model goes (``None``: nothing is
     written, so the normalized model recorded is the report's)."""
-    cfg = report.config
+    cfg, settings = report.config, prep.settings
     target, static = search.target, search.trials[0]
     return Proposal(
         schema_version=SCHEMA_VERSION,
@@ -577,13 +591,14 @@ def _proposal_record(
         snippet=_snippet(report, model_path, prep, spec, calib_src),
         quantizable_nodes=len(search.structure.excludable),
         qdq_pairs_delta=final.qdq_pairs - static.qdq_pairs,
-        method=cfg.method,
-        activation_type=cfg.activation_type,
-        weight_type=cfg.weight_type,
-        base_per_channel=cfg.per_channel,
+        method=settings.method,
+        activation_type=settings.activation_type,
+        weight_type=settings.weight_type,
+        base_per_channel=settings.per_channel,
         calibration_key=prep.ranges.key if prep.ranges is not None else "",
         calib_max_samples=cfg.max_samples,
         eval_samples=search.evaluator.samples,
+        quant_settings=settings,
     )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from qdebug.records.report import QuantSettings
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,35 @@ class TensorOverride:
         if self.reduce_range:
             parts.append("7-bit (reduce_range)")
         return ", ".join(parts) or "no change"
+
+    def options(self) -> dict[str, object]:
+        """The ``TensorQuantOverrides`` entry of this override as JSON values (only the keys it sets): the
+        vocabulary of ORT's own per-tensor options, so a proposal reads as "your config plus these"."""
+        out: dict[str, object] = {}
+        if self.quant_type:
+            out["quant_type"] = self.quant_type
+        if self.rmin is not None and self.rmax is not None:
+            out["rmin"] = self.rmin
+            out["rmax"] = self.rmax
+        if self.axis is not None:
+            out["axis"] = self.axis
+        if self.reduce_range:
+            out["reduce_range"] = True
+        return out
+
+
+def merge_tensor_overrides(
+    user: Mapping[str, Sequence[Mapping[str, object]]] | None, overrides: Sequence[TensorOverride]
+) -> dict[str, list[dict[str, object]]]:
+    """The user's ``TensorQuantOverrides`` (JSON values) with a proposal's ``overrides`` merged in: for a
+    tensor both name, the proposal's keys win in the first (per-tensor, or first channel's) entry and the
+    user's other keys stay; every other tensor keeps the user's entries as given."""
+    merged = {name: [dict(e) for e in entries] for name, entries in (user or {}).items()}
+    for o in overrides:
+        mine = o.options()
+        entries = merged.get(o.tensor)
+        merged[o.tensor] = [{**entries[0], **mine}, *entries[1:]] if entries else [mine]
+    return merged
 
 
 @dataclass(frozen=True)
@@ -130,3 +162,25 @@ class Proposal:
     frontier: tuple[FrontierPoint, ...] = ()
     """The verified frontier (empty: not timed, ``--time-runs 0``): FP32, static, the proposal and a few
     neighbours, each scored and timed alike on one evaluation batch."""
+    drop_interval: tuple[float, float] = (float("nan"), float("nan"))
+    """95 % paired-bootstrap interval of ``fp32_metric - expected_metric`` over the evaluation samples
+    (points for the accuracy metrics; ``Evaluator.drop_interval``): how far the search's own evaluation
+    set can tell the drop from noise. ``nan`` bounds: not measured (older files, the TUI's exports)."""
+    quant_settings: QuantSettings | None = None
+    """The base quantization the proposal changes -- the report's settings, the user's config included
+    (``method``, ``activation_type``, ``weight_type`` and ``base_per_channel`` repeat its fields for older
+    readers): the selective model is these settings plus ``nodes_to_exclude``, ``tensor_overrides`` and
+    ``per_channel``. ``None`` in proposals written before it was recorded (and the TUI's): :attr:`quant`
+    rebuilds it from those fields."""
+
+    @property
+    def quant(self) -> QuantSettings:
+        """The base quantization settings (older proposals: from the fields, defaults where unrecorded)."""
+        if self.quant_settings is not None:
+            return self.quant_settings
+        return QuantSettings(
+            method=self.method or "minmax",
+            per_channel=bool(self.base_per_channel),
+            activation_type=self.activation_type or "QUInt8",
+            weight_type=self.weight_type or "QInt8",
+        )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SCHEMA_VERSION = 3
 """Bumped on any incompatible change of the report layout (proposal and verify files share it).
@@ -228,6 +228,70 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class ExtraOption:
+    """One ``extra_options`` entry of ORT's quantizer, its value as JSON holds it: quantization types by
+    name (``"QUInt16"``), arrays as numbers or lists, sets as sorted lists (qdebug converts them back to
+    ORT's objects when it quantizes, and the snippet spells them as ORT wants them)."""
+
+    key: str
+    value: object = None
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """Everything of a ``quantize_static`` call that decides the static model, besides the data.
+
+    The one record of the quantization settings: ``analyze`` records it in the report
+    (:attr:`AnalysisConfig.quant`), ``propose`` in the proposal (:attr:`Proposal.quant`), and every
+    variant propose, verify and bench build is these settings plus that variant's own changes
+    (exclusions, per-tensor overrides, per-channel weights). A user's ``--config`` or ``--preset`` fills
+    it (:mod:`qdebug.quant_config`); the defaults are qdebug's (``cpu-u8s8``).
+    """
+
+    method: str = "minmax"
+    """Calibration method (``calibrate_method``), qdebug's name: minmax, entropy, percentile, distribution."""
+    per_channel: bool = False
+    activation_type: str = "QUInt8"
+    weight_type: str = "QInt8"
+    upgrade_opset: bool = False
+    """Normalization converts a model below opset 10 first (``--upgrade-opset``; not an ORT option)."""
+    inline_constant_if: bool = False
+    """Normalization inlines the taken branch of constant-condition If nodes (not an ORT option)."""
+    reduce_range: bool = False
+    """7-bit weights (``reduce_range``): u8s8 kernels on x86 CPUs without VNNI cannot saturate."""
+    op_types: tuple[str, ...] = ()
+    """``op_types_to_quantize`` (empty: every op type ORT can quantize, ``quantize_static``'s default); also
+    the op types calibration collects ranges for, as ``quantize_static`` calibrates."""
+    nodes_to_quantize: tuple[str, ...] = ()
+    """Only these nodes are quantized when not empty (normalized names)."""
+    nodes_to_exclude: tuple[str, ...] = ()
+    """The user's own exclusions: every variant excludes them, and a proposal's exclusions are added."""
+    extra_options: tuple[ExtraOption, ...] = ()
+    """ORT ``extra_options`` (sorted by key), e.g. ``ActivationSymmetric``, ``CalibPercentile``, the user's
+    ``TensorQuantOverrides`` (a proposal's per-tensor overrides are merged in, the proposal's keys winning)."""
+    source: str = ""
+    """Where the settings came from: ``""`` (qdebug's defaults and flags), ``preset tensorrt``, a config
+    file's path, or ``read off <model>``; ``+ flags`` when flags changed them."""
+
+    def extra(self, key: str, default: object = None) -> object:
+        """The value of one ``extra_options`` key (``default`` when absent)."""
+        return next((o.value for o in self.extra_options if o.key == key), default)
+
+    def extra_dict(self) -> dict[str, object]:
+        """``extra_options`` as a plain dict (JSON values)."""
+        return {o.key: o.value for o in self.extra_options}
+
+    def with_extra(self, key: str, value: object) -> QuantSettings:
+        """These settings with one ``extra_options`` key set (kept sorted)."""
+        items = {**self.extra_dict(), key: value}
+        return replace(self, extra_options=tuple(ExtraOption(k, items[k]) for k in sorted(items)))
+
+    def without_source(self) -> QuantSettings:
+        """The same settings with ``source`` blank: what two settings are compared by."""
+        return replace(self, source="")
+
+
+@dataclass(frozen=True)
 class AnalysisConfig:
     """The options the analysis ran with; propose/verify reuse them."""
 
@@ -251,6 +315,37 @@ class AnalysisConfig:
     batch_axes: tuple[tuple[str, int | None], ...] = ()
     """``--batch-axis`` overrides (input, axis; None: fed whole) the analysis was run with; propose repeats
     them (the other inputs' axes are read off the model, the same way each time)."""
+    quant_settings: QuantSettings | None = None
+    """Every quantization setting (:class:`QuantSettings`), the user's config included; ``method`` ...
+    ``inline_constant_if`` above repeat its fields for older readers. ``None`` in reports written before it
+    was recorded: :attr:`quant` rebuilds it from those fields."""
+
+    @property
+    def quant(self) -> QuantSettings:
+        """The quantization settings the report's model was made with (older reports: from the fields)."""
+        if self.quant_settings is not None:
+            return self.quant_settings
+        return QuantSettings(
+            method=self.method,
+            per_channel=self.per_channel,
+            activation_type=self.activation_type,
+            weight_type=self.weight_type,
+            upgrade_opset=self.upgrade_opset,
+            inline_constant_if=self.inline_constant_if,
+        )
+
+
+def config_fields(settings: QuantSettings) -> dict[str, object]:
+    """The :class:`AnalysisConfig` keyword arguments that record ``settings`` (the flat fields and the record)."""
+    return {
+        "method": settings.method,
+        "per_channel": settings.per_channel,
+        "activation_type": settings.activation_type,
+        "weight_type": settings.weight_type,
+        "upgrade_opset": settings.upgrade_opset,
+        "inline_constant_if": settings.inline_constant_if,
+        "quant_settings": settings,
+    }
 
 
 @dataclass(frozen=True)

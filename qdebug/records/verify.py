@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qdebug.formatting import fmt_db, fmt_metric
+from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,34 @@ class VerifyResult:
     """What the user should know (e.g. a calibration that differs from the proposal's)."""
     target_drop: float = math.nan
     """The allowed drop vs FP32 when judged by it (``--target-drop``); ``nan`` when judged by recovery."""
+    confidence: float = math.nan
+    """Confidence of the intervals below (``--confidence``); ``nan``: judged on point estimates (``--confidence
+    0``, a custom metric on one batch, files written before)."""
+    decided: bool = True
+    """False: no gate missed its target beyond the noise, but one could not be told from it (exit 8,
+    ``UNDECIDED``); ``met`` is then False too."""
+    drop_interval: tuple[float, float] = (math.nan, math.nan)
+    """Paired-bootstrap interval of FP32 minus selective (points for the accuracy metrics)."""
+    static_drop_interval: tuple[float, float] = (math.nan, math.nan)
+    """The same for FP32 minus static."""
+    recovery_interval: tuple[float, float] = (math.nan, math.nan)
+    """Interval of ``recovered_fraction`` (a draw where static lost nothing counts as ``inf`` when the
+    selective model keeps the lower level there, ``-inf`` when not)."""
+    sqnr_interval: tuple[float, float] = (math.nan, math.nan)
+    """Interval of the selective model's worst output SQNR (dB), with ``--target-sqnr``."""
+    p_value: float = math.nan
+    """McNemar's exact test, FP32 vs selective (top1 only): how likely so lopsided a split of the samples
+    only one of them gets right is if the two are equally accurate."""
+    discordant: tuple[int, int] | None = None
+    """McNemar's discordant pairs: samples only FP32 gets right, samples only the selective model does."""
+    samples_to_decide: int | None = None
+    """When undecided: evaluation samples that would decide it, if the estimates and their spread held
+    (None: not estimable, or decided)."""
+    resamples: int = 0
+    """Bootstrap draws behind the intervals (0: none)."""
+    noise_units: int = 0
+    """Units drawn: ``samples``, or the evaluation batches (a custom metric without ``per_sample``; an output
+    without a batch axis)."""
 
     def variant(self, name: str) -> VariantResult:
         """The ``fp32``/``static``/``selective`` column."""
@@ -133,8 +161,44 @@ class VerifyResult:
                 f"timing: batch {timing.batch}, {timing.runs} runs after {timing.warmup} warm-up, "
                 f"{timing.provider}, threads {timing.threads or 'default'}"
             )
+        noise = self.noise_line()
+        if noise:
+            lines.append(noise)
         lines.append(self.verdict)
         return lines
+
+    def noise_line(self) -> str:
+        """``noise: 95% paired bootstrap over 500 samples ...``: every interval and McNemar's test in one
+        line ("" without intervals)."""
+        if math.isnan(self.confidence) or not self.resamples:
+            return ""
+        share = self.metric in ACCURACY_METRICS
+        unit = " points" if share else ""
+        parts = []
+        for label, iv in (("selective drop vs FP32", self.drop_interval), ("static drop", self.static_drop_interval)):
+            try:
+                estimate = self.variant("fp32").metric - self.variant(label.split()[0]).metric
+            except KeyError:
+                estimate = math.nan
+            if not math.isnan(iv[0]):
+                scale = 100.0 if share else 1.0
+                parts.append(f"{label} {estimate * scale:.2f}{unit} [{iv[0]:.2f}, {iv[1]:.2f}]")
+        if not math.isnan(self.recovery_interval[0]) and not math.isnan(self.recovered_fraction):
+            lo, hi = (_share(x) for x in self.recovery_interval)
+            parts.append(f"recovered {_share(self.recovered_fraction)} [{lo}, {hi}]")
+        if not math.isnan(self.sqnr_interval[0]):
+            parts.append(f"selective output SQNR [{fmt_db(self.sqnr_interval[0])}, {fmt_db(self.sqnr_interval[1])}] dB")
+        if self.discordant is not None and not math.isnan(self.p_value):
+            b, c = self.discordant
+            parts.append(f"McNemar exact p = {self.p_value:.3g} ({b} samples only FP32 gets right, {c} only selective)")
+        per = f"{self.samples} samples" if self.noise_units in (0, self.samples) else f"{self.noise_units} batches"
+        head = f"noise: {100 * self.confidence:g}% paired bootstrap over {per} ({self.resamples} draws)"
+        return head + (": " + "; ".join(parts) if parts else "")
+
+
+def _share(x: float) -> str:
+    """A fraction as a percentage (``inf``/``-inf`` as they are)."""
+    return f"{100 * x:.1f}%" if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 def _float_share(v: VariantResult) -> str:

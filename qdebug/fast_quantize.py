@@ -1,0 +1,774 @@
+"""ORT's own quantizer and calibrator in time linear in the graph: the same code over indexed lookups.
+
+ORT's ``ONNXModel`` answers every question by scanning: ``replace_input_of_all_nodes`` walks every node
+for each tensor the quantizer rewires, ``find_by_name`` / ``get_initializer`` / ``add_initializer`` scan
+the initializer list for each lookup, ``input_name_to_nodes`` rebuilds the whole consumer map per call,
+and the MinMax calibrator's ``augment_graph`` searches the node list for each tensor's first reader and
+rebuilds a value-info map twice per tensor. All of it is quadratic in the node count (373 s for
+``quantize_static`` on 3,200 nodes, docs/benchmarks.md).
+
+Here ORT's ``QDQQuantizer`` / ``ONNXQuantizer`` run unchanged over :class:`IndexedModel`, an
+``ONNXModel`` whose scanning methods answer from dicts (name -> nodes reading / writing it, name ->
+initializers, node -> position) kept up to date by every mutation that goes through it, and
+:func:`augment_graph` is ``MinMaxCalibrater.augment_graph`` with the first-reader search and the
+value-info map done once. Each replacement does what the method it replaces does, element for element,
+so the model is byte-identical to ORT's plain path (tests/test_fast_quantize.py proves it on the
+fixtures and on generated graphs, for every option qdebug passes).
+
+Three guards keep that true:
+
+- the ORT functions replaced (or whose delegation is relied on) must have the source they had when
+  this was verified (:data:`VERIFIED_SOURCES`, sha256 of ``inspect.getsource``); otherwise qdebug runs
+  ORT's plain path and says so once (:func:`notes`, a :class:`SlowQuantizerWarning`);
+- a mutation that bypasses the index (a node appended or a list cleared by other code) is seen by a
+  cheap tripwire (length, container and last element identity) and the index is rebuilt from the graph;
+- after quantizing, :meth:`IndexedModel.check_in_step` compares the index with one rebuilt from the
+  graph; any difference raises :class:`IndexOutOfStep` and qdebug quantizes again on the plain path.
+
+Nothing is patched beyond the call: the quantizer is a subclass whose ``model`` attribute wraps ORT's
+``ONNXModel`` into an :class:`IndexedModel`; the module-level ``find_by_name`` (which ORT's modules
+imported by name) is swapped in their namespaces only while :func:`installed` is active, and the swap
+answers from an index only for the initializer list of an active :class:`IndexedModel` -- any other
+list is scanned as before, so other callers in the process see no difference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import inspect
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnxruntime.quantization import calibrate as ort_calibrate
+from onnxruntime.quantization import quant_utils
+from onnxruntime.quantization.onnx_model import ONNXModel
+
+PLAIN_ENV = "QDEBUG_PLAIN_QUANTIZER"
+"""Set to 1 to run ORT's plain (quadratic) quantizer and calibrator augmentation instead."""
+
+VERIFIED_SOURCES: dict[str, str] = {
+    "ONNXModel.__init__": "5cb0dcff7cb2fa5a",
+    "ONNXModel.nodes": "a5ed94d099a6fd20",
+    "ONNXModel.initializer": "90499463a2594101",
+    "ONNXModel.graph": "d478d95d3e3b0bcd",
+    "ONNXModel.replace_node_input": "161a2ad57d6b1ee7",
+    "ONNXModel.replace_input_of_all_nodes": "dc01c5a634a1e3c1",
+    "ONNXModel.replace_input_of_nodes": "3c7b558cd10d1a6e",
+    "ONNXModel.replace_node_output": "bcca3f179f2f42bb",
+    "ONNXModel.replace_output_of_all_nodes": "c50ea5ed645ee813",
+    "ONNXModel.replace_output_of_nodes": "226ca0ba267f2200",
+    "ONNXModel.find_node_by_name": "7473866402fc5a00",
+    "ONNXModel.input_name_to_nodes": "e507ed8b6d71f027",
+    "ONNXModel.add_node": "eaedfdebf0a2d825",
+    "ONNXModel.add_nodes": "ad406350150492f3",
+    "ONNXModel.remove_node": "f32022433395cf13",
+    "ONNXModel.remove_nodes": "c51594ceae8e0dae",
+    "ONNXModel.add_initializer": "e0ec2245d91ac7ea",
+    "ONNXModel.get_initializer": "9246321687c546d4",
+    "ONNXModel.initializer_extend": "97d3149606630924",
+    "ONNXModel.remove_initializer": "af14720c5446adb6",
+    "ONNXModel.remove_initializers": "a8574eaa4642ff55",
+    "ONNXModel._check_init": "7ff484d0442990d9",
+    "quant_utils.find_by_name": "40cf7740b42609de",
+    "MinMaxCalibrater.augment_graph": "fce1d4bdb6e14d7a",
+}
+"""sha256 (first 16 hex digits) of the source of each ORT function this module replaces or relies on,
+as verified byte-identical (onnxruntime 1.32.0). :func:`current_sources` gives today's."""
+
+
+class SlowQuantizerWarning(UserWarning):
+    """qdebug fell back to ORT's plain quantizer path (correct, but quadratic in the node count)."""
+
+
+class IndexOutOfStep(Exception):
+    """The index no longer matches the graph: something changed the graph behind its back."""
+
+
+_NOTES: list[str] = []
+_NOTES_LOCK = threading.Lock()
+
+
+def notes() -> tuple[str, ...]:
+    """The distinct notes of this process's fallbacks to ORT's plain path (empty when none happened)."""
+    with _NOTES_LOCK:
+        return tuple(_NOTES)
+
+
+def note(text: str) -> None:
+    """Record ``text`` once, and warn with it (stderr) the first time."""
+    with _NOTES_LOCK:
+        if text in _NOTES:
+            return
+        _NOTES.append(text)
+    warnings.warn(text, SlowQuantizerWarning, stacklevel=3)
+
+
+def _relied_on() -> dict[str, Callable[..., Any]]:
+    out: dict[str, Callable[..., Any]] = {}
+    for label in VERIFIED_SOURCES:
+        owner, name = label.split(".", 1)
+        holder: Any = {
+            "ONNXModel": ONNXModel,
+            "quant_utils": quant_utils,
+            "MinMaxCalibrater": ort_calibrate.MinMaxCalibrater,
+        }[owner]
+        out[label] = getattr(holder, name)
+    return out
+
+
+def current_sources() -> dict[str, str]:
+    """sha256 prefix of the installed ORT's source for each entry of :data:`VERIFIED_SOURCES`."""
+    out = {}
+    for label, fn in _relied_on().items():
+        try:
+            text = inspect.getsource(fn)
+        except (OSError, TypeError):
+            text = ""
+        out[label] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return out
+
+
+_PROBLEMS: dict[str, str | None] = {}
+
+
+def _labels(part: str) -> list[str]:
+    """The entries of :data:`VERIFIED_SOURCES` the ``quantizer`` or the ``calibrator`` path relies on."""
+    calibrator = [label for label in VERIFIED_SOURCES if label.startswith("MinMaxCalibrater.")]
+    return calibrator if part == "calibrator" else [label for label in VERIFIED_SOURCES if label not in calibrator]
+
+
+def fast_path_problem(part: str = "quantizer") -> str | None:
+    """Why the fast ``quantizer`` or ``calibrator`` path cannot run here (None when it can); the sources are
+    checked once per process."""
+    if os.environ.get(PLAIN_ENV, "") not in ("", "0"):
+        return f"{PLAIN_ENV} is set"
+    if part not in _PROBLEMS:
+        import onnxruntime
+
+        now = current_sources()
+        changed = [label for label in _labels(part) if now.get(label) != VERIFIED_SOURCES[label]]
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        _PROBLEMS[part] = (
+            f"onnxruntime {onnxruntime.__version__} changed {', '.join(changed[:4])}{more}, which qdebug's "
+            f"indexed {part} replaces (it was verified on other sources)"
+            if changed
+            else None
+        )
+    return _PROBLEMS[part]
+
+
+_FORCE_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("qdebug_force_plain", default=False)
+
+
+@contextlib.contextmanager
+def plain_path() -> Iterator[None]:
+    """Within the block, quantize and calibrate on ORT's plain path (tests and benchmarks compare both)."""
+    token = _FORCE_PLAIN.set(True)
+    try:
+        yield
+    finally:
+        _FORCE_PLAIN.reset(token)
+
+
+def use_fast_path(what: str = "quantizer") -> bool:
+    """True when the fast ``quantizer`` (or ``calibrator``) path may run; otherwise False, with a note saying
+    why (none when the plain path was asked for)."""
+    if _FORCE_PLAIN.get():
+        return False
+    problem = fast_path_problem(what)
+    if problem is None:
+        return True
+    if not problem.startswith(PLAIN_ENV):
+        note(
+            f"ORT's {what} ran on its plain path, which is quadratic in the node count (minutes on graphs of "
+            f"thousands of nodes): {problem}; re-verify with tests/test_fast_quantize.py and update "
+            "qdebug.fast_quantize.VERIFIED_SOURCES"
+        )
+    return False
+
+
+# --- the indexed model --------------------------------------------------------------------------------
+
+
+class _ReadersView(Mapping):
+    """``input_name_to_nodes()`` answered per name from the index; frozen into a plain dict before the
+    model changes, so a caller holding it sees the snapshot ORT's dict would be."""
+
+    __hash__ = object.__hash__  # the model keeps its live views in a WeakSet
+
+    def __init__(self, model: IndexedModel) -> None:
+        self._model: IndexedModel | None = model
+        self._cache: dict[str, list[Any]] = {}
+        self._frozen: dict[str, list[Any]] | None = None
+
+    def freeze(self) -> None:
+        if self._frozen is None and self._model is not None:
+            full = ONNXModel.input_name_to_nodes(self._model)
+            full.update((k, v) for k, v in self._cache.items() if k in full)  # lists handed out stay the same
+            self._frozen = full
+            self._model = None
+
+    def __getitem__(self, name: str) -> list[Any]:
+        if self._frozen is not None:
+            return self._frozen[name]
+        if name in self._cache:
+            return self._cache[name]
+        assert self._model is not None
+        found = self._model.readers(name) if isinstance(name, str) and name else []
+        if not found:
+            raise KeyError(name)
+        self._cache[name] = found
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        self.freeze()
+        assert self._frozen is not None
+        return iter(self._frozen)
+
+    def __len__(self) -> int:
+        self.freeze()
+        assert self._frozen is not None
+        return len(self._frozen)
+
+
+class IndexedModel(ONNXModel):
+    """ORT's ``ONNXModel`` whose scanning methods answer from indexes (see the module docstring).
+
+    Node index: ``_live`` (id -> (sequence number, node) for every node in the graph; the sequence follows
+    graph order, appended nodes get larger ones), ``_readers`` / ``_writers`` (tensor name -> nodes that
+    read / write it: a superset, checked on use). Initializer index: ``_ilive`` and ``_by_name`` (name ->
+    the initializers of that name in list order). Both hold the protobuf wrappers of the elements in the
+    graph, whose identity upb keeps while they are referenced.
+    """
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        super().__init__(model)
+        self.rebuilds = 0
+        self._nodes_c: Any = None
+        self._n = -1
+        self._last: Any = None
+        self._live: dict[int, tuple[int, Any]] = {}
+        self._readers: dict[str, list[Any]] = {}
+        self._writers: dict[str, list[Any]] = {}
+        self._names: dict[str, list[Any]] = {}
+        self._seq = 0
+        self._lists: dict[int, tuple[list[Any], int, dict[str, int]]] = {}
+        self._inits_c: Any = None
+        self._ni = -1
+        self._last_init: Any = None
+        self._ilive: dict[int, tuple[int, Any]] = {}
+        self._by_name: dict[str, list[Any]] = {}
+        self._iseq = 0
+        self._n_f8 = 0
+        self._views: weakref.WeakSet[_ReadersView] = weakref.WeakSet()
+        _register(self)
+
+    # -- index maintenance ---------------------------------------------------------------------------
+
+    def _nodes_moved(self, c: Any) -> bool:
+        """The tripwire: ``c`` is not the node list the index was built over, or other code changed it."""
+        n = len(c)
+        return c is not self._nodes_c or n != self._n or bool(n and c[n - 1] is not self._last)
+
+    def _sync_nodes(self) -> Any:
+        c = self.model.graph.node
+        if self._nodes_moved(c):
+            self._rebuild_nodes(c)
+        return c
+
+    def _rebuild_nodes(self, c: Any) -> None:
+        self.rebuilds += 1
+        self._nodes_c = c
+        self._live, self._readers, self._writers, self._names, self._seq = {}, {}, {}, {}, 0
+        for node in c:
+            self._add_to_index(node)
+        self._n = len(c)
+        self._last = c[self._n - 1] if self._n else None
+
+    def _add_to_index(self, node: Any) -> None:
+        self._live[id(node)] = (self._seq, node)
+        self._seq += 1
+        for name in node.input:
+            self._readers.setdefault(name, []).append(node)
+        for name in node.output:
+            self._writers.setdefault(name, []).append(node)
+        self._names.setdefault(node.name, []).append(node)
+
+    def _is_live(self, node: Any) -> bool:
+        entry = self._live.get(id(node))
+        return entry is not None and entry[1] is node
+
+    def _unique_live(self, nodes: list[Any]) -> list[Any]:
+        seen: set[int] = set()
+        out = []
+        for node in nodes:
+            if id(node) not in seen and self._is_live(node):
+                seen.add(id(node))
+                out.append(node)
+        return out
+
+    def _position(self, c: Any, item: Any, live: dict[int, tuple[int, Any]]) -> int:
+        """Index of ``item`` in container ``c``, whose elements are in increasing sequence order."""
+        target = live[id(item)][0]
+        lo, hi = 0, len(c)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = live.get(id(c[mid]))
+            if entry is None:
+                raise IndexOutOfStep("the graph holds an element the index does not know")
+            if entry[0] < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo >= len(c) or c[lo] is not item:
+            raise IndexOutOfStep("an element is not where its sequence number puts it")
+        return lo
+
+    def _inits_moved(self, c: Any) -> bool:
+        n = len(c)
+        return c is not self._inits_c or n != self._ni or bool(n and c[n - 1] is not self._last_init)
+
+    def _sync_inits(self) -> Any:
+        c = self.model.graph.initializer
+        if self._inits_moved(c):
+            self._rebuild_inits(c)
+        return c
+
+    def _rebuild_inits(self, c: Any) -> None:
+        self.rebuilds += 1
+        self._inits_c = c
+        self._ilive, self._by_name, self._iseq, self._n_f8 = {}, {}, 0, 0
+        for t in c:
+            self._add_init_to_index(t)
+        self._ni = len(c)
+        self._last_init = c[self._ni - 1] if self._ni else None
+
+    def _add_init_to_index(self, t: Any) -> None:
+        self._ilive[id(t)] = (self._iseq, t)
+        self._iseq += 1
+        self._by_name.setdefault(t.name, []).append(t)
+        if t.data_type == onnx.TensorProto.FLOAT8E4M3FN:
+            self._n_f8 += 1
+
+    def _append_init(self, c: Any, tensor: Any) -> None:
+        c.append(tensor)  # a copy: the element to index is the one in the list
+        self._ni = len(c)
+        self._last_init = c[self._ni - 1]
+        self._add_init_to_index(self._last_init)
+
+    def _freeze_views(self) -> None:
+        if self._views:
+            for view in list(self._views):
+                view.freeze()
+            self._views.clear()
+
+    def readers(self, name: str) -> list[Any]:
+        """``ONNXModel.input_name_to_nodes()[name]``: the nodes reading ``name`` in graph order, once per
+        input slot (empty when none)."""
+        self._sync_nodes()
+        nodes = self._unique_live(self._readers.get(name, []))
+        nodes = [n for n in nodes if name in n.input]
+        self._readers[name] = list(nodes)
+        nodes.sort(key=lambda n: self._live[id(n)][0])
+        return [n for n in nodes for i in n.input if i == name]
+
+    # -- the replaced methods (each does what ORT's does, element for element) -----------------------
+
+    def replace_node_input(self, node: Any, old_input_name: str, new_input_name: str) -> None:  # type: ignore[override]
+        self._sync_nodes()
+        self._freeze_views()
+        ONNXModel.replace_node_input(node, old_input_name, new_input_name)
+        if self._is_live(node) and new_input_name in node.input:
+            self._readers.setdefault(new_input_name, []).append(node)
+
+    def _replace(self, old: str, new: str, names: Any, outputs: bool) -> None:
+        self._sync_nodes()
+        self._freeze_views()
+        index = self._writers if outputs else self._readers  # after the sync: a rebuild makes new maps
+        replace = ONNXModel.replace_node_output if outputs else ONNXModel.replace_node_input
+        kept = []
+        for node in self._unique_live(index.get(old, [])):
+            slots = node.output if outputs else node.input
+            if old not in slots:
+                continue
+            if names is None or node.name in names:
+                replace(node, old, new)
+                index.setdefault(new, []).append(node)
+            else:
+                kept.append(node)
+        if old != new:
+            index[old] = kept
+
+    def replace_input_of_all_nodes(self, old_input_name: str, new_input_name: str) -> None:
+        if not (isinstance(old_input_name, str) and isinstance(new_input_name, str)):
+            return ONNXModel.replace_input_of_all_nodes(self, old_input_name, new_input_name)
+        self._replace(old_input_name, new_input_name, None, outputs=False)
+        return None
+
+    def replace_input_of_nodes(self, old_input_name: str, new_input_name: str, node_names_set: Any) -> None:
+        if not (isinstance(old_input_name, str) and isinstance(new_input_name, str)):
+            return ONNXModel.replace_input_of_nodes(self, old_input_name, new_input_name, node_names_set)
+        self._replace(old_input_name, new_input_name, node_names_set, outputs=False)
+        return None
+
+    def replace_output_of_all_nodes(self, old_output_name: str, new_output_name: str) -> None:
+        if not (isinstance(old_output_name, str) and isinstance(new_output_name, str)):
+            return ONNXModel.replace_output_of_all_nodes(self, old_output_name, new_output_name)
+        self._replace(old_output_name, new_output_name, None, outputs=True)
+        return None
+
+    def replace_output_of_nodes(self, old_output_name: str, new_output_name: str, node_names_set: Any) -> None:
+        if not (isinstance(old_output_name, str) and isinstance(new_output_name, str)):
+            return ONNXModel.replace_output_of_nodes(self, old_output_name, new_output_name, node_names_set)
+        self._replace(old_output_name, new_output_name, node_names_set, outputs=True)
+        return None
+
+    def input_name_to_nodes(self) -> Mapping[str, list[Any]]:  # type: ignore[override]
+        view = _ReadersView(self)
+        self._views.add(view)
+        return view
+
+    def add_node(self, node: Any) -> None:
+        c = self._sync_nodes()
+        self._freeze_views()
+        c.extend([self._check_node(node)])  # a copy: the element to index is the one in the list
+        self._n = len(c)
+        self._last = c[self._n - 1]
+        self._add_to_index(self._last)
+
+    def remove_node(self, node: Any) -> None:
+        c = self._sync_nodes()
+        victim = None
+        if len(node.output):  # the first node equal to ``node`` (ORT's ``list.remove``) writes its output
+            equal = [n for n in self._unique_live(self._writers.get(node.output[0], [])) if n == node]
+            victim = min(equal, key=lambda n: self._live[id(n)][0]) if equal else None
+        else:
+            victim = next((n for n in c if n == node), None)
+        if victim is None:
+            return
+        self._freeze_views()
+        del c[self._position(c, victim, self._live)]
+        del self._live[id(victim)]
+        self._n = len(c)
+        self._last = c[self._n - 1] if self._n else None
+
+    def find_node_by_name(self, node_name: str, new_nodes_list: list[Any], graph: Any) -> Any:
+        if graph is not self.model.graph or not isinstance(new_nodes_list, list):
+            return ONNXModel.find_node_by_name(self, node_name, new_nodes_list, graph)
+        self._sync_nodes()
+        named = [n for n in self._unique_live(self._names.get(node_name, [])) if n.name == node_name]
+        self._names[node_name] = named
+        if named:  # the first in graph order, as ORT's scan of list(graph.node) + new_nodes_list finds
+            return min(named, key=lambda n: self._live[id(n)][0])
+        return self._first_named(new_nodes_list, node_name)
+
+    def _first_named(self, items: list[Any], name: str) -> Any:
+        """The first element of the Python list ``items`` named ``name``; the list (ORT's ``new_nodes``,
+        which it only appends to) is indexed as it grows."""
+        entry = self._lists.get(id(items))
+        if entry is None or entry[0] is not items or entry[1] > len(items):
+            entry = (items, 0, {})
+        _, done, first = entry
+        for k in range(done, len(items)):
+            first.setdefault(items[k].name, k)
+        self._lists[id(items)] = (items, len(items), first)
+        k = first.get(name)
+        if k is not None and items[k].name != name:  # renamed behind the index: index it again
+            self._lists.pop(id(items))
+            return self._first_named(items, name)
+        return None if k is None else items[k]
+
+    def get_initializer(self, name: str) -> Any:
+        self._sync_inits()
+        found = self._by_name.get(name)
+        return found[0] if found else None
+
+    def add_initializer(self, tensor: Any) -> None:
+        c = self._sync_inits()
+        if not self._by_name.get(tensor.name):
+            self._check_init(tensor)
+            self._append_init(c, tensor)
+
+    def initializer_extend(self, inits: Any) -> None:
+        if len(inits) == 0:
+            raise ValueError("Can add an empty list.")
+        c = self._sync_inits()
+        if self._n_f8:  # only a float8 initializer can fail ORT's check: otherwise the scan is a no-op
+            for init in c:
+                self._check_init(init, "gain")
+        for init in inits:
+            self._check_init(init)
+            self._append_init(c, init)
+
+    def remove_initializer(self, tensor: Any) -> None:
+        c = self._sync_inits()
+        victim = next((t for t in self._by_name.get(tensor.name, []) if t == tensor), None)
+        if victim is None:
+            return
+        del c[self._position(c, victim, self._ilive)]
+        del self._ilive[id(victim)]
+        self._by_name[tensor.name] = [t for t in self._by_name[tensor.name] if t is not victim]
+        if victim.data_type == onnx.TensorProto.FLOAT8E4M3FN:
+            self._n_f8 -= 1
+        self._ni = len(c)
+        self._last_init = c[self._ni - 1] if self._ni else None
+        for graph_input in self.model.graph.input:
+            if graph_input.name == tensor.name:
+                self.model.graph.input.remove(graph_input)
+                break
+
+    def clean_initializers(self) -> Any:
+        self.check_in_step()  # before ORT rewrites the node list (the index is rebuilt from it after)
+        return super().clean_initializers()
+
+    # -- the check ------------------------------------------------------------------------------------
+
+    def check_in_step(self) -> None:
+        """Raise :class:`IndexOutOfStep` unless the index says what a fresh scan of the graph says.
+
+        A list the tripwire sees changed (ORT rewrote the node list after its last indexed lookup) is not
+        compared: the index will be rebuilt from it before it is used again.
+        """
+        c = self.model.graph.node
+        if not self._nodes_moved(c):
+            self._check_nodes(c)
+        for items, done, first in self._lists.values():
+            fresh: dict[str, int] = {}
+            for k, item in enumerate(items[:done]):
+                fresh.setdefault(item.name, k)
+            if fresh != first:
+                raise IndexOutOfStep("a list of new nodes changed behind the index")
+        inits = self.model.graph.initializer
+        if not self._inits_moved(inits):
+            expected: dict[str, list[int]] = {}
+            for t in inits:
+                expected.setdefault(t.name, []).append(id(t))
+            indexed = {name: [id(t) for t in ts] for name, ts in self._by_name.items() if ts}
+            if expected != indexed or len(self._ilive) != len(inits):
+                raise IndexOutOfStep("the initializer list changed behind the index")
+
+    def _check_nodes(self, c: Any) -> None:
+        if len(c) != len(self._live):
+            raise IndexOutOfStep(f"{len(self._live)} nodes indexed, {len(c)} in the graph")
+        readers = {name: {id(n) for n in nodes} for name, nodes in self._readers.items()}
+        writers = {name: {id(n) for n in nodes} for name, nodes in self._writers.items()}
+        last = -1
+        for node in c:
+            entry = self._live.get(id(node))
+            if entry is None or entry[1] is not node or entry[0] <= last:
+                raise IndexOutOfStep(f"node {node.name!r} is not indexed where it is")
+            last = entry[0]
+            if any(id(node) not in readers.get(t, ()) for t in node.input) or any(
+                id(node) not in writers.get(t, ()) for t in node.output
+            ):
+                raise IndexOutOfStep(f"the inputs or outputs of node {node.name!r} changed behind the index")
+
+
+# --- the quantizer subclass and the find_by_name swap -------------------------------------------------
+
+_CLASSES: dict[type, type] = {}
+
+
+def indexed(quantizer_class: type) -> type:
+    """A subclass of ORT's ``quantizer_class`` whose ``model`` is an :class:`IndexedModel` over the same proto."""
+    if quantizer_class not in _CLASSES:
+
+        def get(self: Any) -> Any:
+            return self.__dict__["_qdebug_indexed_model"]
+
+        def put(self: Any, value: Any) -> None:
+            if type(value) is ONNXModel:
+                value = IndexedModel(value.model)
+            self.__dict__["_qdebug_indexed_model"] = value
+
+        _CLASSES[quantizer_class] = type(
+            f"Indexed{quantizer_class.__name__}",
+            (quantizer_class,),
+            {"model": property(get, put), "__module__": __name__},
+        )
+    return _CLASSES[quantizer_class]
+
+
+_PLAIN_FIND_BY_NAME = quant_utils.find_by_name
+_LOCK = threading.Lock()
+_ACTIVE: list[IndexedModel] = []
+_DEPTH = [0]
+_SCOPE: contextvars.ContextVar[list[IndexedModel] | None] = contextvars.ContextVar("qdebug_scope", default=None)
+
+
+def find_by_name(item_name: str, item_list: Any) -> Any:
+    """ORT's ``find_by_name``, from the index when ``item_list`` is an active indexed model's initializers."""
+    for model in tuple(_ACTIVE):
+        if item_list is model.model.graph.initializer:
+            return model.get_initializer(item_name)
+    return _PLAIN_FIND_BY_NAME(item_name, item_list)
+
+
+def _register(model: IndexedModel) -> None:
+    scope = _SCOPE.get()
+    if scope is None:
+        return  # outside installed(): the model still works, find_by_name just scans its list
+    scope.append(model)
+    with _LOCK:
+        _ACTIVE.append(model)
+
+
+def _ort_modules() -> list[Any]:
+    return [m for name, m in list(sys.modules.items()) if name.startswith("onnxruntime.quantization") and m]
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Within the block, ORT's modules call :func:`find_by_name`; indexed models made here register."""
+    token = _SCOPE.set([])
+    with _LOCK:
+        if _DEPTH[0] == 0:
+            for module in _ort_modules():
+                if getattr(module, "find_by_name", None) is _PLAIN_FIND_BY_NAME:
+                    module.find_by_name = find_by_name
+        _DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        mine = _SCOPE.get() or []
+        _SCOPE.reset(token)
+        with _LOCK:
+            for model in mine:
+                with contextlib.suppress(ValueError):
+                    _ACTIVE.remove(model)
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                for module in _ort_modules():
+                    if getattr(module, "find_by_name", None) is find_by_name:
+                        module.find_by_name = _PLAIN_FIND_BY_NAME
+
+
+# --- the calibrator's augmentation --------------------------------------------------------------------
+
+_PLAIN_AUGMENT = ort_calibrate.MinMaxCalibrater.augment_graph
+_REDUCE_OPS = ("ReduceMin", "ReduceMax")
+
+
+def augment_graph(self: Any) -> None:
+    """``MinMaxCalibrater.augment_graph`` in linear time: the same model, node for node.
+
+    ORT inserts each tensor's ReduceMin then ReduceMax (each followed by its Reshape) before the first
+    node reading the tensor, searching the node list every time: the ReduceMax pair lands before the
+    ReduceMin pair, the pairs of several tensors read first by one node come in the order the tensors
+    are processed, and a tensor nothing reads gets its pairs at the end. The inserted nodes read only
+    their tensor, their own intermediate and two fresh uuid names, so the first original reader is all
+    the search ever finds -- unless a tensor to calibrate is itself named like another's intermediate,
+    where ORT's own code runs.
+    """
+    import uuid
+
+    model = self.model
+    graph = model.graph
+    tensors, _ = self.select_tensors_to_calibrate(model)
+    suffixes = [f"_{op}_Reshape" for op in _REDUCE_OPS]
+    if any(t + s in tensors for t in tensors for s in suffixes):
+        return _PLAIN_AUGMENT(self)
+    reshape_shape_name = str(uuid.uuid4())
+    reshape_shape = numpy_helper.from_array(np.array([-1], dtype=np.int64), reshape_shape_name)
+    graph.initializer.append(reshape_shape)
+
+    value_infos = {vi.name: vi for vi in graph.value_info}
+    value_infos.update({o.name: o for o in graph.output})
+    value_infos.update({i.name: i for i in graph.input})
+    graph_inputs = {i.name for i in graph.input}
+    originals = list(graph.node)
+    first_reader: dict[str, int] = {}
+    for k, node in enumerate(originals):
+        for name in node.input:
+            first_reader.setdefault(name, k)
+    before: dict[int, list[onnx.NodeProto]] = {}
+    tail: list[onnx.NodeProto] = []
+    for tensor_name in tensors:
+        pairs: list[onnx.NodeProto] = []
+        for op in _REDUCE_OPS:
+            pairs[:0] = _reduce_pair(self, tensor_name, op, reshape_shape_name, value_infos)
+            out = onnx.helper.make_tensor_value_info(tensor_name + "_" + op, _elem(value_infos, tensor_name), [None])
+            graph.output.append(out)
+            if graph.output[-1].name not in graph_inputs:  # ORT rebuilds the map from the graph per call
+                value_infos[graph.output[-1].name] = graph.output[-1]
+        where = first_reader.get(tensor_name)
+        (tail if where is None else before.setdefault(where, [])).extend(pairs)
+    nodes: list[onnx.NodeProto] = []
+    for k, node in enumerate(originals):
+        nodes.extend(before.get(k, ()))
+        nodes.append(node)
+    nodes.extend(tail)
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    onnx.save(model, self.augmented_model_path, save_as_external_data=self.use_external_data_format)
+    return None
+
+
+def _elem(value_infos: dict[str, Any], tensor_name: str) -> int:
+    if tensor_name not in value_infos:
+        raise ValueError(
+            f"Unable to guess tensor type for tensor {tensor_name!r}, "
+            "running shape inference before quantization may resolve this issue."
+        )
+    return value_infos[tensor_name].type.tensor_type.elem_type
+
+
+def _reduce_pair(
+    self: Any, tensor_name: str, op: str, reshape_shape_name: str, value_infos: dict[str, Any]
+) -> list[onnx.NodeProto]:
+    """ORT's ``add_reduce_min_max`` nodes for one tensor and op (the per-channel axes as ORT writes them)."""
+    import uuid
+
+    from onnx import helper
+
+    reduce_output = tensor_name + "_" + op
+    intermediate_output = reduce_output + "_Reshape"
+    reduce_node = helper.make_node(op, [tensor_name], [intermediate_output], keepdims=1, name=reduce_output)
+    reshape_node = helper.make_node(
+        "Reshape", inputs=[intermediate_output, reshape_shape_name], outputs=[reduce_output], name=intermediate_output
+    )
+    _elem(value_infos, tensor_name)
+    if self.per_channel:
+        tensor_rank = len(value_infos[tensor_name].type.tensor_type.shape.dim)
+        reduced_axes = [0, *range(2, tensor_rank)]
+        if _op_version(op, self.model) < 18:
+            reduce_node.attribute.append(helper.make_attribute("axes", reduced_axes))
+        else:
+            reduce_axes_name = str(uuid.uuid4())
+            reduce_axes = numpy_helper.from_array(np.array(reduced_axes, dtype=np.int64), reduce_axes_name)
+            reduce_node.input.append(reduce_axes_name)
+            self.model.graph.initializer.append(reduce_axes)
+    return [reduce_node, reshape_node]
+
+
+def _op_version(op_type: str, model: onnx.ModelProto) -> int:
+    for opset_import in model.opset_import:
+        if onnx.defs.has(op_type, opset_import.domain):
+            return opset_import.version
+    raise RuntimeError(f"Model does not contain a version for '{op_type}'.")
+
+
+@contextlib.contextmanager
+def fast_calibrator_augmentation() -> Iterator[None]:
+    """Within the block, ORT's MinMax calibrator augments its model with :func:`augment_graph` (when the
+    fast path may run); the class attribute is restored after."""
+    if not use_fast_path("calibrator"):
+        yield
+        return
+    cls = ort_calibrate.MinMaxCalibrater
+    original = cls.__dict__["augment_graph"]
+    cls.augment_graph = augment_graph  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.augment_graph = original  # type: ignore[method-assign]

@@ -1,0 +1,421 @@
+"""The indexed quantizer and calibrator (qdebug/fast_quantize.py) build exactly what ORT's plain path builds.
+
+Every comparison runs qdebug's own entry point twice, once on the fast path and once inside
+``fast_quantize.plain_path()`` (ORT's ``QDQQuantizer`` / ``ONNXQuantizer`` over ORT's own ``ONNXModel``,
+the code ``quantize_static`` runs), and compares ``SerializeToString(deterministic=True)`` -- or, where
+ORT refuses, the error. Inputs: the task fixtures, every robustness model, and generated graphs of
+several sizes; options: each one qdebug passes (per-channel, 16-bit types and the opset upgrade they
+need, per-tensor overrides of type, range, axis and reduce_range, exclusions, removable activations
+kept, the QOperator format). Then: the calibrator's augmented model and ranges, the scan counts that
+keep the fast path linear, and the fallbacks (a changed ORT function, an index out of step, the
+environment switch), each with its note.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnxruntime.quantization import qdq_quantizer, quant_utils
+from onnxruntime.quantization.onnx_model import ONNXModel
+
+from qdebug import fast_quantize
+from qdebug.calibrate import _dump_tensors_data, calibrate
+from qdebug.errors import QDebugError
+from qdebug.prepare import AnalyzeOptions, prepare
+from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.records import TensorOverride
+from tests.conftest import FIXTURES, ROOT
+
+_spec = importlib.util.spec_from_file_location("bench_quantize", ROOT / "benchmarks" / "bench_quantize.py")
+assert _spec is not None and _spec.loader is not None
+bench_quantize = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_quantize)
+
+WEIGHTED = ("Conv", "MatMul", "Gemm")
+
+
+def _outcome(model: onnx.ModelProto, ranges, spec: QuantSpec, fmt: str) -> bytes | str:
+    try:
+        return quantize_static_model(model, ranges, spec, quant_format=fmt).SerializeToString(deterministic=True)
+    except QDebugError as e:
+        return f"error: {e}"
+
+
+def _both(model: onnx.ModelProto, ranges, spec: QuantSpec, fmt: str = "QDQ") -> tuple[bytes | str, bytes | str]:
+    fast = _outcome(model, ranges, spec, fmt)
+    with fast_quantize.plain_path():
+        plain = _outcome(model, ranges, spec, fmt)
+    return fast, plain
+
+
+def _weights(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(weight, op type) of the Conv/MatMul/Gemm nodes reading a weight of rank >= 2 as input 1."""
+    ranks = {t.name: len(t.dims) for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type in WEIGHTED and ranks.get(n.input[1], 0) >= 2]
+    return [(n.input[1], n.op_type) for n in nodes]
+
+
+def _specs(model: onnx.ModelProto, ranges) -> list[tuple[str, QuantSpec, str]]:
+    """Every option qdebug passes ORT's quantizer, on tensors and nodes of ``model``."""
+    seen = ranges.minmax()
+    activations = [o for n in model.graph.node for o in n.output if o in seen and n.op_type in WEIGHTED + ("Add",)]
+    activations = activations or [t for t in seen if t not in {i.name for i in model.graph.initializer}]
+    weights = _weights(model)
+    overrides: list[TensorOverride] = []
+    if activations:
+        overrides.append(TensorOverride(activations[0], quant_type="QUInt16"))
+        lo, hi = seen[activations[-1]]
+        if len(activations) > 1 and hi > lo:
+            overrides.append(TensorOverride(activations[-1], rmin=lo / 2, rmax=hi / 2))
+    if weights:
+        w, op = weights[0]
+        overrides.append(TensorOverride(w, axis=0 if op == "Conv" else 1))
+        if len(weights) > 1:
+            overrides.append(TensorOverride(weights[1][0], reduce_range=True))
+    quantizable = [n.name for n in model.graph.node if n.op_type in WEIGHTED + ("Add", "Mul", "Relu", "Concat")]
+    fields = QuantSpec.__dataclass_fields__  # the base settings' options, where QuantSpec spells them
+    base = [
+        (label, QuantSpec(**{field: value}), "QDQ")
+        for label, field, value in [
+            ("reduce_range", "reduce_range", True),
+            ("op types", "op_types", ("MatMul", "Conv", "Gemm")),
+            ("nodes to quantize", "nodes_to_quantize", tuple(quantizable[1::2])),
+        ]
+        if field in fields
+    ]
+    return base + [
+        ("default", QuantSpec(), "QDQ"),
+        ("per-channel", QuantSpec(per_channel=True), "QDQ"),
+        ("16-bit", QuantSpec(activation_type="QUInt16", weight_type="QInt16"), "QDQ"),
+        ("s8 activations", QuantSpec(activation_type="QInt8", weight_type="QInt8"), "QDQ"),
+        ("exclusions", QuantSpec(nodes_to_exclude=tuple(quantizable[::3])), "QDQ"),
+        ("keep activations", QuantSpec(keep_removable_activations=True), "QDQ"),
+        ("overrides", QuantSpec(tensor_overrides=tuple(overrides)), "QDQ"),
+        ("overrides per-channel", QuantSpec(per_channel=True, tensor_overrides=tuple(overrides[:2])), "QDQ"),
+        ("QOperator", QuantSpec(), "QOperator"),
+        ("QOperator per-channel", QuantSpec(per_channel=True, nodes_to_exclude=tuple(quantizable[:1])), "QOperator"),
+    ]
+
+
+def _prepared(model: Path, calib: Path, tmp: Path):
+    return prepare(model, calib, tmp, AnalyzeOptions(upgrade_opset=True, use_cache=False))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_notes(monkeypatch):
+    monkeypatch.setattr(fast_quantize, "_NOTES", [])
+    monkeypatch.delenv(fast_quantize.PLAIN_ENV, raising=False)
+
+
+@pytest.fixture
+def indexed_runs(monkeypatch):
+    """How many quantizations ran over an IndexedModel (its end-of-run check counts them)."""
+    runs = []
+    original = fast_quantize.IndexedModel.check_in_step
+
+    def counted(self):
+        runs.append(self)
+        return original(self)
+
+    monkeypatch.setattr(fast_quantize.IndexedModel, "check_in_step", counted)
+    return runs
+
+
+def test_this_ort_has_the_sources_the_fast_path_was_verified_on():
+    """An ORT upgrade that changes a replaced function fails here: re-run this file, then update
+    fast_quantize.VERIFIED_SOURCES with fast_quantize.current_sources()."""
+    assert fast_quantize.current_sources() == fast_quantize.VERIFIED_SOURCES
+    assert fast_quantize.fast_path_problem() is None
+
+
+@pytest.mark.parametrize("fixture", ["transformer", "cnn"])
+def test_task_fixtures_quantize_byte_identically_for_every_option(fixture, tmp_path, indexed_runs):
+    prep = _prepared(FIXTURES / fixture / "model.onnx", FIXTURES / fixture / "calib.npz", tmp_path)
+    for label, spec, fmt in _specs(prep.normalized, prep.ranges):
+        fast, plain = _both(prep.normalized, prep.ranges, spec, fmt)
+        assert isinstance(fast, bytes), (label, fast)
+        assert fast == plain, label
+    assert len(indexed_runs) >= len(_specs(prep.normalized, prep.ranges))
+    assert fast_quantize.notes() == ()
+
+
+ROBUSTNESS = sorted(p.stem for p in (FIXTURES / "robustness").glob("*.onnx"))
+
+
+@pytest.mark.parametrize("name", ROBUSTNESS)
+def test_robustness_models_quantize_byte_identically_or_fail_alike(name, tmp_path):
+    calib = FIXTURES / "robustness" / f"{name}_calib.npz"
+    try:
+        prep = _prepared(FIXTURES / "robustness" / f"{name}.onnx", calib, tmp_path)
+    except QDebugError as e:  # refused before quantization (already quantized, unknown op...): nothing to compare
+        pytest.skip(f"not quantized by qdebug: {e}")
+    built = {}
+    for label, spec, fmt in _specs(prep.normalized, prep.ranges):
+        fast, plain = _both(prep.normalized, prep.ranges, spec, fmt)
+        assert fast == plain, label
+        built[label] = isinstance(fast, bytes)
+    assert built["default"], "the default quantization of a prepared model succeeds"
+    assert fast_quantize.notes() == ()
+
+
+@pytest.mark.parametrize("blocks", [4, 15, 40])
+def test_generated_graphs_quantize_byte_identically(blocks, tmp_path, indexed_runs):
+    model = bench_quantize.make_chain(blocks, variety=True, seed=blocks)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    specs = _specs(prep.normalized, prep.ranges)
+    if blocks > 4:  # the large ones on the options that take other code paths (the small one on all)
+        specs = [s for s in specs if s[0] in ("default", "16-bit", "exclusions", "overrides", "QOperator")]
+    for label, spec, fmt in specs:
+        fast, plain = _both(prep.normalized, prep.ranges, spec, fmt)
+        assert isinstance(fast, bytes), (label, fast)
+        assert fast == plain, label
+    assert indexed_runs and all(m.rebuilds <= 4 for m in indexed_runs), [m.rebuilds for m in indexed_runs]
+
+
+def _direct(model: onnx.ModelProto, ranges, extra: dict, fast: bool) -> bytes:
+    """ORT's QDQQuantizer (indexed or not) with ``extra`` options qdebug's QuantSpec does not spell (yet)."""
+    import copy
+
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import QuantType, update_opset_version
+
+    from qdebug.calibrate import op_types_to_quantize
+
+    work = update_opset_version(copy.deepcopy(model), QuantType.QInt8, QuantType.QUInt8,
+                                tensor_quant_overrides=extra.get("TensorQuantOverrides"))
+    cls = fast_quantize.indexed(QDQQuantizer) if fast else QDQQuantizer
+    scope = fast_quantize.installed() if fast else fast_quantize.plain_path()
+    with scope:
+        q = cls(work, False, False, QuantType.QInt8, QuantType.QUInt8, copy.deepcopy(ranges.tensors), [], [],
+                op_types_to_quantize(), copy.deepcopy(extra))
+        q.quantize_model()
+        if fast:
+            q.model.check_in_step()
+    return q.model.model.SerializeToString(deterministic=True)
+
+
+def test_orts_other_rewiring_paths_are_byte_identical_too(tmp_path):
+    """Options qdebug does not pass today but ORT rewires with other ONNXModel methods: a tensor converted
+    to 16 bits for some of its readers (``replace_input_of_nodes``) and dedicated Q/DQ pairs per reader
+    (``replace_node_input``)."""
+    from onnxruntime.quantization.quant_utils import QuantType
+
+    model = bench_quantize.make_chain(6, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    g = prep.normalized.graph
+
+    def convert(tensor: str, some: bool) -> dict:
+        readers = sorted(n.name for n in g.node if tensor in n.input)
+        assert len(readers) >= 2
+        to = {"quant_type": QuantType.QUInt16, **({"recv_nodes": set(readers[:1])} if some else {})}
+        return {"TensorQuantOverrides": {tensor: [{"quant_type": QuantType.QUInt8, "convert": to}]}}
+
+    options = [
+        convert("b2/proj.out", some=True),  # two readers, one of them converted
+        convert("b2/ln.out", some=True),  # a graph output too
+        convert("b3/proj.out", some=False),
+        {"DedicatedQDQPair": True},
+        {"AddQDQPairToWeight": True, "QDQKeepRemovableActivations": True},
+    ]
+    marks = [b"_convert", b"_convert", b"_convert", b"_DequantizeLinear_Output_2", b"b0.w1_QuantizeLinear_Output"]
+    for extra, mark in zip(options, marks, strict=True):
+        fast = _direct(prep.normalized, prep.ranges, extra, True)
+        assert fast == _direct(prep.normalized, prep.ranges, extra, False), extra
+        assert mark in fast, extra  # the option took its own path
+
+
+def test_the_fast_path_does_not_scan(tmp_path, monkeypatch):
+    """What keeps it linear: no initializer list is scanned by name, and ORT's per-node input replacement
+    runs about once per rewired reader (the plain path: once per node of the graph per rewired tensor)."""
+    model = bench_quantize.make_chain(30, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    scans, replaced = [], [0]
+    plain_find = fast_quantize._PLAIN_FIND_BY_NAME
+    plain_replace = ONNXModel.replace_node_input
+
+    def find(name, items):
+        scans.append(isinstance(items, list))
+        return plain_find(name, items)
+
+    def replace(node, old, new):
+        replaced[0] += 1
+        return plain_replace(node, old, new)
+
+    monkeypatch.setattr(fast_quantize, "_PLAIN_FIND_BY_NAME", find)
+    monkeypatch.setattr(ONNXModel, "replace_node_input", staticmethod(replace))
+    quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    nodes = len(prep.normalized.graph.node)
+    assert all(scans), "every find_by_name on the graph's initializers was answered from the index"
+    assert 0 < replaced[0] <= 3 * nodes
+    replaced[0] = 0
+    with fast_quantize.plain_path():
+        quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    assert replaced[0] > 50 * nodes
+
+
+def test_find_by_name_is_orts_own_outside_the_call_and_for_other_lists(tmp_path):
+    model = bench_quantize.make_chain(3)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    seen = []
+    original = qdq_quantizer.QDQQuantizer.quantize_model
+
+    def spy(self):
+        seen.append(qdq_quantizer.find_by_name)
+        other = [onnx.helper.make_tensor("a", onnx.TensorProto.FLOAT, [1], [1.0])]
+        assert qdq_quantizer.find_by_name("a", other) is other[0]  # a plain list: scanned as before
+        assert qdq_quantizer.find_by_name("b", other) is None
+        return original(self)
+
+    qdq_quantizer.QDQQuantizer.quantize_model = spy
+    try:
+        quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    finally:
+        qdq_quantizer.QDQQuantizer.quantize_model = original
+    assert seen == [fast_quantize.find_by_name]
+    assert qdq_quantizer.find_by_name is quant_utils.find_by_name is fast_quantize._PLAIN_FIND_BY_NAME
+    assert not fast_quantize._ACTIVE
+
+
+def test_a_changed_ort_function_falls_back_to_the_plain_path_with_a_note(tmp_path, monkeypatch, indexed_runs):
+    prep = _prepared(FIXTURES / "cnn" / "model.onnx", FIXTURES / "cnn" / "calib.npz", tmp_path)
+    with fast_quantize.plain_path():
+        plain = quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))
+    changed = dict(fast_quantize.VERIFIED_SOURCES, **{"ONNXModel.replace_input_of_all_nodes": "0" * 16})
+    monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
+    monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+    with pytest.warns(fast_quantize.SlowQuantizerWarning, match="replace_input_of_all_nodes"):
+        model = quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))
+    assert model.SerializeToString(deterministic=True) == plain.SerializeToString(deterministic=True)
+    assert not indexed_runs
+    (text,) = fast_quantize.notes()
+    assert "plain path" in text and "quadratic" in text and "onnxruntime 1.32.0 changed" in text
+    # the calibrator's augmentation is checked on its own function: still fast, no second note
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fast_quantize.SlowQuantizerWarning)
+        calibrate(prep.normalized_path, "x", prep.calib, use_cache=False)
+
+
+def test_an_index_out_of_step_is_caught_and_the_model_rebuilt_on_the_plain_path(tmp_path, monkeypatch):
+    """Something changing a node behind the index (here: a wrapper around one of ORT's steps rewiring a
+    residual Add to read the graph input) is found by the end-of-run check: the model is built again on
+    the plain path, with a note, and is what the plain path gives."""
+    model = bench_quantize.make_chain(3)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    original = qdq_quantizer.QDQQuantizer._quantize_bias_tensors
+
+    def behind_the_index(self):
+        original(self)
+        node = next(n for n in self.model.model.graph.node if n.name == "b2/res")
+        node.input[1] = "x"  # a direct write: no ONNXModel method sees it
+
+    monkeypatch.setattr(qdq_quantizer.QDQQuantizer, "_quantize_bias_tensors", behind_the_index)
+    with fast_quantize.plain_path():
+        plain = quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    with pytest.warns(fast_quantize.SlowQuantizerWarning, match="fell out of step"):
+        model = quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    assert model.SerializeToString(deterministic=True) == plain.SerializeToString(deterministic=True)
+    assert "b2/res" in fast_quantize.notes()[0]
+
+
+def test_the_environment_switch_runs_the_plain_path_without_a_note(tmp_path, monkeypatch, indexed_runs):
+    model = bench_quantize.make_chain(2)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    monkeypatch.setenv(fast_quantize.PLAIN_ENV, "1")
+    quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    assert not indexed_runs and fast_quantize.notes() == ()
+
+
+# --- the calibrator -----------------------------------------------------------------------------------
+
+
+def _augmented(model_path: Path, tmp: Path, fast: bool, **extra) -> tuple[bytes, str]:
+    """The augmented model ORT's MinMax calibrator writes (uuid4 made deterministic), and the error class
+    if its session then fails to load it."""
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    from qdebug.calibrate import op_types_to_quantize
+
+    counter = itertools.count()
+    real = uuid.uuid4
+    uuid.uuid4 = lambda: uuid.UUID(int=next(counter))  # type: ignore[assignment]
+    try:
+        scope = fast_quantize.fast_calibrator_augmentation() if fast else fast_quantize.plain_path()
+        error = ""
+        with scope:
+            out = tmp / f"aug_{fast}.onnx"
+            try:
+                create_calibrator(
+                    model_path, op_types_to_quantize(), augmented_model_path=str(out),
+                    calibrate_method=CalibrationMethod.MinMax, extra_options=extra,
+                )
+            except Exception as e:  # noqa: BLE001 -- ORT's, compared between the paths
+                error = e.__class__.__name__
+    finally:
+        uuid.uuid4 = real  # type: ignore[assignment]
+    return onnx.load(str(out)).SerializeToString(deterministic=True), error
+
+
+CALIBRATED = [
+    ("transformer", FIXTURES / "transformer" / "model.onnx"),
+    ("cnn", FIXTURES / "cnn" / "model.onnx"),
+    *[(n, FIXTURES / "robustness" / f"{n}.onnx") for n in ("detect_concat", "multi_io", "input_as_output", "gru")],
+]
+
+
+@pytest.mark.parametrize(("name", "path"), CALIBRATED, ids=[c[0] for c in CALIBRATED])
+def test_the_calibrators_augmented_model_is_node_for_node_orts(name, path, tmp_path):
+    fast = _augmented(path, tmp_path, True)
+    assert fast == _augmented(path, tmp_path, False) and fast[1] == ""
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_the_augmented_model_matches_for_generated_graphs_and_per_channel_axes(opset, tmp_path):
+    model = bench_quantize.make_chain(12, variety=True)
+    model.opset_import[0].version = opset  # per-channel axes: an attribute below 18, an input from 18
+    onnx.save(model, tmp_path / "m.onnx")
+    assert _augmented(tmp_path / "m.onnx", tmp_path, True) == _augmented(tmp_path / "m.onnx", tmp_path, False)
+    fast = _augmented(tmp_path / "m.onnx", tmp_path, True, per_channel=True)
+    assert fast == _augmented(tmp_path / "m.onnx", tmp_path, False, per_channel=True)
+
+
+def test_a_tensor_named_like_another_tensors_reduction_takes_orts_own_augmentation(tmp_path):
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="r1"),
+        helper.make_node("Relu", ["a"], ["a_ReduceMin_Reshape"], name="r2"),
+        helper.make_node("Add", ["a_ReduceMin_Reshape", "a"], ["y"], name="add"),
+    ]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", vi[:1], vi[1:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(onnx.shape_inference.infer_shapes(model), tmp_path / "m.onnx")
+    fast = _augmented(tmp_path / "m.onnx", tmp_path, True)
+    assert fast == _augmented(tmp_path / "m.onnx", tmp_path, False)
+    assert fast[1] == "Fail"  # ORT's own augmentation defines a_ReduceMin_Reshape twice: its session refuses it
+
+
+def test_calibrated_ranges_are_the_same_on_both_paths(tmp_path):
+    model = bench_quantize.make_chain(20, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    fast = calibrate(prep.normalized_path, "x", prep.calib, use_cache=False)
+    with fast_quantize.plain_path():
+        plain = calibrate(prep.normalized_path, "x", prep.calib, use_cache=False)
+    assert json.dumps(_dump_tensors_data(fast.tensors)) == json.dumps(_dump_tensors_data(plain.tensors))
+    assert np.isfinite([v for lo_hi in fast.minmax().values() for v in lo_hi]).all()

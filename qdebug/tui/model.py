@@ -850,6 +850,7 @@ class LayerModel:
             activation_type=report.config.activation_type,
             weight_type=report.config.weight_type,
             base_per_channel=report.config.per_channel,
+            quant_settings=report.config.quant,  # the user's config, so verify rebuilds their quantization
             # the cache file is named by the ranges' key
             calibration_key=Path(report.calibration_cache).stem if report.calibration_cache else "",
             calib_max_samples=report.config.max_samples,
@@ -889,6 +890,7 @@ def proposal_snippet(report: Report, proposal: Proposal) -> str:
         batch=1,
         max_samples=cfg.max_samples,
         inputs=report.model.inputs,
+        settings=cfg.quant,
     )
 
 

@@ -369,6 +369,7 @@ def _propose(
             *_notes(report),
             *_nothing_quantized(final, static),
             *screen_notes,
+            *search.skips,
             *speed_notes,
         ),
         no_speedup=no_speedup,

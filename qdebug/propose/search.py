@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import onnx
 
 from qdebug.calibrate import Ranges
+from qdebug.errors import QDebugError
 from qdebug.evaluate import EvalResult, Evaluator
 from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 from qdebug.graph.match import GraphIndex
@@ -142,6 +143,8 @@ class Search:
         self.per_channel = base_spec.per_channel
         self.max_nodes = max_nodes
         self.held = 0
+        self.skips: list[str] = []
+        """Candidates ORT's quantizer could not build, with its reason (shown as notes)."""
         """Evaluations the growth may not spend (released before the answer is refined)."""
 
     @property
@@ -216,7 +219,12 @@ class Search:
             return self.cache[known]
         if self.left <= 0:
             return None
-        spec, model, qsec = self.build(nodes, overrides, pc, keep_float, fixes)
+        try:
+            spec, model, qsec = self.build(nodes, overrides, pc, keep_float, fixes)
+        except QDebugError as e:
+            if not self.trials:  # full static itself: nothing to compare with, the run cannot go on
+                raise
+            return self._skipped(step, asked, e)
         int16 = tuple(o.tensor for o in spec.tensor_overrides if o.quant_type == self.int16_type)
         fixed = tuple(o for o in spec.tensor_overrides if o.quant_type != self.int16_type)
         key = (spec.nodes_to_exclude, int16, spec.per_channel, fixed)
@@ -265,6 +273,20 @@ class Search:
             return f"{line} · best {self.target.show(best)} @ {_size(best)}"
         best = max(self.trials, key=self.score)
         return f"{line} · best {self.target.show(best)} (target {self.target.show_threshold()})"
+
+    def _skipped(self, step: str, asked: tuple, error: QDebugError) -> Trial:
+        """A candidate ORT's quantizer cannot build: a reasoned skip in the notes, scored as missing the target
+        (no evaluation spent), so the search goes on without it instead of failing the run."""
+        nodes, overrides, pc, _, fixes = asked
+        what = "per-channel weights" if step == "per-channel" else f"a {step} candidate"
+        self.skips.append(f"skipped {what} ONNX Runtime could not build ({error.message})")
+        trial = Trial(
+            step, tuple(sorted(nodes)), tuple(sorted(overrides)), pc, math.nan, math.nan, False, 0, 0.0, 0.0,
+            tuple(fixes),
+        )
+        self.cache[asked] = trial
+        self.resolved[asked] = asked
+        return trial
 
     def fits(self, trial: Trial) -> bool:
         """Whether a trial keeps at most ``max_nodes`` nodes FP32."""

@@ -16,14 +16,11 @@ command's own inputs (a user's model, its pairing).
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
 
-from qdebug import __version__
 from qdebug.analysis import (
     LayerErrors,
     capture_notes,
@@ -55,15 +52,13 @@ from qdebug.graph.load import load_model
 from qdebug.graph.match import Pairing, is_qdq_model, pair_models
 from qdebug.graph.match_dynamic import pair_dynamic
 from qdebug.graph.ops import INTEGER_KERNEL_OPS
-from qdebug.prepare import AnalyzeOptions, Prepared, model_info, prepare  # noqa: F401 -- re-exported
+from qdebug.prepare import AnalyzeOptions, Prepared, assemble_report, model_info, prepare  # noqa: F401 -- re-exported
 from qdebug.progress import Progress, no_progress
 from qdebug.quantize import QuantSpec, quantize_static_model
 from qdebug.records import (
-    SCHEMA_VERSION,
     AnalysisConfig,
     ModelInfo,
     NodeRecord,
-    OutputMetric,
     Report,
     TaskMetric,
     WeightRecord,
@@ -411,50 +406,6 @@ def _analysis_config(
         quantized_given=quantized is not None,
         fakequant_samples=layers.fakequant_samples,
         batch_axes=tuple(options.batch_axes),
-    )
-
-
-def assemble_report(
-    prep: Prepared,
-    qinfo: ModelInfo,
-    layers: LayerErrors,
-    nodes: tuple[NodeRecord, ...],
-    weights: tuple[WeightRecord, ...],
-    outputs: tuple[OutputMetric, ...],
-    task: TaskMetric,
-    config: AnalysisConfig,
-    notes: Sequence[str],
-    ranges: Mapping[str, tuple[float, float]] | None = None,
-    calibration_cache: str | None = None,
-) -> Report:
-    """The report of one analysis, from its stages' results (stamped with the versions and the time).
-
-    Shared by ``analyze`` and any other command that measures a quantized model's layers (a dynamic
-    model has no calibrated ``ranges`` and no ``calibration_cache``).
-    """
-    import onnxruntime
-
-    return Report(
-        schema_version=SCHEMA_VERSION,
-        qdebug_version=__version__,
-        ort_version=onnxruntime.__version__,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        model=prep.model,
-        normalized_model=str(prep.normalized_path.resolve()),
-        quantized_model=qinfo,
-        config=config,
-        calibration_cache=calibration_cache,
-        samples=layers.samples,
-        nodes=nodes,
-        tensors=layers.tensors,
-        weights=weights,
-        outputs=outputs,
-        task=task,
-        deployed_gap=layers.deployed_gap,
-        not_captured=layers.not_captured,
-        notes=tuple(notes),
-        name_map=tuple(sorted(prep.name_map.items())),
-        ranges=tuple((k, lo, hi) for k, (lo, hi) in sorted((ranges or {}).items())),
     )
 
 

@@ -7,6 +7,7 @@ command to get going; the proposal-vs-model checks that verify, bench and the TU
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Any, TypeVar
 
 import onnx
 
-from qdebug.analysis import DEFAULT_FAKEQUANT_SAMPLES
+from qdebug import __version__
+from qdebug.analysis import DEFAULT_FAKEQUANT_SAMPLES, LayerErrors
 from qdebug.calibrate import Ranges, calibrate
 from qdebug.capture import check_providers
 from qdebug.data import DataSet, model_input_specs, open_data
@@ -26,7 +28,17 @@ from qdebug.progress import Progress, no_progress
 from qdebug.quant_config import LoadedConfig, calibration_options, check_node_names
 from qdebug.quant_config import resolve as resolve_settings
 from qdebug.quantize import float16_exclusions
-from qdebug.records import ModelInfo, Proposal
+from qdebug.records import (
+    SCHEMA_VERSION,
+    AnalysisConfig,
+    ModelInfo,
+    NodeRecord,
+    OutputMetric,
+    Proposal,
+    Report,
+    TaskMetric,
+    WeightRecord,
+)
 from qdebug.records.report import QuantSettings
 
 
@@ -337,3 +349,47 @@ def check_proposal(
             "use tensor names from the qdebug report of this model",
             ExitCode.INPUT,
         )
+
+
+def assemble_report(
+    prep: Prepared,
+    qinfo: ModelInfo,
+    layers: LayerErrors,
+    nodes: tuple[NodeRecord, ...],
+    weights: tuple[WeightRecord, ...],
+    outputs: tuple[OutputMetric, ...],
+    task: TaskMetric,
+    config: AnalysisConfig,
+    notes: Sequence[str],
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    calibration_cache: str | None = None,
+) -> Report:
+    """The report of one analysis, from its stages' results (stamped with the versions and the time).
+
+    Shared by ``analyze`` and any other command that measures a quantized model's layers (a dynamic
+    model has no calibrated ``ranges`` and no ``calibration_cache``).
+    """
+    import onnxruntime
+
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        qdebug_version=__version__,
+        ort_version=onnxruntime.__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        model=prep.model,
+        normalized_model=str(prep.normalized_path.resolve()),
+        quantized_model=qinfo,
+        config=config,
+        calibration_cache=calibration_cache,
+        samples=layers.samples,
+        nodes=nodes,
+        tensors=layers.tensors,
+        weights=weights,
+        outputs=outputs,
+        task=task,
+        deployed_gap=layers.deployed_gap,
+        not_captured=layers.not_captured,
+        notes=tuple(notes),
+        name_map=tuple(sorted(prep.name_map.items())),
+        ranges=tuple((k, lo, hi) for k, (lo, hi) in sorted((ranges or {}).items())),
+    )

@@ -8,21 +8,18 @@ module is reorganized.
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 
 import onnx
-import onnxruntime
 
-from qdebug import __version__
 from qdebug.analysis import measure_layers, node_records, weight_records
 from qdebug.capture import SessionConfig
 from qdebug.files import record_path
 from qdebug.graph.match import Pairing
 from qdebug.graph.match_dynamic import pair_dynamic
-from qdebug.prepare import Prepared, model_info
+from qdebug.prepare import Prepared, assemble_report, model_info
 from qdebug.progress import Progress, no_progress
-from qdebug.records import SCHEMA_VERSION, AnalysisConfig, OutputMetric, Report, TaskMetric
+from qdebug.records import AnalysisConfig, OutputMetric, Report, TaskMetric
 from qdebug.report_io import save_report
 
 
@@ -49,26 +46,16 @@ def dynamic_layer_report(
         prep.normalized, dyn, pairing, prep.calib, config, ranges, progress, fakequant_samples=0
     )
     nodes = node_records(prep.normalized, layers.tensors, quantized, prep.name_map)
-    report = Report(
-        schema_version=SCHEMA_VERSION,
-        qdebug_version=__version__,
-        ort_version=onnxruntime.__version__,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        model=prep.model,
-        normalized_model=str(prep.normalized_path.resolve()),
-        quantized_model=model_info(dyn_path, dyn),
-        config=AnalysisConfig(method="dynamic", calib=record_path(prep.calib.source)),
-        calibration_cache=None,
-        samples=layers.samples,
-        nodes=nodes,
-        tensors=layers.tensors,
-        weights=weight_records(prep.normalized, dyn, pairing),
-        outputs=outputs,
-        task=task,
-        deployed_gap=layers.deployed_gap,
-        not_captured=layers.not_captured,
-        notes=_notes(prep, pairing),
-        name_map=tuple(sorted(prep.name_map.items())),
+    report = assemble_report(
+        prep,
+        model_info(dyn_path, dyn),
+        layers,
+        nodes,
+        weight_records(prep.normalized, dyn, pairing),
+        outputs,
+        task,
+        AnalysisConfig(method="dynamic", calib=record_path(prep.calib.source)),
+        _notes(prep, pairing),
     )
     save_report(report, out_path)
     return report

@@ -8,7 +8,7 @@ not trusted), and the three variants are compared on:
 * the recovered fraction ``(sel - static) / (fp32 - static)`` -- for a metric
   with no finite FP32 value (output SQNR) the verdict uses ``--target-sqnr``;
 * every drop, recovery and output SQNR with its paired-bootstrap interval
-  (:mod:`qdebug.noise`, :func:`_noise`): :func:`assess` passes or fails a gate
+  (:mod:`qdebug.noise`, assembled by :mod:`qdebug.gates`): :func:`assess` passes or fails a gate
   only beyond the noise at ``--confidence``, else the result is undecided (exit 8);
 * nodes kept FP32 (count and share of the quantizable nodes), Q/DQ pairs;
 * model size, and latency p50/p95 + throughput measured fairly by
@@ -31,19 +31,18 @@ import dataclasses
 import math
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from qdebug.analysis import quantized_node_names
-from qdebug.analysis.notes import float_size_note
 from qdebug.calibrate import op_types_to_quantize
 from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, data_notes, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import EvalResult, Evaluator, HookValues, metric_scope_note
+from qdebug.evaluate import EvalResult, Evaluator, metric_scope_note
 from qdebug.files import (
     artifacts_dir,
     atomic_write_text,
@@ -51,10 +50,10 @@ from qdebug.files import (
     check_writable,
     removed_on_failure,
 )
-from qdebug.formatting import ACCURACY_METRICS, fmt_db
-from qdebug.graph.load import LoadedModel, WeightBytes, load_model, save_model, stored_size, weight_bytes
+from qdebug.gates import Judgement, _noise, _noise_fields, assess, judge  # re-exported: the gates verify judges by
+from qdebug.graph.load import LoadedModel, load_model, save_model, stored_size, weight_bytes
 from qdebug.graph.match import pair_models
-from qdebug.noise import DEFAULT_CONFIDENCE, Interval, PairedNoise, paired_noise, samples_to_decide, single_interval
+from qdebug.noise import DEFAULT_CONFIDENCE
 from qdebug.prepare import (
     QUANT_FLAT,
     AnalyzeOptions,
@@ -70,13 +69,15 @@ from qdebug.prepare import (
 from qdebug.progress import Progress, no_progress
 from qdebug.quantize import QuantSpec, quantize_static_model
 from qdebug.records import SCHEMA_VERSION, Proposal
-from qdebug.records.verify import Timing, VariantResult, VerifyResult, fmt_binary_size
+from qdebug.records.verify import Timing, VariantResult, VerifyResult
 from qdebug.report_io import dumps, load_proposal
 from qdebug.timing import CHUNK_RUNS, time_sessions  # re-exported: verify times its table there
+from qdebug.verify_table import _columns, _float_size_notes, _speed_clause, _Variants, _with_weights
 
 __all__ = [
     "CHUNK_RUNS",
     "DEFAULT_MIN_RECOVERY",
+    "Judgement",
     "Timing",
     "VariantResult",
     "VerifyOptions",
@@ -88,9 +89,6 @@ __all__ = [
 ]
 
 DEFAULT_MIN_RECOVERY = 0.9
-
-
-# ----------------------------------------------------------------------------- timing
 
 
 # ----------------------------------------------------------------------------- verify
@@ -195,18 +193,6 @@ def _eval_set(
         what="evaluation data",
         limit_flag="--eval-max-samples",
     )
-
-
-@dataclass(frozen=True, eq=False)
-class _Variants:
-    """The two quantized variants, built and scored (FP32 is the context's normalized model)."""
-
-    static_model: onnx.ModelProto
-    static: EvalResult
-    quantizable: set[str]
-    """Nodes whose exclusion changes the static model: what the excluded share is counted against."""
-    selective_model: onnx.ModelProto
-    selective: EvalResult
 
 
 def verify(
@@ -445,20 +431,6 @@ def _saved_models(
     return paths, sizes
 
 
-def _with_weights(columns: tuple[VariantResult, ...], weights: Mapping[str, WeightBytes]) -> tuple[VariantResult, ...]:
-    """The columns with their weight bytes and float weight bytes (what the size column is made of)."""
-    return tuple(
-        dataclasses.replace(v, weight_bytes=weights[v.name].total, float_weight_bytes=weights[v.name].floating)
-        for v in columns
-    )
-
-
-def _float_size_notes(weights: Mapping[str, WeightBytes]) -> tuple[str, ...]:
-    """One note per quantized variant whose size is mostly float weights (:func:`float_size_note`)."""
-    notes = ((name, float_size_note(w, fmt_binary_size)) for name, w in weights.items() if name != "fp32")
-    return tuple(f"{name}: {note}" for name, note in notes if note)
-
-
 def _timings(
     models: Mapping[str, onnx.ModelProto],
     ctx: _Context,
@@ -484,73 +456,6 @@ def _timings(
     return None if cancelled() else timings
 
 
-def _columns(
-    fp32_value: float,
-    built: _Variants,
-    proposal: Proposal,
-    sizes: Mapping[str, int],
-    paths: Mapping[str, str | None],
-    timings: Mapping[str, Timing],
-) -> tuple[VariantResult, ...]:
-    """The fp32, static and selective columns of the table."""
-    n_q = len(built.quantizable)
-    excluded = [n for n in proposal.nodes_to_exclude if n in built.quantizable]
-    return (
-        VariantResult(
-            "fp32",
-            fp32_value,
-            math.inf,
-            n_q,
-            1.0,
-            0,
-            0,
-            sizes["fp32"],
-            paths["fp32"],
-            timings.get("fp32"),
-        ),
-        VariantResult(
-            "static",
-            built.static.value,
-            built.static.output_sqnr_db,
-            0,
-            0.0,
-            0,
-            _qdq_pairs(built.static_model),
-            sizes["static"],
-            paths["static"],
-            timings.get("static"),
-        ),
-        VariantResult(
-            "selective",
-            built.selective.value,
-            built.selective.output_sqnr_db,
-            len(excluded),
-            len(excluded) / n_q if n_q else math.nan,
-            len(proposal.tensor_overrides),
-            _qdq_pairs(built.selective_model),
-            sizes["selective"],
-            paths["selective"],
-            timings.get("selective"),
-        ),
-    )
-
-
-def _speed_clause(columns: Sequence[VariantResult]) -> str:
-    """``; selective p50 0.296 ms (FP32 0.306, static 0.294)`` for the verdict line (nothing untimed): a
-    selective model that recovers accuracy but gives the speed-up back must say so where CI reads."""
-    timed = {c.name: c.timing for c in columns if c.timing is not None and c.timing.p50_ms > 0}
-    sel = timed.get("selective")
-    if sel is None:
-        return ""
-    others = [f"{label} {timed[n].p50_ms:.3g}" for n, label in (("fp32", "FP32"), ("static", "static")) if n in timed]
-    return f"; selective p50 {sel.p50_ms:.3g} ms ({', '.join(others)})"
-
-
-def _qdq_pairs(model: onnx.ModelProto) -> int:
-    """QuantizeLinear nodes: one per quantized tensor (the table's Q/DQ pairs)."""
-    return sum(1 for n in model.graph.node if n.op_type == "QuantizeLinear")
-
-
 def _verify_result(
     ctx: _Context,
     loaded: LoadedModel,
@@ -563,7 +468,7 @@ def _verify_result(
 ) -> VerifyResult:
     """Judge the selective model (by the intervals of :func:`_noise`) and assemble the ``verify.json`` record."""
     evaluator = ctx.evaluator
-    noise, noise_notes = _noise(evaluator, built, options)
+    noise, noise_notes = _noise(evaluator, built.static, built.selective, options.confidence, options.target_sqnr)
     j = assess(
         evaluator.metric_name,
         evaluator.fp32_value,
@@ -604,248 +509,6 @@ def _verify_result(
     )
 
 
-def _noise(evaluator: Evaluator, built: _Variants, options: VerifyOptions) -> tuple[PairedNoise | None, list[str]]:
-    """The paired bootstrap of FP32, static and selective (and of the selective model's output SQNR when
-    ``--target-sqnr`` asks for it), or None with ``--confidence 0``; notes say what it could not cover."""
-    confidence = options.confidence
-    if confidence <= 0:
-        return None, []
-    metric, notes = evaluator.metric_name, []
-    values = tuple(evaluator.sample_values(r) for r in (None, built.static, built.selective))
-    noise = None
-    if math.isfinite(evaluator.fp32_value):
-        if any(v is None or v.units < 2 for v in values):
-            notes.append(
-                f"no uncertainty estimate for {metric}: a custom metric on one evaluation batch and without a "
-                "per_sample form (see README), or a single sample; its gate is judged on the point estimates"
-            )
-        else:
-            fp32_v, static_v, sel_v = values
-            hits = (fp32_v.hits > 0.5, sel_v.hits > 0.5) if metric == "top1" else None  # type: ignore[union-attr]
-            noise = paired_noise(
-                (fp32_v, static_v, sel_v),  # type: ignore[arg-type]
-                (evaluator.fp32_value, built.static.value, built.selective.value),
-                confidence=confidence,
-                scale=100.0 if metric in ACCURACY_METRICS else 1.0,
-                samples=evaluator.samples,
-                hits=hits,
-            )
-            if isinstance(sel_v, HookValues):
-                notes.append(
-                    f"the intervals of {metric} resample its {sel_v.units} evaluation batches (the metric has no "
-                    "per_sample form): they are rough with few batches"
-                )
-    if options.target_sqnr is not None:
-        sqnr = evaluator.sqnr_values(built.selective)
-        if sqnr is not None and sqnr.units >= 2:
-            iv = single_interval(sqnr, built.selective.output_sqnr_db, confidence)
-            base = noise or PairedNoise(confidence, sqnr.resamples, sqnr.units, evaluator.samples)
-            noise = dataclasses.replace(base, sqnr=iv, sqnr_units=sqnr.units)
-    return noise, notes
-
-
-def _noise_fields(noise: PairedNoise | None, j: Judgement) -> dict[str, object]:
-    """The ``verify.json`` fields of the intervals (their defaults without them)."""
-    if noise is None:
-        return {}
-    nan2 = (math.nan, math.nan)
-    test = noise.mcnemar
-    return {
-        "confidence": noise.confidence,
-        "decided": j.decided,
-        "drop_interval": noise.drop.pair() if noise.drop else nan2,
-        "static_drop_interval": noise.static_drop.pair() if noise.static_drop else nan2,
-        "recovery_interval": noise.recovery.pair() if noise.recovery else nan2,
-        "sqnr_interval": noise.sqnr.pair() if noise.sqnr else nan2,
-        "p_value": test.p_value if test else math.nan,
-        "discordant": (test.first_only, test.second_only) if test else None,
-        "samples_to_decide": j.samples_to_decide,
-        "resamples": noise.resamples,
-        "noise_units": noise.units if noise.drop else noise.sqnr_units,
-    }
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """What :func:`assess` concludes."""
-
-    recovered: float
-    met: bool
-    """Every gate passed -- beyond the noise when intervals were given."""
-    decided: bool
-    """False when no gate failed beyond the noise but one could not be told from it (``UNDECIDED``)."""
-    verdict: str
-    samples_to_decide: int | None = None
-    """Samples that would decide every undecided gate, if the estimates and their spread held."""
-
-
-@dataclass(frozen=True)
-class _Gate:
-    text: str
-    side: int
-    """1: passes, -1: fails (beyond the noise when an interval is given), 0: the interval straddles it."""
-    needed: int | None = None
-    """For a straddling gate: samples that would decide it (None: not estimable)."""
-
-
-def judge(
-    metric: str,
-    fp32: float,
-    static: float,
-    selective: float,
-    selective_sqnr: float,
-    min_recovery: float,
-    target_sqnr: float | None,
-    target_drop: float | None = None,
-    *,
-    noise: PairedNoise | None = None,
-) -> tuple[float, bool, str]:
-    """(recovered fraction, met, one-line verdict) of :func:`assess`."""
-    j = assess(metric, fp32, static, selective, selective_sqnr, min_recovery, target_sqnr, target_drop, noise=noise)
-    return j.recovered, j.met, j.verdict
-
-
-def assess(
-    metric: str,
-    fp32: float,
-    static: float,
-    selective: float,
-    selective_sqnr: float,
-    min_recovery: float,
-    target_sqnr: float | None,
-    target_drop: float | None = None,
-    *,
-    noise: PairedNoise | None = None,
-) -> Judgement:
-    """Judge the selective model's gates, by their intervals when ``noise`` gives them.
-
-    ``target_drop`` judges the selective model against FP32 as ``propose --target-drop`` does (points for
-    accuracy metrics), so a CI gate can hold the proposal to the target it was searched for: by recovery,
-    a proposal propose had reported as missing its target could pass. Without ``noise`` every gate is
-    judged on its point estimate. With it, a gate passes when its estimate and whole interval pass, fails
-    when they all fail, and is undecided otherwise; the result fails when a gate fails, is undecided when
-    one is, and passes when every gate passes.
-    """
-    recovered = math.nan
-    if math.isfinite(fp32) and math.isfinite(static) and fp32 - static > 1e-12:
-        recovered = (selective - static) / (fp32 - static)
-    gates = []
-    if target_drop is not None and not math.isfinite(fp32):
-        gates.append(_Gate(f"no FP32 value of {metric} to measure a drop from", -1))
-    elif target_drop is not None:
-        gates.append(_drop_gate(metric, fp32, selective, target_drop, noise))
-    elif math.isfinite(fp32):
-        gates.append(_recovery_gate(metric, fp32, static, selective, min_recovery, noise))
-    if target_sqnr is not None:
-        gates.append(_sqnr_gate(selective_sqnr, target_sqnr, noise))
-    parts = "; ".join(g.text for g in gates)
-    if any(g.side < 0 for g in gates):
-        return Judgement(recovered, False, True, "FAIL: " + parts)
-    open_gates = [g for g in gates if g.side == 0]
-    if not open_gates:
-        return Judgement(recovered, True, True, "PASS: " + parts)
-    assert noise is not None
-    needed = None if any(g.needed is None for g in open_gates) else max(g.needed or 0 for g in open_gates)
-    tail = (
-        f"; about {needed:,} samples would decide it ({noise.samples:,} now)"
-        if needed is not None
-        else "; no sample count is estimable (an estimate on its target, or an unbounded interval)"
-    )
-    head = f"UNDECIDED: the evaluation set is too small to tell at {_percent(noise.confidence)} confidence: "
-    return Judgement(recovered, False, False, head + parts + tail, needed)
-
-
-def _side(iv: Interval | None, estimate: float, passes: Callable[[float], bool]) -> int:
-    """1 when the estimate and both bounds pass, -1 when all fail, 0 when they disagree; the estimate
-    alone without an interval (or with an undefined one)."""
-    if iv is None or math.isnan(iv.low) or math.isnan(iv.high):
-        return 1 if passes(estimate) else -1
-    verdicts = {passes(x) for x in (iv.low, estimate, iv.high)}
-    return 0 if len(verdicts) == 2 else (1 if verdicts == {True} else -1)
-
-
-def _shown(iv: Interval | None, fmt: Callable[[float], str], unit: str = "") -> str:
-    """`` [95% interval 0.20 to 1.40 points]``, appended to a gate's text (nothing without an interval)."""
-    if iv is None or math.isnan(iv.low):
-        return ""
-    return f" [{_percent(iv.confidence)} interval {fmt(iv.low)} to {fmt(iv.high)}{unit}]"
-
-
-def _needed(iv: Interval | None, threshold: float, units: int, per_unit: float) -> int | None:
-    """Samples that would decide a straddling gate (:func:`qdebug.noise.samples_to_decide`)."""
-    n = None if iv is None else samples_to_decide(iv, threshold, units)
-    return None if n is None else math.ceil(n * per_unit)
-
-
-def _points(x: float) -> str:
-    return f"{x:.2f}"
-
-
-def _share(x: float) -> str:
-    return f"{100 * x:.1f}%" if math.isfinite(x) else ("inf" if x > 0 else "-inf")
-
-
-def _drop_gate(metric: str, fp32: float, selective: float, target_drop: float, noise: PairedNoise | None) -> _Gate:
-    scale = 100.0 if metric in ACCURACY_METRICS else 1.0
-    drop = (fp32 - selective) * scale
-    ok = drop <= target_drop + 1e-9
-    unit = " points" if scale == 100.0 else ""
-    where = f"{drop:.2f}{unit} below" if drop >= 0 else f"{-drop:.2f}{unit} above"
-    iv = noise.drop if noise else None
-    side = _side(iv, drop, lambda x: x <= target_drop + 1e-9)
-    text = (
-        f"the selective model is {where} FP32 on {metric} ({'<=' if ok else '>'} {target_drop:g}{unit} "
-        f"drop allowed){_shown(iv, _points, unit)}"
-    )
-    needed = _needed(iv, target_drop, noise.units, noise.per_unit) if noise and side == 0 else None
-    return _Gate(text, side, needed)
-
-
-def _recovery_gate(
-    metric: str, fp32: float, static: float, selective: float, min_recovery: float, noise: PairedNoise | None
-) -> _Gate:
-    gap = fp32 - static
-    if gap > 1e-12:
-        recovered = (selective - static) / gap
-        ok = recovered >= min_recovery - 1e-12
-        whole = abs(100 * min_recovery - round(100 * min_recovery)) < 1e-9  # 90 %, not 93.06 %
-        iv = noise.recovery if noise else None
-        side = _side(iv, recovered, lambda x: x >= min_recovery - 1e-12)
-        text = (
-            f"recovered {100 * recovered:.{1 if whole else 2}f}% of the {metric} lost by static "
-            f"quantization ({'>=' if ok else '<'} {_percent(min_recovery)} required){_shown(iv, _share)}"
-        )
-        needed = _needed(iv, min_recovery, noise.units, noise.per_unit) if noise and side == 0 else None
-        return _Gate(text, side, needed)
-    # static at or above FP32 (often by noise): the selective model passes when it keeps either level
-    margin = selective - min(static, fp32)
-    ok = margin >= -1e-12
-    level = "not worse than static" if selective >= static - 1e-12 else "at least FP32's value"
-    iv = noise.margin if noise else None
-    side = _side(iv, margin * (100.0 if metric in ACCURACY_METRICS else 1.0), lambda x: x >= -1e-9)
-    unit = " points" if metric in ACCURACY_METRICS else ""
-    shown = _shown(iv, _points, f"{unit} of selective minus the lower of FP32 and static")
-    text = (
-        f"static quantization lost nothing on {metric}; the selective model is "
-        f"{level if ok else 'worse than both FP32 and static'}{shown}"
-    )
-    needed = _needed(iv, 0.0, noise.units, noise.per_unit) if noise and side == 0 else None
-    return _Gate(text, side, needed)
-
-
-def _sqnr_gate(selective_sqnr: float, target_sqnr: float, noise: PairedNoise | None) -> _Gate:
-    ok = not math.isnan(selective_sqnr) and selective_sqnr >= target_sqnr - 1e-12
-    iv = noise.sqnr if noise else None
-    side = -1 if math.isnan(selective_sqnr) else _side(iv, selective_sqnr, lambda x: x >= target_sqnr - 1e-12)
-    text = (
-        f"output SQNR {fmt_db(selective_sqnr)} dB {'>=' if ok else '<'} {target_sqnr:.1f} dB target"
-        f"{_shown(iv, fmt_db, ' dB')}"
-    )
-    per_unit = noise.samples / noise.sqnr_units if noise and noise.sqnr_units else 1.0
-    needed = _needed(iv, target_sqnr, noise.sqnr_units, per_unit) if noise and side == 0 else None
-    return _Gate(text, side, needed)
-
-
 def _cancelled(proposal: Proposal, source: str) -> VerifyResult:
     return VerifyResult(
         SCHEMA_VERSION,
@@ -864,9 +527,3 @@ def _cancelled(proposal: Proposal, source: str) -> VerifyResult:
         "cancelled",
         0.0,
     )
-
-
-def _percent(fraction: float) -> str:
-    """A threshold as given: 90%, 93.06% (a rounded one had printed "recovered 93.1% (< 93% required)"),
-    never -0%."""
-    return f"{100 * fraction + 0.0:.4g}%"

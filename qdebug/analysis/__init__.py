@@ -12,9 +12,13 @@ this package measures them and explains the measurement:
   the graph engine's fallback), and the local error's fake-quantization;
 * :mod:`.build` -- the per-tensor accumulators both engines fill, and the tensor,
   node and weight records built from them;
-* :mod:`.notes` -- every note the report carries about its own measurement.
+* :mod:`.notes` -- the notes that diagnose the measured loss (kernel gap, shared
+  and collapsed ranges, instrumentation, evaluation range), and the headline order;
+* :mod:`.model_notes` -- the notes on how the model was built: the quantizer, the
+  capture, what ORT folded or keeps float, and verify's and bench's size note.
 
-Imports run one way: measure -> the engines -> build; notes reads measure's result.
+Imports run one way: measure -> the engines -> build; notes -> model_notes, both
+reading measure's result.
 This module re-exports the names other modules, tests and benchmarks use. Patch a
 name (a tuning constant, a session factory) in the submodule that looks it up:
 a patch here changes nothing the capture reads.
@@ -30,16 +34,13 @@ from qdebug.analysis.measure import (
     measure_layers,
     permutation_aliases,
 )
+from qdebug.analysis.model_notes import capture_notes, folded_activation_notes, quantizer_notes, structure_notes
 from qdebug.analysis.notes import (
-    capture_notes,
     collapsed_range_notes,
     concat_range_notes,
     eval_range_notes,
-    folded_activation_notes,
     instrumentation_notes,
     kernel_gap_notes,
-    quantizer_notes,
-    structure_notes,
 )
 from qdebug.analysis.numpy_engine import fake_quantize, local_fake_quant
 from qdebug.records import KERNEL_GAP_DB, ErrorStats, folded_into

@@ -27,7 +27,7 @@ from typing import Any
 import onnx
 
 from qdebug import __version__
-from qdebug.analysis.notes import float_size_note
+from qdebug.analysis.model_notes import float_size_note
 from qdebug.bench.chart import chart_svg
 from qdebug.bench.children import (
     _tail_stats,

@@ -28,6 +28,9 @@ candidates on the evaluation data. The modules, in the order a run uses them:
 ``explain``
     A reason per excluded node with the numbers behind it, the
     ``quantize_static`` snippet, and the notes.
+``options``
+    What a run is asked for: :class:`ProposeOptions`, the :class:`Target`
+    they set (:func:`make_target`), ``--allow``'s actions, and :class:`ProposeResult`.
 ``run``
     The command: :func:`propose` checks the request, prepares the model,
     runs the search and writes the proposal and its selective model.
@@ -43,17 +46,8 @@ from qdebug.propose.blame import (
     blame_tensors,
     rank_units,
 )
-from qdebug.propose.run import (
-    ACTIONS,
-    RERANK_SAMPLES,
-    ProposeOptions,
-    ProposeResult,
-    check_report_model,
-    make_target,
-    propose,
-    rerank_limit,
-    selective_model_path,
-)
+from qdebug.propose.options import ACTIONS, RERANK_SAMPLES, ProposeOptions, ProposeResult, make_target
+from qdebug.propose.run import check_report_model, propose, rerank_limit, selective_model_path
 from qdebug.propose.search import REFINE_EVALS, Plan, Rerank, Search, Target, Trial, default_budget
 from qdebug.propose.strategy import PAIR_PRUNE_MAX_NODES, SINGLE_TRIES, run_search
 from qdebug.propose.structure import (

@@ -594,11 +594,10 @@ from qdebug.tui.app import (  # noqa: E402
     run_tui,
     save_screenshot,
 )
+from qdebug.tui.bench_widgets import BenchChart, BenchTable  # noqa: E402
 from qdebug.tui.messages import VerifyProgress  # noqa: E402
 from qdebug.tui.screens import BenchScreen, ExportDialog, HelpScreen, MainScreen, TextDialog  # noqa: E402
 from qdebug.tui.widgets import (  # noqa: E402
-    BenchChart,
-    BenchTable,
     DetailPanel,
     NodeTable,
     VerifyPanel,

@@ -12,9 +12,10 @@ import dataclasses
 from textual.notifications import Notify
 
 from qdebug.tui.app import QDebugApp
+from qdebug.tui.findings import FindingsPanel
 from qdebug.tui.model import FINDING_REASON, HAND_REASON, LayerModel, match_names, note_findings
 from qdebug.tui.screens import HelpScreen, MainScreen, TextDialog
-from qdebug.tui.widgets import FindingsPanel, NodeTable, summary_text
+from qdebug.tui.widgets import NodeTable, summary_text
 from tests.tui_report import KERNEL_GAP_NOTE, make_findings_report, make_report
 
 SIZE = (120, 40)

@@ -25,17 +25,16 @@ from qdebug.errors import QDebugError
 from qdebug.files import atomic_write_text, check_outputs_spare_inputs
 from qdebug.records import Proposal
 from qdebug.report_io import dumps
+from qdebug.tui.bench_widgets import BenchChart, BenchTable
 from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
+from qdebug.tui.findings import FindingsPanel
 from qdebug.tui.messages import VerifyProgress
 from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, TuiContext, column
 from qdebug.tui.widgets import (
-    BenchChart,
-    BenchTable,
     DepthChart,
     DetailPanel,
     ExclusionPanel,
     FilterBar,
-    FindingsPanel,
     NodeDetail,
     NodeTable,
     SummaryBar,

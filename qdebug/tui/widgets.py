@@ -26,16 +26,6 @@ from textual.widgets.option_list import Option
 from qdebug.formatting import shorten
 from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
-from qdebug.tui.benchview import (
-    BENCH_COLUMNS,
-    chart_caption,
-    chart_footnotes,
-    chart_points,
-    chart_variants,
-    kind_style,
-    metric_scale,
-    variant_cells,
-)
 from qdebug.tui.model import (
     CELL_TEXT,
     COLUMN_KEYS,
@@ -43,7 +33,6 @@ from qdebug.tui.model import (
     FINDING_REASON,
     HAND_REASON,
     Column,
-    Finding,
     LayerModel,
     TableLayout,
     fmt_db,
@@ -55,7 +44,7 @@ from qdebug.tui.model import (
 )
 
 if TYPE_CHECKING:
-    from qdebug.records.bench import BenchReport
+    pass
 
 EXCLUDED_MARK = "✗"
 
@@ -788,100 +777,6 @@ class ExclusionPanel(Vertical):
 # --------------------------------------------------------------------------- findings
 
 
-FINDINGS_HINT = "enter jumps to the nodes · x excludes them · f closes"
-
-
-def finding_text(model: LayerModel, f: Finding) -> Text:
-    """Finding ``f`` as the pane lists it: its number, the note with the names it mentions highlighted
-    (nodes bold cyan, excluded ones magenta; tensors italic), then the nodes it links and what ``x`` does."""
-    t = Text()
-    t.append(f"{f.index + 1:>2} ", style="bold yellow")
-    pos = 0
-    for m in f.mentions:
-        t.append(f.text[pos : m.start])
-        if m.kind == "node":
-            style = "bold magenta" if model.is_excluded(m.name) else "bold cyan"
-        else:
-            style = "italic cyan"
-        t.append(f.text[m.start : m.end], style=style)
-        pos = m.end
-    t.append(f.text[pos:])
-    if not f.linked:
-        t.append("\n   names no node of the report", style="dim")
-        return t
-    t.append("\n   → ", style="dim")
-    for i, name in enumerate(f.linked):
-        if i:
-            t.append(" · ", style="dim")
-        excluded = model.is_excluded(name)
-        t.append(name, style="bold magenta" if excluded else "")
-        if excluded:
-            t.append(f" {EXCLUDED_MARK}", style="bold magenta")
-    if not f.targets:
-        t.append("  (nothing to exclude)", style="dim")
-    elif all(model.is_excluded(n) for n in f.targets):
-        t.append(f"  x: include {'them' if len(f.targets) > 1 else 'it'} again", style="dim")
-    else:
-        k = len(f.targets)
-        t.append(f"  x: exclude {k} node{'s' if k != 1 else ''}", style="dim")
-    return t
-
-
-class FindingsPanel(Vertical):
-    """The report's notes (analyze's findings), each with the nodes it names: enter jumps, x excludes."""
-
-    @dataclass
-    class JumpRequested(Message):
-        """The user picked finding ``index`` (enter or a click)."""
-
-        index: int
-
-    def __init__(self, model: LayerModel, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.model = model
-
-    def compose(self) -> ComposeResult:
-        """Title line, then one entry per note."""
-        yield Static(id="findings-title")
-        yield OptionList(id="findings-list", compact=True)
-
-    def on_mount(self) -> None:
-        """Fill from the model."""
-        m = self.model
-        title = Text()
-        title.append(f"Findings {len(m.findings)}", style="bold yellow")
-        title.append(f" · {FINDINGS_HINT}", style="dim")
-        self.query_one("#findings-title", Static).update(title)
-        options = self.query_one("#findings-list", OptionList)
-        if m.findings:
-            options.add_options([Option(finding_text(m, f), id=str(f.index)) for f in m.findings])
-        else:
-            options.add_option(Option(Text("the report has no notes", style="dim"), disabled=True))
-
-    def refresh_marks(self) -> None:
-        """Redraw the entries after the exclusion set changed (in place: the list keeps its scroll)."""
-        options = self.query_one("#findings-list", OptionList)
-        for f in self.model.findings:
-            options.replace_option_prompt_at_index(f.index, finding_text(self.model, f))
-
-    @property
-    def entries(self) -> OptionList:
-        """The list of findings."""
-        return self.query_one("#findings-list", OptionList)
-
-    @property
-    def highlighted(self) -> int | None:
-        """The index of the finding under the list's cursor."""
-        option = self.entries.highlighted_option
-        return int(option.id) if option is not None and option.id is not None else None
-
-    @on(OptionList.OptionSelected, "#findings-list")
-    def _picked(self, event: OptionList.OptionSelected) -> None:
-        event.stop()
-        if event.option.id is not None:
-            self.post_message(self.JumpRequested(int(event.option.id)))
-
-
 # --------------------------------------------------------------------------- verify
 
 
@@ -922,82 +817,3 @@ class VerifyPanel(Vertical):
 # --------------------------------------------------------------------------- bench screen
 
 
-class BenchTable(DataTable):
-    """One row per bench variant (row keys: variant names); each name starts with its chart mark."""
-
-    def __init__(self, bench: BenchReport, **kwargs) -> None:
-        super().__init__(cursor_type="none", zebra_stripes=True, **kwargs)
-        self.can_focus = False  # nothing to pick: the keys scroll the screen instead
-        self.bench = bench
-
-    def on_mount(self) -> None:
-        """Fill the table."""
-        for key, header in BENCH_COLUMNS:
-            label = self.bench.metric if key == "metric" else header
-            self.add_column(Text(label, justify="left" if key == "name" else "right"), key=key)
-        for i, v in enumerate(self.bench.variants):
-            cells = variant_cells(self.bench, i)
-            row = []
-            for key, _ in BENCH_COLUMNS:
-                text = cells[key]
-                if key == "name":
-                    row.append(Text(text, style=kind_style(v.kind)))
-                elif text == "failed":
-                    row.append(Text(text, style="bold red", justify="right"))
-                elif key == "sqnr":
-                    row.append(Text(text, style=sqnr_style(v.output_sqnr_db), justify="right"))
-                else:
-                    row.append(Text(text, justify="right"))
-            self.add_row(*row, key=v.name)
-
-
-class BenchChart(Widget):
-    """Task metric vs p50 latency, one mark per variant (its number in the table), labelled by name."""
-
-    def __init__(self, bench: BenchReport, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.bench = bench
-
-    def chart(self, width: int, height: int) -> charts.Scatter:
-        """The scatter plot for a ``width`` x ``height`` widget (title, axis and footnotes included)."""
-        scale, unit = metric_scale(self.bench.metric)
-        rows = max(height - 4 - len(chart_footnotes(self.bench)), 3)
-        return charts.scatter(
-            chart_points(self.bench),
-            width,
-            rows,
-            fmt_x=lambda v: f"{v:.3g}",
-            fmt_y=lambda v: f"{v:.4g}{unit}",
-            y_cap=100.0 if scale == 100.0 else None,
-        )
-
-    def render(self) -> Text:
-        """Caption, plot, x axis, its unit, footnotes."""
-        width, height = max(self.content_size.width, 20), max(self.content_size.height, 6)
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(chart_caption(self.bench), style="bold")
-        t.append("\n")
-        if not chart_points(self.bench):
-            t.append("no variant has timings to draw", style="dim")
-            for note in chart_footnotes(self.bench):
-                t.append("\n" + note, style="dim")
-            return t
-        plot = self.chart(width, height)
-        variants = chart_variants(self.bench)
-        by_line: dict[int, list[tuple[int, int, int]]] = {}
-        for line, start, end, i in plot.spans:
-            by_line.setdefault(line, []).append((start, end, i))
-        for n, line in enumerate(plot.lines):
-            pos = 0
-            for start, end, i in sorted(by_line.get(n, [])):
-                t.append(line[pos:start])
-                t.append(line[start:end], style=kind_style(variants[i].kind))
-                pos = end
-            t.append(line[pos:])
-            t.append("\n")
-        t.append(" " * 2 + "p50 ms per batch", style="dim")
-        if any(c == charts.SEVERAL for line in plot.lines for c in line):
-            t.append(f" · {charts.SEVERAL}: several variants in one cell", style="dim")
-        for note in chart_footnotes(self.bench):
-            t.append("\n" + note, style="dim")
-        return t

@@ -1417,3 +1417,18 @@ def test_the_proposal_panel_shows_the_verified_frontier_in_one_line():
     )
     assert frontier_line(points) == "speed vs FP32 (p50): static 2.00x · proposal 1.25x met"
     assert frontier_line(points[1:]) == ""  # no FP32 point to compare with
+
+
+def test_the_tui_verify_rebuilds_the_reports_quantization_settings():
+    """The TUI's verify takes the report's settings as its base (not as flags re-stated one by one)."""
+    from qdebug.cli.tui import _tui_options
+    from qdebug.records import AnalysisConfig
+    from qdebug.verify import VerifyOptions
+
+    cfg = AnalysisConfig(method="entropy", per_channel=True, activation_type="QInt8", weight_type="QInt8",
+                         calib="c.npz", upgrade_opset=True, batch_size=8, max_samples=40)  # fmt: skip
+    opts = _tui_options(cfg, VerifyOptions(), runs=3)
+    settings = opts.quant.resolve()
+    assert (settings.method, settings.per_channel, settings.activation_type, settings.upgrade_opset) == (
+        "entropy", True, "QInt8", True)  # fmt: skip
+    assert (opts.batch_size, opts.max_samples, opts.runs) == (8, 40, 3)

@@ -183,13 +183,7 @@ def _tui_options(cfg: AnalysisConfig, base: VerifyOptions, runs: int) -> VerifyO
         quant=base.quant.over(cfg.quant),  # every setting the report records, the user's config included
         target_drop=None,
         metric=base.metric or cfg.metric,
-        method=cfg.method,
-        activation_type=cfg.activation_type,
-        weight_type=cfg.weight_type,
-        per_channel=cfg.per_channel,
         batch_size=cfg.batch_size,
         max_samples=cfg.max_samples,
         runs=runs,
-        upgrade_opset=cfg.upgrade_opset,
-        inline_constant_if=cfg.inline_constant_if,
     )

@@ -109,8 +109,13 @@ def quantize_static_model(
     out_path: Path | None = None,
     *,
     quant_format: str = "QDQ",
+    load_check: bool = True,
 ) -> onnx.ModelProto:
     """Build the static QDQ model of ``model`` from cached ``ranges`` (deep-copied; inputs untouched).
+
+    ``load_check=False`` leaves out ORT's trial load of the result (the checks by name still run): for a
+    caller that opens a session on it next anyway, and calls :func:`check_quantized_loads` only when
+    that fails (propose's candidates: one session per candidate, not two).
 
     ``model`` must be the normalized model (shape-inferred). Node names in
     ``spec.nodes_to_exclude`` that do not exist are refused, since ORT would
@@ -144,7 +149,7 @@ def quantize_static_model(
         )
         result = _run_quantizer(model, ranges, spec, quant_format, False)
     _exact_passthrough_outputs(result)
-    check_quantized_loads(model, result)
+    check_quantized_loads(model, result, load=load_check)
     if out_path is not None:
         save_model(result, out_path)
     return result
@@ -255,7 +260,7 @@ LOAD_CHECK_MAX_BYTES = 256 << 20
 """Quantized models with more weight bytes than this are not loaded by :func:`check_quantized_loads`."""
 
 
-def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto) -> None:
+def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto, *, load: bool = True) -> None:
     """Refuse a model ORT's quantizer wrote that ORT cannot load, naming the quantizer and the pattern.
 
     ``model`` (the normalized FP32 model) loaded for calibration, so a quantized model that does not
@@ -271,7 +276,8 @@ def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto) ->
     clash = _activations_taken_by_weights(model, quantized) or _defined_twice(quantized) - _defined_twice(model)
     if clash:
         raise _invalid_quantized_model(model, quantized, sorted(clash), None)
-    if sum(len(t.raw_data) or 4 * len(t.float_data) for t in quantized.graph.initializer) > LOAD_CHECK_MAX_BYTES:
+    weights = sum(len(t.raw_data) or 4 * len(t.float_data) for t in quantized.graph.initializer)
+    if not load or weights > LOAD_CHECK_MAX_BYTES:
         return
     error = _ort_load_error(quantized)
     if error is None or _ort_load_error(model) is not None:  # the FP32 model fails too: not the quantizer's

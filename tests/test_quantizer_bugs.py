@@ -252,3 +252,32 @@ def test_an_alternative_the_quantizer_cannot_build_is_a_reasoned_skip(tmp_path, 
     if "skipped per-channel weights" not in err:
         pytest.skip("ORT's quantizer builds per-channel weights here without qdebug's workaround")
     assert "skipped per-channel weights ONNX Runtime could not build (ONNX Runtime's quantizer failed" in err
+
+
+def test_a_candidate_onnx_runtime_cannot_load_is_skipped_after_one_session_not_two(tmp_path, monkeypatch, capsys):
+    """propose's candidates are built without ORT's trial load (the evaluation opens the one session); a
+    candidate whose session fails is then checked for the quantizer's fault and skipped with the reason,
+    and the search goes on."""
+    import qdebug.propose.search as search_mod
+    from tests.models import small_cnn, small_data
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "-o", str(report), "-q"]) == 0
+    real, checked = search_mod.quantize_static_model, []
+
+    def broken_when_excluding(normalized, ranges, spec, *a, **k):
+        checked.append(k.get("load_check", True))
+        built = real(normalized, ranges, spec, *a, **k)
+        if spec.nodes_to_exclude:  # a candidate ORT cannot load: a node reads a tensor nobody writes
+            built = onnx.ModelProto.FromString(built.SerializeToString())
+            built.graph.node[-1].input[0] = "nowhere"
+        return built
+
+    monkeypatch.setattr(search_mod, "quantize_static_model", broken_when_excluding)
+    argv = ["propose", str(report), "--target-sqnr", "90", "--allow", "fp32", "--time-runs", "0"]
+    code = main([*argv, "-o", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == ExitCode.TARGET_NOT_MET and "Traceback" not in err, err
+    assert "ONNX Runtime could not load" in err
+    assert checked and not any(checked)  # every candidate built without the trial load

@@ -34,7 +34,7 @@ from qdebug.graph.match import GraphIndex
 from qdebug.progress import DETAIL, Progress
 from qdebug.propose.blame import Unit
 from qdebug.propose.structure import Structure
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quantize import QuantSpec, check_quantized_loads, quantize_static_model
 from qdebug.records import TensorOverride
 
 
@@ -183,7 +183,7 @@ class Search:
         keep = set(keep_float)
         for _ in range(4):
             spec = self.spec(nodes, overrides, per_channel, fixes)
-            model = quantize_static_model(self.normalized, self.ranges, spec)
+            model = quantize_static_model(self.normalized, self.ranges, spec, load_check=False)
             if not keep:
                 break
             index = GraphIndex(model)
@@ -242,7 +242,18 @@ class Search:
             self.cache[key] = trial
             self.equivalents.append(trial)
             return trial
-        result = self.evaluator.score(model, what="candidate quantized model")
+        try:
+            result = self.evaluator.score(model, what="candidate quantized model")
+        except QDebugError:
+            # built without ORT's trial load (the evaluation opens the one session): name the quantizer's fault
+            # if it is one, and skip the candidate either way unless it is full static itself
+            try:
+                check_quantized_loads(self.normalized, model)
+            except QDebugError as quantizer_fault:
+                e = quantizer_fault
+            if not self.trials:
+                raise e from None
+            return self._skipped(step, asked, e, verb="load")
         qdq = sum(1 for n in model.graph.node if n.op_type == "QuantizeLinear")
         trial = Trial(
             step=step,
@@ -274,12 +285,12 @@ class Search:
         best = max(self.trials, key=self.score)
         return f"{line} · best {self.target.show(best)} (target {self.target.show_threshold()})"
 
-    def _skipped(self, step: str, asked: tuple, error: QDebugError) -> Trial:
+    def _skipped(self, step: str, asked: tuple, error: QDebugError, verb: str = "build") -> Trial:
         """A candidate ORT's quantizer cannot build: a reasoned skip in the notes, scored as missing the target
         (no evaluation spent), so the search goes on without it instead of failing the run."""
         nodes, overrides, pc, _, fixes = asked
         what = "per-channel weights" if step == "per-channel" else f"a {step} candidate"
-        self.skips.append(f"skipped {what} ONNX Runtime could not build ({error.message})")
+        self.skips.append(f"skipped {what} ONNX Runtime could not {verb} ({error.message})")
         trial = Trial(
             step, tuple(sorted(nodes)), tuple(sorted(overrides)), pc, math.nan, math.nan, False, 0, 0.0, 0.0,
             tuple(fixes),

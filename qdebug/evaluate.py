@@ -43,7 +43,7 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.formatting import ACCURACY_METRICS
 from qdebug.metrics import ErrorAccumulator
 from qdebug.noise import DEFAULT_CONFIDENCE, HOOK_RESAMPLES, RESAMPLES, bootstrap, interval
-from qdebug.records import OutputMetric
+from qdebug.records import SQNR_CAP_DB, OutputMetric
 
 BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
 
@@ -209,6 +209,24 @@ class HookValues:
         return np.asarray(out, dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class DataLabel:
+    """A data source as a pickled :class:`Evaluator` keeps it: the name its messages give, and the specs."""
+
+    source: str
+    specs: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class SampleResults:
+    """One task result per evaluation sample (:meth:`Evaluator.sample_results`)."""
+
+    kind: str
+    """``"class"`` (predicted class), ``"hit"`` (1.0 / 0.0) or ``"value"`` (higher is better)."""
+    values: np.ndarray
+    """``[samples]``, in evaluation order."""
+
+
 def _energies(r: np.ndarray, c: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Signal and noise energies of one output in one batch, per sample along ``axis`` (None: the batch
     as one unit); non-finite pairs left out, as :class:`ErrorAccumulator` leaves them."""
@@ -276,6 +294,20 @@ class Evaluator:
         self.samples = sum(self.sizes)
         self._start(metric)
         return self
+
+    def __getstate__(self) -> dict:
+        """What a worker process needs to score candidates (``--workers``, ``--ray``): the data source is
+        reduced to its name and input specs (its batches are already held), the custom metric to its
+        ``module:function`` spec, imported again on the other side."""
+        state = dict(self.__dict__)
+        state["data"] = DataLabel(self.data.source, tuple(self.data.specs))
+        state["_user"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.metric_name not in BUILTIN:
+            self._user = load_hook(self.metric_name, "metric")
 
     def _start(self, metric: str | None) -> None:
         """Resolve the metric and score FP32 against itself (or its labels)."""
@@ -469,6 +501,40 @@ class Evaluator:
             match = np.concatenate([_exact_match(r, c, exact, n, self.output_axes) for c, r, n in rows])
             return RatioValues(match.astype(np.float64), np.ones(match.size))
         return self._sqnr_values(candidate)
+
+    def sample_results(self, result: EvalResult | None = None) -> SampleResults | None:
+        """``result``'s task result per evaluation sample (None: FP32's), for the per-sample drill-down.
+
+        ``kind`` says what the values are: ``"class"`` -- the predicted class of each sample (top1,
+        top1_agreement with one prediction per sample); ``"hit"`` -- 1.0 where the sample's non-float
+        outputs equal FP32's (exact_match); ``"value"`` -- a number per sample, higher is better (a custom
+        metric's ``per_sample`` form; output_sqnr_db: the sample's worst float-output SQNR in dB, capped at
+        FP32 itself). None where the metric gives nothing per sample (a hook without ``per_sample``, an
+        output without a batch axis).
+        """
+        candidate = self.reference if result is None else list(result.candidate)
+        if not candidate:
+            return None
+        name = self.metric_name
+        if self._user is not None:
+            values = self._user_values(candidate, self.fp32_value if result is None else result.value)
+            return SampleResults("value", values.hits.copy()) if isinstance(values, RatioValues) else None
+        out0 = self.output_names[0]
+        if name in ("top1", "top1_agreement"):
+            preds = [_predicted(c[out0], self._indices) for c in candidate]
+            if any(p.size != n for p, n in zip(preds, self.sizes, strict=True)):
+                return None
+            return SampleResults("class", np.concatenate(preds).astype(np.int64))
+        values = self.sample_values(result)
+        if isinstance(values, RatioValues):
+            return SampleResults("hit", values.hits.copy())
+        if not isinstance(values, SqnrValues) or values.units != self.samples:
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            db = 10.0 * np.log10(values.signal / values.noise)
+        db = np.where(values.signal > 0, db, np.nan)
+        db = np.where(np.isnan(db), np.inf, db).min(axis=0) if db.size else np.full(self.samples, np.nan)
+        return SampleResults("value", np.minimum(db, SQNR_CAP_DB))
 
     def drop_interval(self, result: EvalResult, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
         """Paired-bootstrap interval of FP32 minus ``result`` (points for the accuracy metrics; ``nan`` bounds

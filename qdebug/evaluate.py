@@ -29,9 +29,10 @@ the metric; without it the hook itself is re-called on resampled lists of evalua
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,8 @@ import onnx
 
 from qdebug.capture import SessionConfig, make_session, run_session
 from qdebug.data import DataSet, load_hook, output_batch_axes
+from qdebug.data.rows import Batch
+from qdebug.data.store import ArrayStore
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.formatting import ACCURACY_METRICS
 from qdebug.metrics import ErrorAccumulator
@@ -58,9 +61,16 @@ class EvalResult:
     outputs: tuple[OutputMetric, ...]
     samples: int
     seconds: float
-    candidate: tuple[dict[str, np.ndarray], ...] = field(default=(), compare=False, repr=False)
-    """The candidate's outputs (one dict per evaluation batch), kept for :meth:`Evaluator.sample_values`:
-    model outputs are small, and a result is dropped once its value is read (propose keeps trials)."""
+    values: RatioValues | SqnrValues | None = field(default=None, compare=False, repr=False)
+    """The metric split over its evaluation units (:meth:`Evaluator.sample_values`), kept in place of the
+    outputs: per-sample numbers, so a result's size does not grow with the outputs' (None: a custom metric,
+    whose split is asked of its hook on demand)."""
+    sqnr: SqnrValues | None = field(default=None, compare=False, repr=False)
+    """The float outputs' per-unit energies (``--target-sqnr``'s gate), whatever the metric."""
+    classes: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """The predicted class per sample (top1, top1_agreement with one prediction per sample)."""
+    kept: Sequence[dict[str, np.ndarray]] | None = field(default=None, compare=False, repr=False)
+    """A custom metric's view of the outputs (one dict per batch, in a store): its hook reads them all."""
 
     @property
     def output_sqnr_db(self) -> float:
@@ -229,18 +239,164 @@ class SampleResults:
 
 def _energies(r: np.ndarray, c: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Signal and noise energies of one output in one batch, per sample along ``axis`` (None: the batch
-    as one unit); non-finite pairs left out, as :class:`ErrorAccumulator` leaves them."""
-    r64, c64 = r.astype(np.float64), c.astype(np.float64)
+    as one unit); non-finite pairs left out, as :class:`ErrorAccumulator` leaves them.
+
+    Summed in float64 from one float64 copy (every candidate of propose pays this per batch: the masked
+    path, five times slower, runs only when a value is not finite)."""
+    rows = 1 if axis is None else r.shape[axis]
+    r2 = (r if axis is None else np.moveaxis(r, axis, 0)).reshape(rows, -1)
+    c2 = (c if axis is None else np.moveaxis(c, axis, 0)).reshape(rows, -1)
+    if np.isfinite(r2).all() and np.isfinite(c2).all():
+        d = r2.astype(np.float64)
+        signal = np.einsum("ij,ij->i", d, d)
+        d -= c2
+        return signal, np.einsum("ij,ij->i", d, d)
+    r64, c64 = r2.astype(np.float64), c2.astype(np.float64)
     ok = np.isfinite(r64) & np.isfinite(c64)
     r64, c64 = np.where(ok, r64, 0.0), np.where(ok, c64, 0.0)
-    rows = 1 if axis is None else r64.shape[axis]
-    r2 = (r64 if axis is None else np.moveaxis(r64, axis, 0)).reshape(rows, -1)
-    c2 = (c64 if axis is None else np.moveaxis(c64, axis, 0)).reshape(rows, -1)
-    return (r2 * r2).sum(axis=1), ((r2 - c2) ** 2).sum(axis=1)
+    return (r64 * r64).sum(axis=1), ((r64 - c64) ** 2).sum(axis=1)
+
+
+class StoredBatches(Sequence[Batch]):
+    """The evaluation batches: their feeds in an :class:`~qdebug.data.store.ArrayStore` (read back per
+    pass), their labels, sizes and origins in memory."""
+
+    def __init__(self) -> None:
+        self.feeds = ArrayStore()
+        self.meta: list[tuple[np.ndarray | None, int, str, dict]] = []
+
+    def append(self, batch: Batch) -> None:
+        self.feeds.append(batch.feeds)
+        self.meta.append((batch.labels, batch.size, batch.origin, dict(batch.axes)))
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        labels, size, origin, axes = self.meta[index]
+        return Batch(self.feeds[index], labels, size, origin, axes)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+class _Tally:
+    """One candidate compared with FP32 batch by batch: what its result keeps, without its outputs (a
+    custom metric's hook reads them all at the end: they go to a store, spilled beyond its budget)."""
+
+    def __init__(self, ev: Evaluator) -> None:
+        self.ev = ev
+        self.accs = {k: ErrorAccumulator() for k in ev.output_names}
+        self.hits: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+        self.preds: list[np.ndarray] = []
+        self.signal: list[list[np.ndarray]] = [[] for _ in ev._float_names]
+        self.noise: list[list[np.ndarray]] = [[] for _ in ev._float_names]
+        self.kept: ArrayStore | None = ArrayStore() if ev._user is not None else None
+        self.i = 0
+
+    def update(self, ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray]) -> None:
+        """Compare one evaluation batch (the next one)."""
+        ev, i = self.ev, self.i
+        n = ev.sizes[i]
+        self.i += 1
+        for k, acc in self.accs.items():
+            r, c = ref[k], cand.get(k)
+            if c is not None and r.dtype.kind == "f" and r.shape == c.shape and r.size:
+                acc.update(r, c)
+        self._energies(ref, cand, n)
+        if self.kept is not None:
+            self.kept.append(cand)
+            return
+        out0 = ev.output_names[0]
+        if ev.metric_name == "top1":
+            assert ev.labels is not None
+            pred = _predicted(cand[out0], ev._indices)
+            self.preds.append(pred)
+            self.hits.append((pred == ev.labels[i]).astype(np.float64).reshape(-1))
+            self.counts.append(np.ones(self.hits[-1].size))
+        elif ev.metric_name == "top1_agreement":
+            # one unit per prediction of a batch whose predictions are its samples, else one per batch (the
+            # positions of an output without a batch axis are one sample's, not independent draws)
+            pred, want = _predicted(cand[out0], ev._indices), _predicted(ref[out0], ev._indices)
+            self.preds.append(pred)
+            same = (pred == want).astype(np.float64).reshape(-1)
+            if want.size == n:
+                self.hits.append(same)
+                self.counts.append(np.ones(n))
+            else:
+                self.hits.append(np.array([same.sum()]))
+                self.counts.append(np.array([float(want.size)]))
+        elif ev.metric_name == "exact_match":
+            exact = [k for k in ev.output_names if _exact_kind(ref[k])]
+            self.hits.append(_exact_match(ref, cand, exact, n, ev.output_axes).astype(np.float64))
+            self.counts.append(np.ones(n))
+
+    def _energies(self, ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], n: int) -> None:
+        """Per-unit energies of every float output: the batch is split into its samples when every float
+        output of the reference has them on its batch axis, else it is one unit."""
+        names = self.ev._float_names
+        axes = {k: self.ev.output_axes.get(k, 0) for k in names}
+        split = all(ref[k].ndim > axes[k] and ref[k].shape[axes[k]] == n for k in names)
+        rows = n if split else 1
+        for j, k in enumerate(names):
+            r, c = ref[k], cand.get(k)
+            if c is not None and r.dtype.kind == "f" and r.shape == c.shape and r.size:
+                s_, n_ = _energies(r, c, axes[k] if split else None)
+            else:
+                s_, n_ = np.zeros(rows), np.zeros(rows)
+            self.signal[j].append(s_)
+            self.noise[j].append(n_)
+
+    def result(self, seconds: float, value: float | None = None) -> EvalResult:
+        """The candidate's score (``value``: FP32's own, which needs no hook call of its own)."""
+        ev = self.ev
+        outputs = tuple(OutputMetric(k, acc.result()) for k, acc in self.accs.items())
+        if ev._float_names:
+            sqnr = SqnrValues(
+                np.stack([np.concatenate(x) for x in self.signal]), np.stack([np.concatenate(x) for x in self.noise])
+            )
+        else:
+            sqnr = SqnrValues(np.zeros((0, ev.samples)), np.zeros((0, ev.samples)))
+        values: RatioValues | SqnrValues | None = None
+        if self.hits:
+            values = RatioValues(np.concatenate(self.hits), np.concatenate(self.counts))
+        name = ev.metric_name
+        if value is not None:
+            pass
+        elif ev._user is not None:
+            value = ev._call_user(ev.reference, self.kept, ev.labels)
+        elif name in ("top1", "exact_match"):
+            assert values is not None
+            value = float(values.hits.sum()) / ev.samples
+        elif name == "top1_agreement":
+            assert values is not None
+            value = values.value()
+        else:
+            finite = [a.result().sqnr_db for a in self.accs.values() if a.count]
+            finite = [v for v in finite if not math.isnan(v)]
+            value = min(finite) if finite else math.nan
+        if name == "output_sqnr_db" and ev._user is None:
+            values = sqnr
+        classes = None
+        if self.preds and all(p.size == s for p, s in zip(self.preds, ev.sizes, strict=True)):
+            classes = np.concatenate(self.preds).astype(np.int64)
+        return EvalResult(
+            name, value, ev.fp32_value if hasattr(ev, "fp32_value") else value, outputs, ev.samples, seconds,
+            values=values, sqnr=sqnr, classes=classes, kept=self.kept,
+        )
 
 
 class Evaluator:
-    """Scores candidate models on a fixed evaluation set against cached FP32 outputs."""
+    """Scores candidate models on a fixed evaluation set against cached FP32 outputs.
+
+    The evaluation inputs and the FP32 outputs are kept in :class:`~qdebug.data.store.ArrayStore` s
+    (memory up to a budget, a file beyond it), and a candidate is compared batch by batch as it runs:
+    its result keeps per-sample numbers, not its outputs, so memory is flat in the evaluation-set size.
+    """
 
     def __init__(
         self, fp32: onnx.ModelProto, data: DataSet, config: SessionConfig, metric: str | None = None
@@ -254,23 +410,26 @@ class Evaluator:
         fed = {s.name for s in data.specs}  # not an optional input the data leaves out
         self.input_names = [i.name for i in session.get_inputs() if i.name in fed]
         """The model inputs the data feeds, in session order (bench writes its input file in this order)."""
-        self.batches = list(data.batches())
-        if not self.batches:
+        self.batches = StoredBatches()
+        self.reference: Sequence[dict[str, np.ndarray]] = ArrayStore()
+        for b in data.batches():
+            self.batches.append(b)
+            self.reference.append(self._run(session, b.feeds))  # type: ignore[attr-defined]
+            del b
+        if not len(self.batches):
             raise QDebugError(
                 f"evaluation data {data.source} has no samples", "give at least one sample", ExitCode.DATA
             )
-        self.labels = (
-            [b.labels for b in self.batches] if all(b.labels is not None for b in self.batches) else None
-        )
-        self.reference = [self._run(session, b.feeds) for b in self.batches]
-        self.sizes = [b.size for b in self.batches]
+        meta = self.batches.meta
+        self.labels = [m[0] for m in meta] if all(m[0] is not None for m in meta) else None
+        self.sizes = [m[1] for m in meta]
         self.samples = sum(self.sizes)
         self._start(metric)
 
     @classmethod
     def from_outputs(
         cls,
-        reference: list[dict[str, np.ndarray]],
+        reference: Sequence[dict[str, np.ndarray]],
         labels: list[np.ndarray] | None,
         data: DataSet,
         metric: str | None = None,
@@ -283,7 +442,7 @@ class Evaluator:
         self = cls.__new__(cls)
         self.data = data
         self.output_axes = {}
-        self.batches = []
+        self.batches = StoredBatches()
         self.output_names = list(reference[0])
         self.input_names = [sp.name for sp in data.specs]
         self.labels = labels if labels and len(labels) == len(reference) else None
@@ -297,8 +456,9 @@ class Evaluator:
 
     def __getstate__(self) -> dict:
         """What a worker process needs to score candidates (``--workers``, ``--ray``): the data source is
-        reduced to its name and input specs (its batches are already held), the custom metric to its
-        ``module:function`` spec, imported again on the other side."""
+        reduced to its name and input specs (its batches are in the stores, which a process on this
+        machine reads from their files), the custom metric to its ``module:function`` spec, imported
+        again on the other side."""
         state = dict(self.__dict__)
         state["data"] = DataLabel(self.data.source, tuple(self.data.specs))
         state["_user"] = None
@@ -312,10 +472,26 @@ class Evaluator:
     def _start(self, metric: str | None) -> None:
         """Resolve the metric and score FP32 against itself (or its labels)."""
         out0 = self.output_names[0]
-        self._indices = all(_class_indices(r[out0], n) for r, n in zip(self.reference, self.sizes, strict=True))
+        first = self.reference[0]
+        self._float_names = [k for k in self.output_names if first[k].dtype.kind == "f"]
+        """The float outputs: their per-sample energies are kept for the SQNR gates, whatever the metric."""
+        self._indices = all(
+            _class_indices(r[out0], n) for r, n in zip(self.reference, self.sizes, strict=True)
+        ) if _class_indices(first[out0], self.sizes[0]) else False
         """The first output holds class indices (an ArgMax inside the model), not scores."""
         self.metric_name, self._user = self._resolve_metric(metric)
-        self.fp32_value = self._score(self.reference)
+        tally = _Tally(self)
+        tally.kept = None  # FP32's own outputs are the reference
+        for r in self.reference:
+            tally.update(r, r)
+        if self._user is not None:
+            self.fp32_value = self._call_user(self.reference, self.reference, self.labels)
+            self._fp32 = tally.result(0.0, self.fp32_value)
+            self._fp32 = dataclasses.replace(self._fp32, kept=self.reference)
+        else:
+            self._fp32 = tally.result(0.0)
+            self.fp32_value = self._fp32.value
+            self._fp32 = dataclasses.replace(self._fp32, fp32_value=self.fp32_value)
         if self.metric_name == "top1" and self._indices and self.fp32_value == 0.0 and self.samples >= 10:
             raise QDebugError(
                 f"the FP32 model's predicted classes ({out0}) match none of the {self.samples} labels of "
@@ -420,34 +596,6 @@ class Evaluator:
             raise QDebugError(f"metric {name} returned nan", "return a number (higher is better)", ExitCode.INPUT)
         return value
 
-    def _score(self, candidate: list[dict[str, np.ndarray]]) -> float:
-        name = self.metric_name
-        if self._user is not None:
-            return self._call_user(self.reference, candidate, self.labels)
-        out0 = self.output_names[0]
-        if name == "top1":
-            assert self.labels is not None
-            hits = sum(
-                int(np.sum(_predicted(c[out0], self._indices) == lab))
-                for c, lab in zip(candidate, self.labels, strict=True)
-            )
-            return hits / self.samples
-        if name == "top1_agreement":
-            # a share of the predictions compared: one per sample for [batch, classes], one per position for
-            # an output without a batch axis ([T, classes] at batch 1 had read 1600 %)
-            pairs = [
-                (_predicted(c[out0], self._indices), _predicted(r[out0], self._indices))
-                for c, r in zip(candidate, self.reference, strict=True)
-            ]
-            total = sum(ref.size for _, ref in pairs)
-            return sum(int(np.sum(cand == ref)) for cand, ref in pairs) / total if total else math.nan
-        if name == "exact_match":
-            exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
-            rows = zip(candidate, self.reference, self.sizes, strict=True)
-            hits = sum(_exact_rows(r, c, exact, n, self.output_axes) for c, r, n in rows)
-            return hits / self.samples
-        return worst_output_sqnr(self.reference, candidate, self.output_names)
-
     def score(
         self, model: onnx.ModelProto, what: str = "quantized model", *, fake_quant: bool = False
     ) -> EvalResult:
@@ -458,49 +606,28 @@ class Evaluator:
         """
         start = time.perf_counter()
         session = make_session(model, self.config, what=what, fake_quant=fake_quant)
-        candidate = [self._run(session, b.feeds) for b in self.batches]
-        return self.score_outputs(candidate, time.perf_counter() - start)
+        tally = _Tally(self)
+        for batch, ref in zip(self.batches, self.reference, strict=True):
+            tally.update(ref, self._run(session, batch.feeds))
+            del batch, ref
+        return tally.result(time.perf_counter() - start)
 
-    def score_outputs(self, candidate: list[dict[str, np.ndarray]], seconds: float = 0.0) -> EvalResult:
+    def score_outputs(self, candidate: Iterable[Mapping[str, np.ndarray]], seconds: float = 0.0) -> EvalResult:
         """Score candidate outputs (one dict per evaluation batch) against the FP32 outputs."""
         start = time.perf_counter()
-        value = self._score(candidate)
-        outputs = []
-        for k in self.output_names:
-            acc = ErrorAccumulator()
-            for c, r in zip(candidate, self.reference, strict=True):
-                if r[k].dtype.kind == "f" and r[k].shape == c[k].shape:
-                    acc.update(r[k], c[k])
-            outputs.append(OutputMetric(k, acc.result()))
-        elapsed = seconds + time.perf_counter() - start
-        return EvalResult(
-            self.metric_name, value, self.fp32_value, tuple(outputs), self.samples, elapsed, tuple(candidate)
-        )
+        tally = _Tally(self)
+        for ref, cand in zip(self.reference, candidate, strict=True):
+            tally.update(ref, cand)
+        return tally.result(seconds + time.perf_counter() - start)
 
     def sample_values(self, result: EvalResult | None = None) -> RatioValues | SqnrValues | HookValues | None:
         """``result``'s metric (None: FP32's) split over the evaluation units, for a paired bootstrap
         (:mod:`qdebug.noise`); every variant of one evaluator has the same units. None when it cannot be
-        split: a result without its outputs, or a custom metric without ``per_sample`` on one batch."""
-        candidate = self.reference if result is None else list(result.candidate)
-        if not candidate:
-            return None
-        name = self.metric_name
+        split: a custom metric without ``per_sample`` on one batch."""
+        result = self._fp32 if result is None else result
         if self._user is not None:
-            return self._user_values(candidate, self.fp32_value if result is None else result.value)
-        out0 = self.output_names[0]
-        if name == "top1":
-            assert self.labels is not None
-            hits = [_predicted(c[out0], self._indices) == lab for c, lab in zip(candidate, self.labels, strict=True)]
-            flat = np.concatenate(hits).astype(np.float64)
-            return RatioValues(flat, np.ones_like(flat))
-        if name == "top1_agreement":
-            return self._agreement_values(candidate)
-        if name == "exact_match":
-            exact = [k for k in self.output_names if _exact_kind(self.reference[0][k])]
-            rows = zip(candidate, self.reference, self.sizes, strict=True)
-            match = np.concatenate([_exact_match(r, c, exact, n, self.output_axes) for c, r, n in rows])
-            return RatioValues(match.astype(np.float64), np.ones(match.size))
-        return self._sqnr_values(candidate)
+            return None if result.kept is None else self._user_values(result.kept, result.value)
+        return result.values
 
     def sample_results(self, result: EvalResult | None = None) -> SampleResults | None:
         """``result``'s task result per evaluation sample (None: FP32's), for the per-sample drill-down.
@@ -512,20 +639,13 @@ class Evaluator:
         FP32 itself). None where the metric gives nothing per sample (a hook without ``per_sample``, an
         output without a batch axis).
         """
-        candidate = self.reference if result is None else list(result.candidate)
-        if not candidate:
-            return None
-        name = self.metric_name
+        result = self._fp32 if result is None else result
         if self._user is not None:
-            values = self._user_values(candidate, self.fp32_value if result is None else result.value)
+            values = self.sample_values(result)
             return SampleResults("value", values.hits.copy()) if isinstance(values, RatioValues) else None
-        out0 = self.output_names[0]
-        if name in ("top1", "top1_agreement"):
-            preds = [_predicted(c[out0], self._indices) for c in candidate]
-            if any(p.size != n for p, n in zip(preds, self.sizes, strict=True)):
-                return None
-            return SampleResults("class", np.concatenate(preds).astype(np.int64))
-        values = self.sample_values(result)
+        if self.metric_name in ("top1", "top1_agreement"):
+            return None if result.classes is None else SampleResults("class", result.classes.copy())
+        values = result.values
         if isinstance(values, RatioValues):
             return SampleResults("hit", values.hits.copy())
         if not isinstance(values, SqnrValues) or values.units != self.samples:
@@ -548,48 +668,9 @@ class Evaluator:
 
     def sqnr_values(self, result: EvalResult | None = None) -> SqnrValues | None:
         """``result``'s worst output SQNR split over units, whatever the metric (``--target-sqnr``'s gate)."""
-        candidate = self.reference if result is None else list(result.candidate)
-        return self._sqnr_values(candidate) if candidate else None
+        return (self._fp32 if result is None else result).sqnr
 
-    def _agreement_values(self, candidate: list[dict[str, np.ndarray]]) -> RatioValues:
-        """One unit per prediction of a batch whose predictions are its samples, else one per batch (the
-        positions of an output without a batch axis are one sample's, not independent draws)."""
-        out0 = self.output_names[0]
-        hits: list[np.ndarray] = []
-        counts: list[np.ndarray] = []
-        for c, r, n in zip(candidate, self.reference, self.sizes, strict=True):
-            ref = _predicted(r[out0], self._indices)
-            same = (_predicted(c[out0], self._indices) == ref).astype(np.float64).reshape(-1)
-            if ref.size == n:
-                hits.append(same)
-                counts.append(np.ones(n))
-            else:
-                hits.append(np.array([same.sum()]))
-                counts.append(np.array([float(ref.size)]))
-        return RatioValues(np.concatenate(hits), np.concatenate(counts))
-
-    def _sqnr_values(self, candidate: list[dict[str, np.ndarray]]) -> SqnrValues:
-        """Per-unit energies of every float output: a batch is split into its samples when every float
-        output of the reference has them on its batch axis, else it is one unit."""
-        names = [k for k in self.output_names if self.reference[0][k].dtype.kind == "f"]
-        signal: list[list[np.ndarray]] = [[] for _ in names]
-        noise: list[list[np.ndarray]] = [[] for _ in names]
-        for c, r, n in zip(candidate, self.reference, self.sizes, strict=True):
-            axes = {k: self.output_axes.get(k, 0) for k in names}
-            split = all(r[k].ndim > axes[k] and r[k].shape[axes[k]] == n for k in names)
-            rows = n if split else 1
-            for i, k in enumerate(names):
-                if k in c and r[k].dtype.kind == "f" and r[k].shape == c[k].shape and r[k].size:
-                    s_, n_ = _energies(r[k], c[k], axes[k] if split else None)
-                else:
-                    s_, n_ = np.zeros(rows), np.zeros(rows)
-                signal[i].append(s_)
-                noise[i].append(n_)
-        if not names:
-            return SqnrValues(np.zeros((0, self.samples)), np.zeros((0, self.samples)))
-        return SqnrValues(np.stack([np.concatenate(x) for x in signal]), np.stack([np.concatenate(x) for x in noise]))
-
-    def _user_values(self, candidate: list[dict[str, np.ndarray]], value: float) -> RatioValues | HookValues | None:
+    def _user_values(self, candidate: Sequence[dict[str, np.ndarray]], value: float) -> RatioValues | HookValues | None:
         """A custom metric's per-sample form (``function.per_sample``), else the hook on resampled batches."""
         per_sample = getattr(self._user, "per_sample", None)
         if per_sample is None:

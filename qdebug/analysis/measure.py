@@ -34,6 +34,7 @@ from qdebug.analysis.graph_engine import _FLOAT_TYPES, _GraphPath
 from qdebug.analysis.numpy_engine import _NumpyPath, local_fake_quant
 from qdebug.capture import SessionConfig, Tap, release_freed_memory
 from qdebug.data import Batch, DataSet, batch_axes, take_rows
+from qdebug.data.store import ArrayStore
 from qdebug.evaluate import worst_output_sqnr
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.ops import DATA_SHAPED_OPS, PERMUTATION_OPS
@@ -96,11 +97,12 @@ def _container_values(model: onnx.ModelProto) -> dict[str, str]:
 class ModelOutputs:
     """Per-batch graph outputs seen during the capture (reused as the task metric when eval == calib)."""
 
-    reference: list[dict[str, np.ndarray]]
-    deployed: list[dict[str, np.ndarray]]
-    fakequant: list[dict[str, np.ndarray]]
+    reference: ArrayStore
+    """In a store (memory up to a budget, a file beyond): analyze's memory stays flat in the samples."""
+    deployed: ArrayStore
+    fakequant: ArrayStore
     labels: list[np.ndarray] | None
-    fakequant_reference: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    fakequant_reference: ArrayStore = dataclasses.field(default_factory=ArrayStore)
     """FP32 outputs of the fake-quant view's own pass: its metric is scored against these, so a data
     hook that yields other samples on each call still compares like with like."""
     fakequant_labels: list[np.ndarray] | None = None
@@ -228,7 +230,10 @@ def _stream(
     Returns (outputs, samples, deployed gap, fake-quant samples, first-batch output SQNRs of the plain and
     the instrumented quantized model).
     """
-    outputs = ModelOutputs([], [], [], [] if data.has_labels else None, [], [] if data.has_labels else None)
+    outputs = ModelOutputs(
+        ArrayStore(), ArrayStore(), ArrayStore(), [] if data.has_labels else None, ArrayStore(),
+        [] if data.has_labels else None,
+    )
     samples = 0
     gap = 0.0
     first_sqnr = None

@@ -71,6 +71,8 @@ class EvalResult:
     """The predicted class per sample (top1, top1_agreement with one prediction per sample)."""
     kept: Sequence[dict[str, np.ndarray]] | None = field(default=None, compare=False, repr=False)
     """A custom metric's view of the outputs (one dict per batch, in a store): its hook reads them all."""
+    accumulators: tuple[ErrorAccumulator, ...] = field(default=(), compare=False, repr=False)
+    """The outputs' raw error sums (in ``outputs`` order), so results on shards of the set merge exactly."""
 
     @property
     def output_sqnr_db(self) -> float:
@@ -282,6 +284,13 @@ class StoredBatches(Sequence[Batch]):
         for i in range(len(self)):
             yield self[i]
 
+    def view(self, indices: range) -> StoredBatches:
+        """Some of the batches, read through the same store (a shard of the evaluation set)."""
+        out = StoredBatches.__new__(StoredBatches)
+        out.feeds = self.feeds[indices.start : indices.stop]  # type: ignore[assignment]
+        out.meta = self.meta[indices.start : indices.stop]
+        return out
+
 
 class _Tally:
     """One candidate compared with FP32 batch by batch: what its result keeps, without its outputs (a
@@ -295,8 +304,10 @@ class _Tally:
         self.preds: list[np.ndarray] = []
         self.signal: list[list[np.ndarray]] = [[] for _ in ev._float_names]
         self.noise: list[list[np.ndarray]] = [[] for _ in ev._float_names]
-        self.kept: ArrayStore | None = ArrayStore() if ev._user is not None else None
+        self.kept: ArrayStore | None = ArrayStore(inline=True) if ev._user is not None else None
         self.i = 0
+        self.per_sample_classes = True
+        """Every batch's predictions are its samples (one class each)."""
 
     def update(self, ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray]) -> None:
         """Compare one evaluation batch (the next one)."""
@@ -316,6 +327,7 @@ class _Tally:
             assert ev.labels is not None
             pred = _predicted(cand[out0], ev._indices)
             self.preds.append(pred)
+            self.per_sample_classes &= pred.size == n
             self.hits.append((pred == ev.labels[i]).astype(np.float64).reshape(-1))
             self.counts.append(np.ones(self.hits[-1].size))
         elif ev.metric_name == "top1_agreement":
@@ -323,6 +335,7 @@ class _Tally:
             # positions of an output without a batch axis are one sample's, not independent draws)
             pred, want = _predicted(cand[out0], ev._indices), _predicted(ref[out0], ev._indices)
             self.preds.append(pred)
+            self.per_sample_classes &= pred.size == n
             same = (pred == want).astype(np.float64).reshape(-1)
             if want.size == n:
                 self.hits.append(same)
@@ -334,6 +347,22 @@ class _Tally:
             exact = [k for k in ev.output_names if _exact_kind(ref[k])]
             self.hits.append(_exact_match(ref, cand, exact, n, ev.output_axes).astype(np.float64))
             self.counts.append(np.ones(n))
+
+    def absorb(self, part: EvalResult) -> None:
+        """Add a shard's result (the shards in evaluation order): its sums, per-unit numbers and classes."""
+        for k, acc in zip(self.accs, part.accumulators, strict=True):
+            self.accs[k] = self.accs[k].merge(acc)
+        assert part.sqnr is not None
+        for j in range(len(self.signal)):
+            self.signal[j].append(part.sqnr.signal[j])
+            self.noise[j].append(part.sqnr.noise[j])
+        if isinstance(part.values, RatioValues):
+            self.hits.append(part.values.hits)
+            self.counts.append(part.values.counts)
+        if part.classes is None:
+            self.per_sample_classes = False
+        else:
+            self.preds.append(part.classes)
 
     def _energies(self, ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray], n: int) -> None:
         """Per-unit energies of every float output: the batch is split into its samples when every float
@@ -382,11 +411,11 @@ class _Tally:
         if name == "output_sqnr_db" and ev._user is None:
             values = sqnr
         classes = None
-        if self.preds and all(p.size == s for p, s in zip(self.preds, ev.sizes, strict=True)):
+        if self.preds and self.per_sample_classes:
             classes = np.concatenate(self.preds).astype(np.int64)
         return EvalResult(
             name, value, ev.fp32_value if hasattr(ev, "fp32_value") else value, outputs, ev.samples, seconds,
-            values=values, sqnr=sqnr, classes=classes, kept=self.kept,
+            values=values, sqnr=sqnr, classes=classes, kept=self.kept, accumulators=tuple(self.accs.values()),
         )
 
 
@@ -619,6 +648,37 @@ class Evaluator:
         for ref, cand in zip(self.reference, candidate, strict=True):
             tally.update(ref, cand)
         return tally.result(seconds + time.perf_counter() - start)
+
+    def shards(self, k: int) -> list[Evaluator]:
+        """The evaluation set cut into at most ``k`` runs of whole batches with about equal samples, each an
+        evaluator over the same stores: a candidate scored on every shard (on as many workers) and the
+        results given to :meth:`merge` gives exactly :meth:`score`'s result. A custom metric reads every
+        batch at once: its evaluator is not cut (one shard)."""
+        if k <= 1 or self._user is not None or len(self.sizes) < 2:
+            return [self]
+        bounds = np.cumsum(self.sizes)
+        cuts = sorted({int(np.searchsorted(bounds, self.samples * j / k, side="left")) + 1 for j in range(1, k)})
+        edges = [0, *[c for c in cuts if 0 < c < len(self.sizes)], len(self.sizes)]
+        return [self._shard(range(a, b)) for a, b in zip(edges, edges[1:]) if b > a]
+
+    def _shard(self, indices: range) -> Evaluator:
+        part = Evaluator.__new__(Evaluator)
+        part.__dict__.update(self.__dict__)
+        part.batches = self.batches.view(indices) if isinstance(self.batches, StoredBatches) else StoredBatches()
+        part.reference = self.reference[indices.start : indices.stop]
+        part.sizes = self.sizes[indices.start : indices.stop]
+        part.labels = None if self.labels is None else self.labels[indices.start : indices.stop]
+        part.samples = sum(part.sizes)
+        return part
+
+    def merge(self, parts: Sequence[EvalResult]) -> EvalResult:
+        """One result from the results of one candidate on :meth:`shards`, in shard order."""
+        if len(parts) == 1 and parts[0].samples == self.samples:
+            return parts[0]
+        tally = _Tally(self)
+        for part in parts:
+            tally.absorb(part)
+        return tally.result(sum(p.seconds for p in parts))
 
     def sample_values(self, result: EvalResult | None = None) -> RatioValues | SqnrValues | HookValues | None:
         """``result``'s metric (None: FP32's) split over the evaluation units, for a paired bootstrap

@@ -78,7 +78,7 @@ def test_spill_folder_follows_the_environment(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())  # removed with the store that wrote it
 
 
-def _demo_evaluation(tmp_path, monkeypatch, spill_mb: str):
+def _demo_evaluation(tmp_path, monkeypatch, spill_mb: str, metric: str | None = None):
     """The demo's FP32 references and its static model's score, with the stores' budget at ``spill_mb``."""
     from qdebug.capture import SessionConfig
     from qdebug.cli.demo import demo_files
@@ -92,16 +92,16 @@ def _demo_evaluation(tmp_path, monkeypatch, spill_mb: str):
     model, calib, evaluation = demo_files()
     prep = prepare(model, calib, tmp_path / f"files_{spill_mb}", AnalyzeOptions())
     data = open_data(evaluation, prep.calib.specs, batch_size=64, what="evaluation data")
-    evaluator = Evaluator(prep.normalized, data, SessionConfig())
-    result = evaluator.score(quantize_static_model(prep.normalized, prep.ranges, QuantSpec()))
-    return evaluator, result
+    evaluator = Evaluator(prep.normalized, data, SessionConfig(), metric)
+    static = quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    return evaluator, evaluator.score(static), static
 
 
 def test_an_evaluator_on_disk_scores_as_one_in_memory(tmp_path, monkeypatch):
     """Every input and reference spilled (budget 0) gives the same value, per-sample results, outputs' errors
     and interval as all in memory; a pickled copy (a worker's) reads the same files."""
-    memory, mem_result = _demo_evaluation(tmp_path, monkeypatch, "1000")
-    disk, disk_result = _demo_evaluation(tmp_path, monkeypatch, "0")
+    memory, mem_result, _ = _demo_evaluation(tmp_path, monkeypatch, "1000")
+    disk, disk_result, _ = _demo_evaluation(tmp_path, monkeypatch, "0")
     assert memory.reference.spilled_bytes == 0 and disk.reference.held_bytes == 0
     assert disk.reference.spilled_bytes > 0 and disk.batches.feeds.spilled_bytes > 0
     assert disk_result.value == mem_result.value and disk.fp32_value == memory.fp32_value
@@ -118,8 +118,26 @@ def test_an_evaluator_on_disk_scores_as_one_in_memory(tmp_path, monkeypatch):
 
 def test_a_candidates_result_keeps_no_outputs(tmp_path, monkeypatch):
     """What propose keeps per candidate is a few numbers per sample, whatever the size of the model's outputs."""
-    evaluator, result = _demo_evaluation(tmp_path, monkeypatch, "1000")
+    evaluator, result, _ = _demo_evaluation(tmp_path, monkeypatch, "1000")
     kept = len(pickle.dumps(result))
     # per sample: a hit, a class, the signal and noise energies of the one float output (8 bytes each)
     assert kept < 4 * 8 * evaluator.samples + 10_000, kept
     assert result.kept is None and result.values is not None and result.values.units == evaluator.samples
+
+
+@pytest.mark.parametrize("metric", ["top1", "output_sqnr_db"])
+def test_a_candidate_scored_on_shards_merges_into_the_whole_result(tmp_path, monkeypatch, metric):
+    """What Ray's workers do with a large evaluation set: each scores a shard (from a pickled copy, as a
+    worker gets it), the merge equals the score on the whole set -- value, outputs' errors, per-sample
+    results and interval."""
+    evaluator, whole, static = _demo_evaluation(tmp_path, monkeypatch, "0", metric)
+    shards = evaluator.shards(3)
+    assert len(shards) == 3 and sum(s.samples for s in shards) == evaluator.samples
+    assert [b.origin for s in shards for b in s.batches] == [b.origin for b in evaluator.batches]
+    merged = evaluator.merge([pickle.loads(pickle.dumps(s)).score(static) for s in shards])
+    assert merged.value == pytest.approx(whole.value, rel=1e-12)
+    for a, b in zip(merged.outputs, whole.outputs, strict=True):
+        assert a.error.sqnr_db == pytest.approx(b.error.sqnr_db, rel=1e-9)
+    np.testing.assert_allclose(evaluator.sample_results(merged).values, evaluator.sample_results(whole).values)
+    np.testing.assert_allclose(evaluator.drop_interval(merged), evaluator.drop_interval(whole), rtol=1e-9)
+    np.testing.assert_allclose(evaluator.sqnr_values(merged).noise, evaluator.sqnr_values(whole).noise, rtol=1e-12)

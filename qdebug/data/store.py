@@ -115,7 +115,10 @@ class ArrayStore(Sequence[dict[str, np.ndarray]]):
     them); ``store[a:b]`` a view of those batches; iteration reads one batch at a time.
     """
 
-    def __init__(self, budget: int | None = None) -> None:
+    def __init__(self, budget: int | None = None, *, inline: bool = False) -> None:
+        self._inline = inline
+        """Pickled with its arrays rather than its file's path: a result a worker sends back, whose file
+        goes with the worker's copy."""
         self._shared = budget is None
         """Under the process's budget (``QDEBUG_SPILL_MB``) rather than one of its own."""
         self.budget = spill_budget() if budget is None else budget
@@ -183,6 +186,10 @@ class ArrayStore(Sequence[dict[str, np.ndarray]]):
         self._held = 0
 
     def __getstate__(self) -> dict:
+        if self._inline and self._file is not None:
+            state = dict(self.__dict__)
+            state.update(_entries=[self[i] for i in range(len(self))], _file=None, _path=None, _fds={}, _shared=False)
+            return state
         state = dict(self.__dict__)
         state["_file"] = None  # the reader does not own (or remove) the file
         state["_fds"] = {}

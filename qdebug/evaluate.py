@@ -635,11 +635,20 @@ class Evaluator:
         """
         start = time.perf_counter()
         session = make_session(model, self.config, what=what, fake_quant=fake_quant)
+        return self.score_session(session, seconds=time.perf_counter() - start)
+
+    def score_session(
+        self, session, extra: Mapping[str, np.ndarray] | None = None, seconds: float = 0.0
+    ) -> EvalResult:
+        """Score an open session (one kept across candidates: the switchable model), ``extra`` fed with
+        every batch."""
+        start = time.perf_counter()
         tally = _Tally(self)
         for batch, ref in zip(self.batches, self.reference, strict=True):
-            tally.update(ref, self._run(session, batch.feeds))
-            del batch, ref
-        return tally.result(time.perf_counter() - start)
+            feeds = {**batch.feeds, **extra} if extra else batch.feeds
+            tally.update(ref, self._run(session, feeds))
+            del batch, ref, feeds
+        return tally.result(seconds + time.perf_counter() - start)
 
     def score_outputs(self, candidate: Iterable[Mapping[str, np.ndarray]], seconds: float = 0.0) -> EvalResult:
         """Score candidate outputs (one dict per evaluation batch) against the FP32 outputs."""

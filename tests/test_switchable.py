@@ -1,0 +1,72 @@
+"""The switchable fake-quant model: one session that computes static, FP32 and any exclusion in between."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from qdebug.capture import SessionConfig, make_session
+from qdebug.cli.demo import demo_files
+from qdebug.data import open_data
+from qdebug.evaluate import Evaluator
+from qdebug.prepare import AnalyzeOptions, prepare
+from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.switchable import SWITCHES, build_switchable, switches_for
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    model, calib, evaluation = demo_files()
+    prep = prepare(model, calib, tmp_path_factory.mktemp("sw") / "files", AnalyzeOptions())
+    static = quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    data = open_data(evaluation, prep.calib.specs, batch_size=100, what="evaluation data")
+    return prep, static, Evaluator(prep.normalized, data, SessionConfig())
+
+
+def _outputs(session, evaluator, extra=None):
+    return [session.run(None, {**b.feeds, **(extra or {})})[0] for b in evaluator.batches]
+
+
+def test_all_on_is_static_fake_quant_and_all_off_is_fp32(demo):
+    prep, static, evaluator = demo
+    before = static.SerializeToString()
+    switchable = build_switchable(static, prep.normalized)
+    assert static.SerializeToString() == before  # the input is not changed
+    onnx.checker.check_model(switchable.model)
+    session = make_session(switchable.model, SessionConfig(), fake_quant=True)
+    on = _outputs(session, evaluator, {SWITCHES: switchable.all_on()})
+    off = _outputs(session, evaluator, {SWITCHES: ~switchable.all_on()})
+    fake = _outputs(make_session(static, SessionConfig(), fake_quant=True), evaluator)
+    fp32 = _outputs(make_session(prep.normalized, SessionConfig()), evaluator)
+    for a, b in zip(on, fake, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(off, fp32, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert max(np.abs(a - b).max() for a, b in zip(fake, fp32, strict=True)) > 0.1  # static does lose
+
+
+def test_an_exclusion_is_its_switches_and_scores_as_its_own_fake_quant_model(demo):
+    prep, static, evaluator = demo
+    switchable = build_switchable(static, prep.normalized)
+    session = make_session(switchable.model, SessionConfig(), fake_quant=True)
+    names = [n.name for n in prep.normalized.graph.node]
+    tried = 0
+    for excluded in (names[:1], names[3:4], names[10:14], names[-1:]):
+        candidate = quantize_static_model(prep.normalized, prep.ranges, QuantSpec(nodes_to_exclude=tuple(excluded)))
+        switches = switches_for(switchable, candidate)
+        assert switches is not None, excluded
+        assert 0 < (~switches).sum() < switches.size
+        tried += 1
+        own = evaluator.score(candidate, fake_quant=True)
+        screened = evaluator.score_session(session, {SWITCHES: switches})
+        assert screened.value == own.value
+        assert screened.outputs == own.outputs
+    assert tried == 4
+
+
+def test_a_changed_range_is_not_representable(demo):
+    prep, static, _ = demo
+    switchable = build_switchable(static, prep.normalized)
+    assert switches_for(switchable, quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))) is None
+    assert switches_for(switchable, static).all()

@@ -269,6 +269,115 @@ def _node_inputs(node: onnx.NodeProto) -> list[str]:
     return names
 
 
+class _Reductions:
+    """The reduction nodes of one merged model, pair by pair: each pair's scalars go to columns (one output
+    per group and statistic), its subsamples to outputs of their own, its nodes to one schedule group."""
+
+    def __init__(
+        self, ref: onnx.ModelProto, cand: onnx.ModelProto, ref_types: Mapping[str, int], cand_types: Mapping[str, int]
+    ) -> None:
+        b = self.b = _Builder()
+        self.one = b.const("shape1", np.array([1], dtype=np.int64))
+        self.minus1 = b.const("flat", np.array([-1], dtype=np.int64))
+        self.zero = b.const("zero", np.array([0], dtype=np.int64))
+        self.big = b.const("end", np.array([np.iinfo(np.int64).max], dtype=np.int64))
+        self.one_i = b.const("one", np.array(1, dtype=np.int64))
+        self.inputs = {i.name for i in ref.graph.input}
+        self.types = {"r": dict(ref_types), "c": dict(cand_types)}
+        self.stack_scalars = _opset_map(ref, cand).get("", 0) >= 11
+        self.columns: dict[tuple[str, str], list[str]] = {}
+        self.keys: dict[str, list[str]] = {g: [] for g in GROUPS}
+        self.samples: dict[str, dict[str, str]] = {}
+        self.groups: list[list[onnx.NodeProto]] = []
+
+    def side(self, name: str, which: str) -> str:
+        """A tensor's name in the merged model (graph inputs are shared, the rest prefixed)."""
+        return name if name in self.inputs else f"{which}/{name}"
+
+    def as_float(self, name: str, which: str) -> str:
+        known = self.types[which].get(name)
+        value = self.side(name, which)
+        return value if known == TensorProto.FLOAT else self.b.op("Cast", [value], "f", to=TensorProto.FLOAT)
+
+    def emit(self, group: str, key: str, stats: dict[str, str]) -> None:
+        self.keys[group].append(key)
+        for stat, name in stats.items():
+            # scalars are stacked by one ConcatFromSequence per column (opset >= 11); a Reshape to [1]
+            # per scalar before a Concat cost ~2,000 tiny kernels per run on the BERT benchmark model
+            self.columns.setdefault((group, stat), []).append(
+                name if self.stack_scalars else self.b.op("Reshape", [name, self.one], stat + "1")
+            )
+
+    def compare(self, rv: str, cv: str) -> dict[str, str]:
+        b = self.b
+        d = b.op("Sub", [rv, cv], "d")
+        return {
+            "noise2": b.op("ReduceSumSquare", [d], "noise2", keepdims=0),
+            "cand2": b.op("ReduceSumSquare", [cv], "cand2", keepdims=0),
+            "dmax": b.op("ReduceMax", [d], "dmax", keepdims=0),
+            "dmin": b.op("ReduceMin", [d], "dmin", keepdims=0),
+        }
+
+    def sample(self, value: str, step: str) -> str:
+        b = self.b
+        return b.op("Slice", [b.op("Reshape", [value, self.minus1], "flat"), self.zero, self.big, self.zero, step], "s")
+
+    def add(self, p: PairSpec, ref_stats: bool, with_samples: bool) -> None:
+        """One pair's reductions: the reference's own statistics, its error against the candidate and
+        against its local fake-quant, and the subsamples of each."""
+        b = self.b
+        first = len(b.nodes)
+        rv = self.as_float(p.ref, "r")
+        size = b.op("Size", [rv], "size")
+        stats = {
+            "count": b.op("Cast", [size], "count", to=TensorProto.FLOAT),
+            "ref2": b.op("ReduceSumSquare", [rv], "ref2", keepdims=0),
+        }
+        if ref_stats:
+            stats["rmin"] = b.op("ReduceMin", [rv], "rmin", keepdims=0)
+            stats["rmax"] = b.op("ReduceMax", [rv], "rmax", keepdims=0)
+            stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
+        self.emit("ref", p.key, stats)
+        # every (size // target + 1)-th element: at least 1 and at most ``target`` elements; Add, not Max,
+        # because Max takes no int64 before opset 12. Each side is sampled right after its reductions, so
+        # the candidate is freed before the local error's tensors exist (the live set is smaller).
+        step = None
+        if with_samples:
+            k1 = b.op("Add", [b.op("Div", [size, SUBSAMPLE_INPUT], "k"), self.one_i], "k1")
+            step = b.op("Reshape", [k1, self.one], "step")
+            self.samples[p.key] = {}
+        if p.cand is not None:
+            # one consumer only: ORT would otherwise duplicate a DequantizeLinear per consumer
+            cv = b.op("Identity", [self.as_float(p.cand, "c")], "c")
+            self.emit("acc", p.key, self.compare(rv, cv))
+            if step is not None:
+                self.samples[p.key]["c"] = self.sample(cv, step)
+        if p.local is not None:
+            fq = _fake_quant(b, rv, p.local)
+            self.emit("local", p.key, self.compare(rv, fq))
+            if step is not None:
+                self.samples[p.key]["l"] = self.sample(fq, step)
+        if step is not None:
+            self.samples[p.key]["r"] = self.sample(rv, step)
+        self.groups.append(b.nodes[first:])
+
+    def stacked_outputs(self) -> list[onnx.ValueInfoProto]:
+        """Stack each column into one output (its nodes come after every group in the schedule)."""
+        b = self.b
+        outputs = []
+        for (group, stat), cols in self.columns.items():
+            name = f"qdbg/{group}/{stat}"
+            if self.stack_scalars:
+                seq = b.op("SequenceConstruct", cols, "seq")
+                b.nodes.append(helper.make_node("ConcatFromSequence", [seq], [name], name=name, axis=0, new_axis=1))
+            else:
+                b.nodes.append(helper.make_node("Concat", cols, [name], name=name, axis=0))
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [len(cols)]))
+        for sides in self.samples.values():
+            outputs.extend(onnx.ValueInfoProto(name=s) for s in sides.values())
+        return outputs
+
+
 def build_reduction_model(
     ref: onnx.ModelProto,
     cand: onnx.ModelProto,
@@ -292,118 +401,28 @@ def build_reduction_model(
     """
     r = _prefixed(ref, "r/")
     c = _prefixed(cand, "c/")
-    b = _Builder()
-    one = b.const("shape1", np.array([1], dtype=np.int64))
-    minus1 = b.const("flat", np.array([-1], dtype=np.int64))
-    zero = b.const("zero", np.array([0], dtype=np.int64))
-    big = b.const("end", np.array([np.iinfo(np.int64).max], dtype=np.int64))
-    target = SUBSAMPLE_INPUT
-    one_i = b.const("one", np.array(1, dtype=np.int64))
-    inputs = {i.name for i in ref.graph.input}
-    types = {"r": dict(ref_types or elem_types(ref)), "c": dict(cand_types or elem_types(cand))}
-    stack_scalars = _opset_map(ref, cand).get("", 0) >= 11
-
-    def side(name: str, which: str) -> str:
-        return name if name in inputs else f"{which}/{name}"
-
-    def as_float(name: str, which: str) -> str:
-        known = types[which].get(name)
-        value = side(name, which)
-        return value if known == TensorProto.FLOAT else b.op("Cast", [value], "f", to=TensorProto.FLOAT)
-
-    columns: dict[tuple[str, str], list[str]] = {}
-    keys: dict[str, list[str]] = {g: [] for g in GROUPS}
-    samples: dict[str, dict[str, str]] = {}
-    groups: list[list[onnx.NodeProto]] = []
-
-    def emit(group: str, key: str, stats: dict[str, str]) -> None:
-        keys[group].append(key)
-        for stat, name in stats.items():
-            # scalars are stacked by one ConcatFromSequence per column (opset >= 11); a Reshape to [1]
-            # per scalar before a Concat cost ~2,000 tiny kernels per run on the BERT benchmark model
-            columns.setdefault((group, stat), []).append(
-                name if stack_scalars else b.op("Reshape", [name, one], stat + "1")
-            )
-
-    def compare(rv: str, cv: str) -> dict[str, str]:
-        d = b.op("Sub", [rv, cv], "d")
-        return {
-            "noise2": b.op("ReduceSumSquare", [d], "noise2", keepdims=0),
-            "cand2": b.op("ReduceSumSquare", [cv], "cand2", keepdims=0),
-            "dmax": b.op("ReduceMax", [d], "dmax", keepdims=0),
-            "dmin": b.op("ReduceMin", [d], "dmin", keepdims=0),
-        }
-
-    def sample(value: str, step: str) -> str:
-        return b.op("Slice", [b.op("Reshape", [value, minus1], "flat"), zero, big, zero, step], "s")
-
+    red = _Reductions(ref, cand, ref_types or elem_types(ref), cand_types or elem_types(cand))
     for p in pairs:
-        first = len(b.nodes)
-        rv = as_float(p.ref, "r")
-        size = b.op("Size", [rv], "size")
-        stats = {
-            "count": b.op("Cast", [size], "count", to=TensorProto.FLOAT),
-            "ref2": b.op("ReduceSumSquare", [rv], "ref2", keepdims=0),
-        }
-        if ref_stats:
-            stats["rmin"] = b.op("ReduceMin", [rv], "rmin", keepdims=0)
-            stats["rmax"] = b.op("ReduceMax", [rv], "rmax", keepdims=0)
-            stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
-        emit("ref", p.key, stats)
-        # every (size // target + 1)-th element: at least 1 and at most ``target`` elements; Add, not Max,
-        # because Max takes no int64 before opset 12. Each side is sampled right after its reductions, so
-        # the candidate is freed before the local error's tensors exist (the live set is smaller).
-        step = None
-        if with_samples:
-            step = b.op(
-                "Reshape", [b.op("Add", [b.op("Div", [size, target], "k"), one_i], "k1"), one], "step"
-            )
-            samples[p.key] = {}
-        if p.cand is not None:
-            # one consumer only: ORT would otherwise duplicate a DequantizeLinear per consumer
-            cv = b.op("Identity", [as_float(p.cand, "c")], "c")
-            emit("acc", p.key, compare(rv, cv))
-            if step is not None:
-                samples[p.key]["c"] = sample(cv, step)
-        if p.local is not None:
-            fq = _fake_quant(b, rv, p.local)
-            emit("local", p.key, compare(rv, fq))
-            if step is not None:
-                samples[p.key]["l"] = sample(fq, step)
-        if step is not None:
-            samples[p.key]["r"] = sample(rv, step)
-        groups.append(b.nodes[first:])
-    tail_start = len(b.nodes)
-    outputs = []
-    for (group, stat), cols in columns.items():
-        name = f"qdbg/{group}/{stat}"
-        if stack_scalars:
-            seq = b.op("SequenceConstruct", cols, "seq")
-            b.nodes.append(
-                helper.make_node("ConcatFromSequence", [seq], [name], name=name, axis=0, new_axis=1)
-            )
-        else:
-            b.nodes.append(helper.make_node("Concat", cols, [name], name=name, axis=0))
-        outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [len(cols)]))
-    for sides in samples.values():
-        outputs.extend(onnx.ValueInfoProto(name=s) for s in sides.values())
+        red.add(p, ref_stats, with_samples)
+    tail_start = len(red.b.nodes)
+    outputs = red.stacked_outputs()
     if keep_outputs is None:
         keep_outputs = ([o.name for o in ref.graph.output], [o.name for o in cand.graph.output])
-    ref_outputs = {side(n, "r"): n for n in keep_outputs[0]}
-    cand_outputs = {side(n, "c"): n for n in keep_outputs[1]}
+    ref_outputs = {red.side(n, "r"): n for n in keep_outputs[0]}
+    cand_outputs = {red.side(n, "c"): n for n in keep_outputs[1]}
     seen = {o.name for o in outputs}
     for name in [*ref_outputs, *cand_outputs]:
         if name not in seen:
             outputs.append(onnx.ValueInfoProto(name=name))
             seen.add(name)
-    nodes = schedule([list(r.graph.node), list(c.graph.node)], groups) + b.nodes[tail_start:]
+    nodes = schedule([list(r.graph.node), list(c.graph.node)], red.groups) + red.b.nodes[tail_start:]
     graph = helper.make_graph(
         nodes,
         "qdebug_reductions",
         [*ref.graph.input]
         + ([helper.make_tensor_value_info(SUBSAMPLE_INPUT, TensorProto.INT64, [])] if with_samples else []),
         outputs,
-        list(r.graph.initializer) + list(c.graph.initializer) + b.inits,
+        list(r.graph.initializer) + list(c.graph.initializer) + red.b.inits,
     )
     graph.sparse_initializer.extend(list(r.graph.sparse_initializer) + list(c.graph.sparse_initializer))
     opsets = [helper.make_opsetid(dom, ver) for dom, ver in sorted(_opset_map(ref, cand).items())]
@@ -411,10 +430,10 @@ def build_reduction_model(
     model.ir_version = max(ref.ir_version, cand.ir_version)
     return ReductionModel(
         model,
-        {g: tuple(k) for g, k in keys.items()},
+        {g: tuple(k) for g, k in red.keys.items()},
         ref_outputs,
         cand_outputs,
-        samples,
+        red.samples,
         tuple(o.name for o in model.graph.output),
     )
 

@@ -242,3 +242,53 @@ def switches_for(switchable: Switchable, candidate: onnx.ModelProto) -> np.ndarr
             return None
         on[k] = True
     return on
+
+
+class SwitchScreen:
+    """Scores candidates the way an :class:`~qdebug.evaluate.Evaluator` does, through the switchable model
+    where the candidate is representable (one session for all of them, fake-quant semantics), else through
+    the evaluator itself (the candidate's own session, integer kernels). propose screens with it and
+    confirms the answer and every reported point with the evaluator.
+
+    It stands in for the evaluator it wraps (its attributes are the evaluator's); it pickles without its
+    session, which a worker process builds again on its first score.
+    """
+
+    def __init__(self, evaluator, switchable: Switchable) -> None:
+        self.evaluator = evaluator
+        self.switchable = switchable
+        self._session = None
+        self.screened = 0
+        """Candidates scored through the switchable model."""
+        self.fallbacks = 0
+        """Candidates it could not represent (scored on their own model)."""
+
+    def __getattr__(self, name: str):
+        if name in ("evaluator", "switchable", "_session"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.evaluator, name)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_session": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def session(self):
+        """The switchable model's session (built on first use; ORT's QDQ handling off)."""
+        if self._session is None:
+            from qdebug.capture import make_session
+
+            self._session = make_session(
+                self.switchable.model, self.evaluator.config, what="switchable fake-quant model", fake_quant=True
+            )
+        return self._session
+
+    def score(self, model: onnx.ModelProto, what: str = "quantized model", *, fake_quant: bool = False):
+        """The candidate's score: through the switches when they can express it, else on its own model."""
+        switches = None if fake_quant else switches_for(self.switchable, model)
+        if switches is None:
+            self.fallbacks += 1
+            return self.evaluator.score(model, what, fake_quant=fake_quant)
+        self.screened += 1
+        return self.evaluator.score_session(self.session(), {SWITCHES: switches})

@@ -70,3 +70,20 @@ def test_a_changed_range_is_not_representable(demo):
     switchable = build_switchable(static, prep.normalized)
     assert switches_for(switchable, quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))) is None
     assert switches_for(switchable, static).all()
+
+
+def test_the_screen_stands_in_for_the_evaluator_and_falls_back_on_what_it_cannot_express(demo):
+    import pickle
+
+    from qdebug.switchable import SwitchScreen
+
+    prep, static, evaluator = demo
+    screen = SwitchScreen(evaluator, build_switchable(static, prep.normalized))
+    assert screen.samples == evaluator.samples and screen.metric_name == evaluator.metric_name
+    excluded = quantize_static_model(prep.normalized, prep.ranges, QuantSpec(nodes_to_exclude=("layer0/ln1",)))
+    assert screen.score(excluded).value == evaluator.score(excluded, fake_quant=True).value
+    per_channel = quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))
+    assert screen.score(per_channel).value == evaluator.score(per_channel).value  # its own model, int kernels
+    assert (screen.screened, screen.fallbacks) == (1, 1)
+    worker = pickle.loads(pickle.dumps(screen))  # what a --workers process gets: the session is rebuilt there
+    assert worker._session is None and worker.score(excluded).value == screen.score(excluded).value

@@ -245,10 +245,12 @@ class _GraphPath:
         return dataclasses.replace(model, model=None)
 
     def _open(self, name: str, what: str, **options):
-        """A session over a stashed merged model (arena on, node order kept)."""
+        """A session over a stashed merged model (arena on, node order kept, no memory pattern: its first
+        run would plan it in time superlinear in the merged model's tens of thousands of nodes)."""
         threads = 1 if self.workers > 1 else None
         return make_session(
-            self._files[name], self.config, what=what, arena=True, keep_order=True, threads=threads, **options
+            self._files[name], self.config, what=what, arena=True, keep_order=True, threads=threads,
+            mem_pattern=False, **options,
         )
 
     def fq_sess(self):

@@ -419,3 +419,22 @@ def test_calibrated_ranges_are_the_same_on_both_paths(tmp_path):
         plain = calibrate(prep.normalized_path, "x", prep.calib, use_cache=False)
     assert json.dumps(_dump_tensors_data(fast.tensors)) == json.dumps(_dump_tensors_data(plain.tensors))
     assert np.isfinite([v for lo_hi in fast.minmax().values() for v in lo_hi]).all()
+
+
+def test_a_fallback_to_the_plain_path_is_a_note_of_the_report(tmp_path, monkeypatch, indexed_runs):
+    """The fallback's note reaches the user where they read notes (report.json and analyze's summary),
+    not only a warning on stderr."""
+    from qdebug.cli.main import main
+    from qdebug.report_io import load_report
+
+    changed = dict(fast_quantize.VERIFIED_SOURCES, **{"ONNXModel.replace_input_of_all_nodes": "0" * 16})
+    monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
+    monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+    monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "r.json"
+    with pytest.warns(fast_quantize.SlowQuantizerWarning):
+        argv = ["analyze", str(FIXTURES / "cnn" / "model.onnx"), "--calib", str(FIXTURES / "cnn" / "calib.npz"),
+                "-o", str(out), "-q", "--fakequant-samples", "0", "--flip-details", "0"]
+        assert main(argv) == 0
+    notes = [n for n in load_report(out).notes if "plain path" in n]
+    assert len(notes) == 1 and "replace_input_of_all_nodes" in notes[0]

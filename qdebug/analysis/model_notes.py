@@ -15,6 +15,7 @@ from collections.abc import Callable
 import onnx
 
 from qdebug.analysis.measure import LayerErrors
+from qdebug import fast_quantize
 from qdebug.calibrate import Ranges
 from qdebug.formatting import fmt_size
 from qdebug.graph.load import PER_CHANNEL_OPSET, WeightBytes, default_opset, weight_bytes
@@ -215,6 +216,9 @@ def quantizer_notes(
             "integers its ranges often clip (the CNN fixture: top-1 98 % -> 20 %, the same with ORT's "
             "quantize_static): compare with --method minmax, entropy or percentile"
         )
+    if method == "entropy":
+        notes.extend(n for n in [entropy_search_note(ranges)] if n)
+    notes.extend(fast_quantize.notes())  # ORT's quantizer or calibrator fell back to its plain path
     if ranges.from_cache:
         notes.append(f"calibration ranges reused from cache {ranges.cache_path}")
     if not is_qdq_model(qproto):
@@ -245,3 +249,26 @@ def capture_notes(layers: LayerErrors, requested_engine: str, eval_given: bool) 
             "layer capture used the numpy engine (models differ in opset or tensor types are unknown)"
         )
     return notes
+
+
+ENTROPY_QUANTIZED_BINS = 128
+"""The quantized bins ORT's ``create_calibrator`` gives the entropy calibrator (``num_quantized_bins``), and
+its default histogram size (``num_bins``): ``quantize_static`` passes neither."""
+
+
+def entropy_search_note(ranges: Ranges) -> str | None:
+    """A note when ORT's entropy calibration searched no threshold: its KL search slides a window of
+    ``num_quantized_bins`` bins outward from the histogram's middle, so a histogram of no more bins than
+    that (128 and 128, ``quantize_static``'s only setting) tries one candidate, the whole histogram, and
+    gives the tensor's min/max range -- minmax's, under another name."""
+    data = getattr(ranges.tensors, "data", {})
+    flat = [k for k, t in data.items() if getattr(t, "hist", None) is not None and t.hist.size <= ENTROPY_QUANTIZED_BINS]
+    if not flat:
+        return None
+    return (
+        f"--method entropy searched no clipping threshold on {len(flat)} of {len(data)} tensors: ORT builds "
+        f"the entropy calibrator with a {ENTROPY_QUANTIZED_BINS}-bin histogram and {ENTROPY_QUANTIZED_BINS} "
+        "quantized bins (quantize_static has no option to change either), so its KL search tries only the whole "
+        "histogram and those ranges are the tensors' min/max, as --method minmax gives; for clipped ranges "
+        "compare with --method percentile (or ORT's create_calibrator with extra_options num_bins=2048)"
+    )

@@ -29,7 +29,16 @@ from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_wr
 from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric, fmt_size
 from qdebug.records import NodeRecord, Proposal, Report, folded_into, from_exact_input, rank_nodes
 from qdebug.records.bench import BenchReport
-from qdebug.records.diff import TABLE_COLUMNS, DiffReport, node_label
+from qdebug.records.diff import (
+    COMPARISON_COLUMNS,
+    TABLE_COLUMNS,
+    Comparison,
+    DiffReport,
+    comparison_header,
+    comparison_rows,
+    node_label,
+)
+from qdebug.records.samples import SampleSection
 from qdebug.records.verify import VerifyResult
 
 MARKDOWN_HELP = (
@@ -75,6 +84,7 @@ def write_ci_outputs(args: Any, record: object, **options: Any) -> None:
             VerifyResult: verify_markdown,
             BenchReport: bench_markdown,
             DiffReport: diff_markdown,
+            Comparison: comparison_markdown,
         }[type(record)]
         write_markdown(markdown, render(record, **options))  # type: ignore[operator]
     if junit:
@@ -166,7 +176,22 @@ def report_markdown(report: Report, top: int = 10) -> str:
         ]  # fmt: skip
         cols = ("node", "op", "added noise dB", "introduced dB", "local SQNR", "accum. SQNR", "KL")
         out.append(table(cols, rows, right=range(2, 7)))
+    out.append(samples_markdown(report.per_sample))
     out.append(_details("notes", report.notes))
+    return "".join(out)
+
+
+def samples_markdown(section: SampleSection | None, top: int = 5) -> str:
+    """The per-sample drill-down: the flip counts and the ``top`` worst flips as a table ("" without it)."""
+    if section is None or not section.variants:
+        return ""
+    lines = section.summary_lines(0)
+    out = [f"\n**{cell(lines[0].rstrip(':'))}**\n\n", "".join(f"- {cell(line)}\n" for line in lines[1:])]
+    last = section.variants[-1]
+    if last.flips and top > 0:
+        cols = ("sample", "input", "change", "output SQNR", "diverges most at", "clipped")
+        out.append(f"\nthe {min(top, len(last.flips))} worst ({last.name}):\n\n")
+        out.append(table(cols, [section.flip_cells(f) for f in last.flips[:top]], right=(3,)))
     return "".join(out)
 
 
@@ -242,6 +267,7 @@ def verify_markdown(result: VerifyResult) -> str:
     if gates:
         rows = [(g.name, "pass" if g.passed else ("**FAIL**" if g.decided else "undecided"), g.detail) for g in gates]
         out.append("\n" + table(("gate", "result", "measured"), rows))
+    out.append(samples_markdown(result.per_sample))
     out.append(_details("notes", result.notes))
     return "".join(out)
 
@@ -291,6 +317,18 @@ def diff_markdown(diff: DiffReport, top: int = 10) -> str:
         out.append(table(TABLE_COLUMNS, [(code(node_label(n)), *cells) for n, cells in rows], right=range(2, 8)))
     only = [f"only in {s}: {', '.join(names)}" for s, names in (("A", diff.only_in_a), ("B", diff.only_in_b)) if names]
     out.append(_details("notes", [*only, *diff.notes]))
+    return "".join(out)
+
+
+def comparison_markdown(c: Comparison, top: int = 10) -> str:
+    """Three or more reports: each one's task metric and wins, the tensors with the biggest margins."""
+    out = [f"## qdebug diff: {' vs '.join(code(label) for label in c.labels)}\n\n"]
+    out.append("".join(f"- {cell(line)}\n" for line in comparison_header(c)))
+    rows = comparison_rows(c, top)
+    if rows:
+        out.append(f"\n**{len(rows)} of {len(c.tensors)} tensors, biggest margin first**\n\n")
+        out.append(table(COMPARISON_COLUMNS, [(code(r[0]), *r[1:]) for r in rows], right=range(2, 5)))
+    out.append(_details("notes", list(c.notes)))
     return "".join(out)
 
 

@@ -38,6 +38,9 @@ from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.records import NodeRecord, Report, TensorRecord
 from qdebug.records.diff import (
+    COMPARISON_KIND,
+    Comparison,
+    TensorBest,
     DIFF_SCHEMA_VERSION,
     DiffReport,
     NodeChange,
@@ -447,3 +450,73 @@ def load_diff(path: str | Path) -> DiffReport:
     if result.kind != "diff":
         raise QDebugError(f"{path} is not a qdebug diff (kind {result.kind!r})", "pass a diff.json", ExitCode.INPUT)
     return result
+
+
+# --------------------------------------------------------------------------- three or more reports
+
+
+def _labels(reports: Sequence[Report], paths: Sequence[str]) -> tuple[str, ...]:
+    """The reports' calibration methods when those tell them apart, else their file names."""
+    methods = [r.config.method for r in reports]
+    if len(set(methods)) == len(methods):
+        return tuple(methods)
+    names = [Path(p).name for p in paths]
+    return tuple(names) if len(set(names)) == len(names) else tuple(str(p) for p in paths)
+
+
+def _best(values: Sequence[float]) -> tuple[int, float]:
+    """Index of the highest number (ties: the first; -1 when none is a number) and its margin over the
+    second highest (nan with fewer than two numbers)."""
+    scored = sorted(((v, -i) for i, v in enumerate(values) if not math.isnan(v)), reverse=True)
+    if not scored:
+        return -1, math.nan
+    margin = delta(scored[0][0], scored[1][0]) if len(scored) > 1 else math.nan
+    return -scored[0][1], margin
+
+
+def compare_many(reports: Sequence[Report], paths: Sequence[str]) -> Comparison:
+    """Several reports of one model, tensor by tensor: which one quantizes each tensor best (local SQNR:
+    its own range, upstream left FP32) and what each reaches with everything upstream quantized too.
+    Tensors are paired with the first report's through the graph, as two-way diffs pair them."""
+    first = reports[0]
+    paired: dict[str, list[TensorRecord | None]] = {t.name: [t] for t in first.tensors}
+    for other in reports[1:]:
+        found = {ta.name: tb for ta, tb in pair_tensors(first, other, pair_nodes(first, other))}
+        for name, row in paired.items():
+            row.append(found.get(name))
+    rows = []
+    for name, row in paired.items():
+        if any(t is None for t in row):
+            continue
+        local = tuple(_sqnr(t.local) for t in row)  # type: ignore[union-attr]
+        best, margin = _best(local)
+        if best < 0:
+            continue  # quantized in none of them
+        acc = tuple(_sqnr(t.accumulated) for t in row)  # type: ignore[union-attr]
+        rows.append(TensorBest(name, local, acc, best, margin))
+    rows.sort(key=lambda r: -(r.margin_db if math.isfinite(r.margin_db) else -1.0))
+    wins = tuple(sum(1 for r in rows if r.best == i and r.margin_db != 0) for i in range(len(reports)))
+    notes = []
+    unpaired = len(first.tensors) - len(paired) + sum(1 for row in paired.values() if any(t is None for t in row))
+    if unpaired:
+        notes.append(f"{unpaired} tensor(s) of {paths[0]} have no counterpart in every other report: not compared")
+    models = {r.model.sha256 for r in reports}
+    if len(models) > 1:
+        notes.append("the reports are of different models: tensors were paired through the graph")
+    return Comparison(
+        schema_version=DIFF_SCHEMA_VERSION,
+        kind=COMPARISON_KIND,
+        qdebug_version=__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        labels=_labels(reports, paths),
+        sides=tuple(_side(r, str(p)) for r, p in zip(reports, paths, strict=True)),
+        tasks=tuple(_task(r) for r in reports),
+        tensors=tuple(rows),
+        wins=wins,
+        notes=tuple(notes),
+    )
+
+
+def compare_reports(paths: Sequence[str | Path]) -> Comparison:
+    """Load three or more reports and compare them (:func:`compare_many`)."""
+    return compare_many([load_report(p) for p in paths], [str(p) for p in paths])

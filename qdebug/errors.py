@@ -55,6 +55,11 @@ class QDebugError(Exception):
         self.hint = hint
         self.code = code
 
+    def __reduce__(self) -> tuple:
+        """Pickled whole: an error raised in a worker process (``--workers``, ``--ray``) comes back with its
+        hint and exit code (Exception's default pickling keeps only the message)."""
+        return (self.__class__, (self.message, self.hint, self.code))
+
     def one_line(self) -> str:
         """The error as a single line (newlines folded) for stderr."""
         text = self.message if not self.hint else f"{self.message} -- {self.hint}"

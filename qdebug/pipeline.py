@@ -16,6 +16,7 @@ command's own inputs (a user's model, its pairing).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -64,7 +65,9 @@ from qdebug.records import (
     WeightRecord,
 )
 from qdebug.records.report import QuantSettings, config_fields
+from qdebug.records.samples import SampleSection
 from qdebug.report_io import save_report
+from qdebug.samples import DetailTarget, per_sample_section
 
 
 def analyze(
@@ -145,7 +148,9 @@ def _analyze(
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
     notes.extend(_report_notes(prep.normalized, qproto, layers, nodes, qnodes, weights))
-    task, result = _task_metric(prep, eval_set, layers, nodes, qproto, config, options, dyn_nodes, notes)
+    task, result, evaluator = _task_metric(prep, eval_set, layers, nodes, qproto, config, options, dyn_nodes, notes)
+    variant = "quantized" if quantized is not None else "static"  # the user's model may not be static
+    per_sample = _per_sample(prep, eval_set, evaluator, (variant, result), qproto, pairing, config, options, notes)
     report = assemble_report(
         prep,
         qinfo,
@@ -159,6 +164,7 @@ def _analyze(
         ranges,
         calibration_cache=str(prep.ranges.cache_path) if prep.ranges and prep.ranges.cache_path else None,
     )
+    report = dataclasses.replace(report, per_sample=per_sample)
     save_report(report, out)  # here, not in a stage: tests patch qdebug.pipeline.save_report
     return report
 
@@ -313,8 +319,9 @@ def _task_metric(
     options: AnalyzeOptions,
     dyn_nodes: set[str] | None,
     notes: list[str],
-) -> tuple[TaskMetric, EvalResult]:
-    """The task metric of the deployed model (and of its fake-quant view), with the evaluation's notes.
+) -> tuple[TaskMetric, EvalResult, Evaluator]:
+    """The task metric of the deployed model (and of its fake-quant view), with the evaluation's notes, and
+    the evaluator that scored it.
 
     With evaluation data, both are scored on un-instrumented sessions over all of it; without, on the
     outputs the capture already saw on the calibration data.
@@ -329,7 +336,34 @@ def _task_metric(
     scope = metric_scope_note(evaluator)
     if scope:
         notes.append(scope)
-    return task, result
+    return task, result, evaluator
+
+
+def _per_sample(
+    prep: Prepared,
+    eval_set: DataSet | None,
+    evaluator: Evaluator,
+    result: tuple[str, EvalResult],
+    qproto: onnx.ModelProto,
+    pairing: Pairing,
+    config: SessionConfig,
+    options: AnalyzeOptions,
+    notes: list[str],
+) -> SampleSection | None:
+    """The per-sample drill-down (:mod:`qdebug.samples`) on the data the task metric was scored on: the
+    evaluation data, else the calibration data the capture ran on (re-read for the flipped samples)."""
+    target = DetailTarget(result[0], qproto, pairing)
+    return per_sample_section(
+        evaluator,
+        [result],
+        prep.normalized,
+        config,
+        data="eval" if eval_set is not None else "calib",
+        batches=None if eval_set is not None else prep.calib.batches(),
+        target=target,
+        details=options.flip_details,
+        notes=notes,
+    )
 
 
 def _scored_on_eval(

@@ -40,6 +40,7 @@ from qdebug.records import (
     WeightRecord,
 )
 from qdebug.records.report import QuantSettings
+from qdebug.samples import DEFAULT_FLIP_DETAILS
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class RuntimeSettings:
     threads: int = 0
     use_cache: bool = True
     """Read and write the calibration cache (``--no-cache``: neither)."""
+    workers: int | None = None
+    """Candidate evaluations run side by side (``--workers``; None: the cores the process may use, 1: in this
+    process, as before). The answers do not depend on it (:mod:`qdebug.parallel`)."""
+    ray: str | None = None
+    """``--ray auto|ADDRESS``: score the evaluations on a Ray cluster instead of local processes."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class QuantRequest:
 
 QUANT_FLAT = ("method", "per_channel", "activation_type", "weight_type", "upgrade_opset", "inline_constant_if")
 """The quantization settings the Options classes still take (and give) as flat keyword arguments."""
-RUNTIME_FLAT = ("providers", "threads", "use_cache")
+RUNTIME_FLAT = ("providers", "threads", "use_cache", "workers", "ray")
 """The runtime settings they take as flat keyword arguments."""
 
 _T = TypeVar("_T")
@@ -163,6 +169,9 @@ class AnalyzeOptions:
     """Capture engine: ``graph`` (reductions inside ORT), ``numpy`` (exact float64 copies), ``auto``."""
     fakequant_samples: int | None = DEFAULT_FAKEQUANT_SAMPLES
     """Run the fake-quant view on the first N samples only (None: all; 0: skip it)."""
+    flip_details: int = DEFAULT_FLIP_DETAILS
+    """Flipped samples measured tensor by tensor in the per-sample drill-down (``--flip-details``; 0: none;
+    :data:`qdebug.samples.DEFAULT_FLIP_DETAILS`)."""
 
     @property
     def settings(self) -> QuantSettings:

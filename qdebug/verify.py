@@ -54,6 +54,7 @@ from qdebug.gates import Judgement, _noise, _noise_fields, assess, judge  # re-e
 from qdebug.graph.load import LoadedModel, load_model, save_model, stored_size, weight_bytes
 from qdebug.graph.match import pair_models
 from qdebug.noise import DEFAULT_CONFIDENCE
+from qdebug.parallel import Pool, check_request, open_pool, score_all
 from qdebug.prepare import (
     QUANT_FLAT,
     AnalyzeOptions,
@@ -68,9 +69,12 @@ from qdebug.prepare import (
 )
 from qdebug.progress import Progress, no_progress
 from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.recalibrate import calib_add_flipped
 from qdebug.records import SCHEMA_VERSION, Proposal
+from qdebug.records.samples import SampleSection
 from qdebug.records.verify import Timing, VariantResult, VerifyResult
 from qdebug.report_io import dumps, load_proposal
+from qdebug.samples import DEFAULT_FLIP_DETAILS, DetailTarget, per_sample_section
 from qdebug.timing import CHUNK_RUNS, time_sessions  # re-exported: verify times its table there
 from qdebug.verify_table import _columns, _float_size_notes, _speed_clause, _Variants, _with_weights
 
@@ -125,6 +129,11 @@ class VerifyOptions:
     runs: int = 50
     """Timed runs per variant (0: no latency measurement)."""
     warmup: int = 5
+    flip_details: int = DEFAULT_FLIP_DETAILS
+    """The selective model's flipped samples measured tensor by tensor (``--flip-details``; 0: none)."""
+    calib_add_flipped: bool = False
+    """Also rebuild both variants with static's flipped samples added to the cached calibration ranges, and
+    score them (``--calib-add-flipped``, :mod:`qdebug.recalibrate`)."""
 
 
 class _Context:
@@ -164,12 +173,25 @@ class _Context:
         self.static_cache: dict[str, tuple[onnx.ModelProto, EvalResult, set[str]]] = {}
         self._ops = set(self.prep.settings.op_types or op_types_to_quantize())
 
-    def static(self, spec: QuantSpec) -> tuple[onnx.ModelProto, EvalResult, set[str]]:
-        """(model, EvalResult, quantizable node names) of the full static variant (cached per spec)."""
+    def static(
+        self, spec: QuantSpec, pool: Pool | None = None, then: Callable[[], object] | None = None
+    ) -> tuple[onnx.ModelProto, EvalResult, set[str]]:
+        """(model, EvalResult, quantizable node names) of the full static variant (cached per spec).
+
+        With ``pool`` its score runs there, and ``then`` (the selective variant's build and hand-over) runs
+        while it does."""
         key = repr(spec)
         if key not in self.static_cache:
             model = quantize_static_model(self.prep.normalized, self.prep.ranges, spec)
-            result = self.evaluator.score(model, what="static quantized model")
+            if pool is None:
+                result = self.evaluator.score(model, what="static quantized model")
+            else:
+                ticket = pool.submit(self.evaluator, model, "static quantized model")
+                try:
+                    if then is not None:
+                        then()
+                finally:  # static's own error first, as when scored one after the other
+                    result = pool.result(ticket)
             qnodes = quantized_node_names(model, pair_models(self.prep.normalized, model))
             ops = {n.name: n.op_type for n in self.prep.normalized.graph.node}
             quantizable = {n for n in qnodes if ops.get(n) in self._ops}
@@ -244,7 +266,7 @@ def verify(
         [model, calib, eval_data, source if source != "tui" else None],
     )
     try:
-        with guard:
+        with guard, open_pool(options.runtime) as pool:  # its workers stop before the guard cleans up
             ctx = _context
             if ctx is None:
                 if output is not None:
@@ -264,7 +286,7 @@ def verify(
                 )
             check_proposal(proposal, loaded.sha256, model, ctx.prep.normalized)
             _require_fp32_value(ctx.evaluator, options)
-            built = _quantized_variants(ctx, proposal, progress, cancelled)
+            built = _quantized_variants(ctx, proposal, progress, cancelled, pool)
             if built is None:
                 return _cancelled(proposal, source)
             models = {"fp32": ctx.prep.normalized, "static": built.static_model, "selective": built.selective_model}
@@ -277,7 +299,7 @@ def verify(
             progress("timing", 3, 3)
             columns = _with_weights(_columns(ctx.evaluator.fp32_value, built, proposal, sizes, paths, timings), weights)
             result = _verify_result(ctx, loaded, proposal, source, options, built, columns, start)
-            notes = result.notes + tuple(timing_notes) + _float_size_notes(weights)
+            notes = result.notes + tuple(timing_notes) + _float_size_notes(weights) + tuple(pool.notes)
             result = dataclasses.replace(result, notes=notes)
             if output is not None:
                 atomic_write_text(output, dumps(result))
@@ -308,6 +330,7 @@ def _spare_inputs(
 
 def _check_options(options: VerifyOptions) -> None:
     """Refuse option values no run can honour, before any model or data is read."""
+    check_request(options.runtime)
     if options.eval_max_samples is not None and options.eval_max_samples < 1:
         raise QDebugError(
             f"--eval-max-samples must be >= 1 (got {options.eval_max_samples})",
@@ -383,29 +406,78 @@ def _require_fp32_value(evaluator: Evaluator, options: VerifyOptions) -> None:
 
 
 def _quantized_variants(
-    ctx: _Context, proposal: Proposal, progress: Progress, cancelled: Callable[[], bool]
+    ctx: _Context,
+    proposal: Proposal,
+    progress: Progress,
+    cancelled: Callable[[], bool],
+    pool: Pool | None = None,
 ) -> _Variants | None:
     """Build and score full static (cached in ``ctx``) and selective static, both from the settings the
     context calibrated with (the proposal's, the user's config included, with the flags); None once
-    cancelled."""
-    settings = ctx.prep.settings
-    base = QuantSpec.of(settings, per_channel=settings.per_channel or bool(proposal.base_per_channel))
+    cancelled. With several workers (``pool``) the two scores run side by side."""
+    base, sel_spec = _specs(ctx, proposal)
+    side = pool if pool is not None and not pool.inline else None
+    handed: list = []
+
+    def selective_too() -> None:  # built and handed over while static is scored
+        model = quantize_static_model(ctx.prep.normalized, ctx.prep.ranges, sel_spec)
+        handed.extend([model, side.submit(ctx.evaluator, model, "selective quantized model")])  # type: ignore[union-attr]
+
     progress("static", 0, 3)
-    static_model, static_res, quantizable = ctx.static(base)
+    static_model, static_res, quantizable = ctx.static(base, side, selective_too)
     if cancelled():
         return None
     progress("selective", 1, 3)
+    if handed:
+        sel_model, sel_res = handed[0], side.result(handed[1])  # type: ignore[union-attr]
+    else:  # one after the other (one worker, or static known already)
+        sel_model = quantize_static_model(ctx.prep.normalized, ctx.prep.ranges, sel_spec)
+        sel_res = score_all(side, ctx.evaluator, [sel_model], "selective quantized model")[0]
+    if cancelled():
+        return None
+    return _Variants(static_model, static_res, quantizable, sel_model, sel_res)
+
+
+def _specs(ctx: _Context, proposal: Proposal) -> tuple[QuantSpec, QuantSpec]:
+    """(static, selective) specs, both from the settings the context calibrated with (the proposal's, the
+    user's config included, with the flags)."""
+    settings = ctx.prep.settings
+    base = QuantSpec.of(settings, per_channel=settings.per_channel or bool(proposal.base_per_channel))
     sel_spec = QuantSpec.of(
         settings,
         per_channel=settings.per_channel or proposal.per_channel,
         nodes_to_exclude=tuple(proposal.nodes_to_exclude),
         tensor_overrides=tuple(proposal.tensor_overrides),
     )
-    sel_model = quantize_static_model(ctx.prep.normalized, ctx.prep.ranges, sel_spec)
-    sel_res = ctx.evaluator.score(sel_model, what="selective quantized model")
-    if cancelled():
-        return None
-    return _Variants(static_model, static_res, quantizable, sel_model, sel_res)
+    return base, sel_spec
+
+
+def _per_sample(
+    ctx: _Context, built: _Variants, options: VerifyOptions, proposal: Proposal, notes: list[str]
+) -> SampleSection | None:
+    """The per-sample drill-down (:mod:`qdebug.samples`): static's and selective's result per evaluation
+    sample, their flips, and the selective model's worst remaining flips measured tensor by tensor; with
+    ``calib_add_flipped`` both variants rebuilt with static's flips added to the calibration
+    (:mod:`qdebug.recalibrate`)."""
+    target = None
+    if options.flip_details > 0:
+        pairing = pair_models(ctx.prep.normalized, built.selective_model)
+        target = DetailTarget("selective", built.selective_model, pairing)
+    section = per_sample_section(
+        ctx.evaluator,
+        [("static", built.static), ("selective", built.selective)],
+        ctx.prep.normalized,
+        ctx.config,
+        target=target,
+        details=options.flip_details,
+        notes=notes,
+    )
+    if section is None or not options.calib_add_flipped:
+        return section
+    static_spec, sel_spec = _specs(ctx, proposal)
+    specs = [("static", static_spec, built.static.value), ("selective", sel_spec, built.selective.value)]
+    again = calib_add_flipped(ctx.evaluator, section, ctx.prep.normalized, ctx.prep.ranges, specs, ctx.config)
+    return dataclasses.replace(section, recalibrated=again)
 
 
 def _saved_models(
@@ -481,6 +553,8 @@ def _verify_result(
         noise=noise,
     )
     recovered, met, verdict = j.recovered, j.met, j.verdict + _speed_clause(columns)
+    sample_notes: list[str] = []
+    per_sample = _per_sample(ctx, built, options, proposal, sample_notes)
     return VerifyResult(
         schema_version=SCHEMA_VERSION,
         kind="verify",
@@ -503,9 +577,11 @@ def _verify_result(
             + base_setting_notes(proposal, options.per_channel)
             + settings_notes(proposal, ctx.prep.settings)
             + noise_notes
+            + sample_notes
         ),
         target_drop=math.nan if options.target_drop is None else float(options.target_drop),
         **_noise_fields(noise, j),
+        per_sample=per_sample,
     )
 
 

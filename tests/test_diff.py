@@ -247,3 +247,45 @@ def test_verdict_and_ranking():
     assert [n.name_b for n in diff.nodes] == ["b", "a"]
     assert diff.nodes[0].added_noise_delta_db == pytest.approx(1.0) and diff.nodes[0].verdict == "worse"
     assert strict_json(dumps(diff))["nodes"][0]["name_b"] == "b"
+
+
+def test_analyze_with_several_methods_writes_one_report_each_and_names_the_best_per_tensor(tmp_path, capsys, monkeypatch):
+    """``analyze --method minmax,percentile,entropy`` (issue 19): a report per method next to ``-o``, the
+    comparison table on stdout (the best report per tensor by its own local SQNR, checked against the
+    reports' numbers), ``qdebug diff`` of the three reports giving the same file, and the note that ORT's
+    entropy calibration with quantize_static's settings is minmax under another name."""
+    from qdebug.diff import compare_reports
+    from qdebug.records.diff import Comparison
+
+    monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp_path / "cache"))
+    model = small_cnn(tmp_path / "m.onnx", unnamed=False)
+    data = small_data(tmp_path / "c.npz")
+    md = tmp_path / "methods.md"
+    argv = ["analyze", str(model), "--calib", str(data), "-o", str(tmp_path / "r.json"), "-q",
+            "--method", "minmax,percentile,entropy", "--fakequant-samples", "0", "--markdown", str(md)]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    paths = [tmp_path / f"r.{m}.json" for m in ("minmax", "percentile", "entropy")]
+    assert all(p.is_file() for p in paths) and not (tmp_path / "r.json").exists()
+    reports = [load_report(p) for p in paths]
+    assert [r.config.method for r in reports] == ["minmax", "percentile", "entropy"]
+    comparison = compare_reports(paths)
+    assert comparison.labels == ("minmax", "percentile", "entropy")
+    assert sum(comparison.wins) <= len(comparison.tensors) > 0
+    for row in comparison.tensors:
+        local = [r.tensor(row.name).local.sqnr_db for r in reports]
+        assert row.local_sqnr_db == tuple(local)
+        assert local[row.best] == max(v for v in local if not math.isnan(v))
+    assert "minmax: " in stdout and "best on" in stdout and "biggest margin first" in stdout
+    entropy_notes = [n for n in reports[2].notes if "searched no clipping threshold" in n]
+    assert entropy_notes and not any("searched no clipping" in n for n in reports[0].notes)
+    # entropy's ranges are minmax's: every tensor's local SQNR is the same in both
+    assert all(row.local_sqnr_db[0] == row.local_sqnr_db[2] or math.isnan(row.local_sqnr_db[0]) for row in comparison.tensors)
+    assert md.read_text().startswith("## qdebug diff: `minmax` vs `percentile` vs `entropy`")
+    out = tmp_path / "cmp.json"
+    assert main(["diff", *map(str, paths), "--json", str(out)]) == 0
+    written = strict_json(out.read_text())
+    assert written["kind"] == "comparison" and written["wins"] == list(comparison.wins)
+    from qdebug.report_io import load_record
+
+    assert isinstance(load_record(Comparison, out, "comparison", DIFF_SCHEMA_VERSION), Comparison)

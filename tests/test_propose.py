@@ -433,6 +433,23 @@ class _FakeSearch:
     def score(self, trial) -> float:
         return trial.value
 
+    # the round interface (Search.ask / prefetch / evaluate_many): hints ignored, rounds one after another
+    hint_depth = 2
+
+    def ask(self, nodes, overrides=(), per_channel=None, keep_float=(), fixes=()):
+        return (tuple(nodes), tuple(overrides), per_channel, tuple(keep_float), tuple(fixes))
+
+    def prefetch(self, asked, sure=False) -> None:
+        pass
+
+    def evaluate_many(self, step, asked, reserve=0):
+        out = []
+        for a in asked:
+            if self.left <= reserve:
+                break
+            out.append(self.evaluate(step, *a))
+        return out + [None] * (len(asked) - len(out))
+
 
 def _unit(name: str, *nodes: str) -> Unit:
     return Unit(name, "tensor", nodes or (name,), (name,), 1.0, name, "test")

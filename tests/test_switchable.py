@@ -87,3 +87,43 @@ def test_the_screen_stands_in_for_the_evaluator_and_falls_back_on_what_it_cannot
     assert (screen.screened, screen.fallbacks) == (1, 1)
     worker = pickle.loads(pickle.dumps(screen))  # what a --workers process gets: the session is rebuilt there
     assert worker._session is None and worker.score(excluded).value == screen.score(excluded).value
+
+
+def _planted():
+    import importlib.util
+    import sys
+
+    from tests.conftest import FIXTURES
+
+    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "planted.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("planted", module)
+    spec.loader.exec_module(module)
+    return sys.modules["planted"]
+
+
+@pytest.mark.parametrize("kind", ["outlier_residual", "detector_concat"])
+def test_propose_screened_on_the_switchable_model_finds_the_planted_culprits(tmp_path, kind):
+    """``--screen-model on``: the search's exclusion candidates go through the one switchable session, the
+    answer is still exactly the planted set, and its reported numbers are the real model's (the same as
+    a search without the screen)."""
+    from qdebug.cli.main import main
+    from qdebug.propose import ProposeOptions, propose
+
+    planted = _planted()
+    if kind not in planted.KINDS:
+        pytest.skip(f"no planted kind {kind}")
+    rec = planted.make(kind, tmp_path / kind, "small")
+    report = tmp_path / "r.json"
+    args = ["analyze", rec.model, "--calib", rec.calib, "--eval", rec.eval, "--metric", rec.metric]
+    assert main([*args, "-o", str(report), "-q"]) == 0
+    common = dict(target_drop=rec.target_drop, time_runs=0)
+    off = propose(report, output=None, options=ProposeOptions(screen_model="off", **common))
+    on = propose(report, output=None, options=ProposeOptions(screen_model="on", **common))
+    assert list(on.proposal.nodes_to_exclude) == list(off.proposal.nodes_to_exclude) == list(rec.culprits)
+    assert on.proposal.expected_metric == off.proposal.expected_metric  # confirmed on the real model
+    assert on.proposal.static_metric == off.proposal.static_metric
+    (note,) = [n for n in on.notes if "switchable fake-quant model" in n]
+    screened, total = int(note.split(" of ")[0]), int(note.split(" of ")[1].split()[0])
+    assert 1 <= screened <= total <= on.proposal.evaluations, note  # exclusions went through the switches
+    assert not any("switchable" in n for n in off.notes)

@@ -16,9 +16,11 @@ this package measures them and explains the measurement:
   and collapsed ranges, instrumentation, evaluation range), and the headline order;
 * :mod:`.model_notes` -- the notes on how the model was built: the quantizer, the
   capture, what ORT folded or keeps float, and verify's and bench's size note.
+* :mod:`.per_sample` -- the per-sample drill-down's second pass: a few flipped samples,
+  each alone, through both models (per tensor its SQNR, added noise and clip rate).
 
 Imports run one way: measure -> the engines -> build; notes -> model_notes, both
-reading measure's result.
+reading measure's result; per_sample reads measure, the numpy engine and build.
 This module re-exports the names other modules, tests and benchmarks use. Patch a
 name (a tuning constant, a session factory) in the submodule that looks it up:
 a patch here changes nothing the capture reads.

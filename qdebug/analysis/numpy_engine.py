@@ -52,8 +52,8 @@ def local_fake_quant(qdq: onnx.ModelProto, pairs: list[TensorPair]) -> dict[str,
     return out
 
 
-def fake_quantize(x: np.ndarray, fq: FakeQuant) -> np.ndarray:
-    """QuantizeLinear -> DequantizeLinear in numpy, as ORT computes it (float32, round half to even, saturate)."""
+def quant_params(x: np.ndarray, fq: FakeQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x as float32, scale, zero point)``, the parameters shaped to broadcast along ``fq.axis`` (per channel)."""
     x32 = np.asarray(x, dtype=np.float32)
     scale = np.asarray(fq.scale, dtype=np.float32)
     zp = np.asarray(fq.zero_point) if fq.zero_point is not None else np.zeros_like(scale, dtype=np.uint8)
@@ -61,6 +61,12 @@ def fake_quantize(x: np.ndarray, fq: FakeQuant) -> np.ndarray:
         shape = [1] * x32.ndim
         shape[fq.axis] = -1
         scale, zp = scale.reshape(shape), zp.reshape(shape)
+    return x32, scale, zp
+
+
+def fake_quantize(x: np.ndarray, fq: FakeQuant) -> np.ndarray:
+    """QuantizeLinear -> DequantizeLinear in numpy, as ORT computes it (float32, round half to even, saturate)."""
+    x32, scale, zp = quant_params(x, fq)
     info = np.iinfo(zp.dtype)
     zpf = zp.astype(np.float32)
     q = np.clip(np.rint(x32 / scale) + zpf, info.min, info.max)

@@ -56,6 +56,7 @@ from qdebug.files import (
     sha256_file,
 )
 from qdebug.graph.load import WeightBytes, stored_size, weight_bytes
+from qdebug.parallel import check_request, open_pool
 from qdebug.prepare import (
     AnalyzeOptions,
     Prepared,
@@ -173,6 +174,7 @@ def _checked_request(
             ExitCode.USAGE,
         )
     check_providers(options.providers)
+    check_request(options.runtime)
     check_writable(out)
     if chart is not None:
         check_writable(chart, "--chart")
@@ -317,6 +319,18 @@ def _scores(
     """
     scores: dict[str, tuple[float, float]] = {}
     layer_reports: dict[str, Report] = {}
+    # every variant's accuracy side by side (--workers); the pool is closed before anything is timed
+    todo = [i for i, b in enumerate(built) if not b.error and b.path is not None and b.kind != "fp32"]
+    outcomes: dict[int, Any] = {}
+    with open_pool(options.runtime, [evaluator], notes) as pool:
+
+        def submit(i: int) -> Any:
+            return pool.submit(evaluator, onnx.load(str(built[i].path)), f"{built[i].name} model")
+
+        tickets = {} if pool.inline else {i: submit(i) for i in todo}
+        for n, i in enumerate(todo):  # inline: loaded and scored one at a time, as before
+            progress("evaluate", n, len(built))
+            outcomes[i] = pool.outcome(tickets.pop(i, None) or submit(i))
     for i, b in enumerate(built):
         progress("evaluate", i, len(built))
         if b.error or b.path is None:
@@ -324,10 +338,9 @@ def _scores(
         if b.kind == "fp32":
             scores[b.name] = (evaluator.fp32_value, math.inf)
             continue
-        try:
-            result = evaluator.score(onnx.load(str(b.path)), what=f"{b.name} model")
-        except QDebugError as e:
-            built[i] = _replace_error(b, e.one_line())
+        result = outcomes[i]
+        if isinstance(result, QDebugError):
+            built[i] = _replace_error(b, result.one_line())
             continue
         scores[b.name] = (result.value, result.output_sqnr_db)
         if b.kind == "dynamic" and options.dynamic_layers:

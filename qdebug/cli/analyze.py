@@ -60,7 +60,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run the fake-quant view (the QDQ model without ORT's integer kernels, to expose kernel "
         "problems) on the first N samples; 0 skips it (default: 32)",
     )
-    add_quant_arguments(p)
+    p.add_argument(
+        "--flip-details",
+        type=non_negative_int,
+        default=20,
+        metavar="N",
+        help="run the N worst flipped samples again, each on its own, to measure where each diverges and what "
+        "it clips (0: list the flips only; default: 20)",
+    )
+    add_quant_arguments(p, several_methods=True)
 
 
 def _fakequant_samples(value: str | None) -> int | None:
@@ -86,7 +94,67 @@ def _fakequant_samples(value: str | None) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the analysis and print the summary."""
+    """Run the analysis and print the summary (one report per method when ``--method`` lists several)."""
+    from qdebug.bench import parse_methods
+
+    methods = parse_methods(args.method) if args.method is not None else ()
+    if len(methods) > 1:
+        return _run_methods(args, methods)
+    args = argparse.Namespace(**{**vars(args), "method": methods[0] if methods else None})
+    return _run_one(args)
+
+
+def method_output(output: str | Path, method: str) -> Path:
+    """Where ``--method a,b`` writes method ``a``'s report: ``report.json`` -> ``report.a.json``."""
+    path = Path(output)
+    return path.with_name(f"{path.stem}.{method}{path.suffix or '.json'}")
+
+
+def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
+    """One analysis per calibration method, each its own report (``<stem>.<method>.json``), then the
+    comparison of all of them tensor by tensor (``qdebug diff`` of those reports)."""
+    from qdebug import ci_outputs
+    from qdebug.diff import compare_many
+    from qdebug.errors import ExitCode, QDebugError
+    from qdebug.files import check_outputs_spare_inputs
+    from qdebug.pipeline import analyze
+
+    if args.csv or args.calib_percentile is not None:
+        flag = "--csv" if args.csv else "--calib-percentile"
+        raise QDebugError(
+            f"{flag} takes one calibration method, and --method lists {len(methods)}",
+            f"run analyze once per method for {flag}, or drop it",
+            ExitCode.USAGE,
+        )
+    outputs = {m: method_output(args.output, m) for m in methods}
+    inputs = {"the model": args.model, "the calibration data": args.calib, "the evaluation data": args.eval}
+    check_outputs_spare_inputs({f"the {m} report": str(o) for m, o in outputs.items()}, inputs)
+    ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.quantized), tuple(map(str, outputs.values())))
+    reports = []
+    for i, method in enumerate(methods, 1):
+        one = argparse.Namespace(**{**vars(args), "method": method})
+        options = dataclasses.replace(
+            analyze_options(one),
+            engine=args.engine,
+            fakequant_samples=_fakequant_samples(args.fakequant_samples),
+            flip_details=args.flip_details,
+        )
+        print(f"method {method} ({i}/{len(methods)})", file=sys.stderr)
+        with stderr_progress(not args.quiet) as progress:
+            report = analyze(
+                args.model, args.calib, eval_data=args.eval, quantized=args.quantized,
+                output=outputs[method], options=options, progress=progress,
+            )
+        reports.append(report)
+        print(f"report written to {outputs[method]}", file=sys.stderr)
+    comparison = compare_many(reports, [str(o) for o in outputs.values()])
+    print_comparison(comparison, args.top, wide=args.wide)
+    ci_outputs.write_ci_outputs(args, comparison, top=args.top)
+    return 0
+
+
+def _run_one(args: argparse.Namespace) -> int:
+    """One analysis (one method), its summary and files."""
     from qdebug import ci_outputs
     from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
     from qdebug.pipeline import analyze
@@ -107,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         analyze_options(args),
         engine=args.engine,
         fakequant_samples=_fakequant_samples(args.fakequant_samples),
+        flip_details=args.flip_details,
     )
     with stderr_progress(not args.quiet) as progress:
         report = analyze(
@@ -124,6 +193,31 @@ def run(args: argparse.Namespace) -> int:
     ci_outputs.write_ci_outputs(args, report, top=args.top)
     print(f"\nreport written to {args.output}", file=sys.stderr)
     return 0
+
+
+def print_comparison(result, top: int = 10, wide: bool = False) -> None:
+    """Each report's task metric and wins, then the tensors where the best report wins by the most."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from qdebug.records.diff import COMPARISON_COLUMNS, comparison_header, comparison_rows
+
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
+    for line in comparison_header(result):
+        console.print(line)
+    rows = comparison_rows(result, top)
+    if rows:
+        names, prefix = name_column([r[0] for r in rows], COMPARISON_COLUMNS, [r[1:] for r in rows], console, wide)
+        shown = f"{len(rows)} of {len(result.tensors)}" if len(rows) < len(result.tensors) else f"all {len(rows)}"
+        title = f"{shown} tensors, biggest margin first (SQNR per report: {' / '.join(result.labels)})"
+        table = Table(title=title + (f"; names without the prefix {prefix!r}" if prefix else ""))
+        for i, col in enumerate(COMPARISON_COLUMNS):
+            table.add_column(col, justify="right" if i >= 2 else "left", overflow="fold")
+        for name, row in zip(names, rows, strict=True):
+            table.add_row(name, *row[1:])
+        console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
 
 
 def rank_nodes(report) -> list:
@@ -212,6 +306,9 @@ def print_summary(report, top: int = 10, wide: bool = False) -> None:
     for note in first:
         console.print(f"note: {note}")
     _worst_table(console, report, top, wide)
+    if report.per_sample is not None:  # which samples flip: one line each, never wrapped (grep-able)
+        for line in report.per_sample.summary_lines():
+            console.print(line, soft_wrap=True)
     for note in rest:
         console.print(f"note: {note}")
     if report.not_captured:

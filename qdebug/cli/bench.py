@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import (
+    add_parallel_arguments,
     add_quant_arguments,
     batch_axes_arg,
     fmt_db,
@@ -94,6 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip the dynamic variant's per-layer error report (one extra pass over the calibration data)",
     )
     add_quant_arguments(p, several_methods=True, from_proposal=True)
+    add_parallel_arguments(p, what="accuracy evaluations of the variants (never the timing)")
 
 
 def bench_options(args: argparse.Namespace) -> BenchOptions:

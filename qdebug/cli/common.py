@@ -10,6 +10,7 @@ from qdebug.formatting import fmt_db, fmt_metric
 
 __all__ = [
     "add_config_arguments",
+    "add_parallel_arguments",
     "add_quant_arguments",
     "analyze_options",
     "quant_request",
@@ -301,10 +302,37 @@ def _op_types(text: str) -> tuple[str, ...]:
 
 
 def runtime_settings(args: Any) -> Any:
-    """The :class:`~qdebug.prepare.RuntimeSettings` of ``--provider``, ``--threads`` and ``--no-cache``."""
+    """The :class:`~qdebug.prepare.RuntimeSettings` of ``--provider``, ``--threads``, ``--no-cache``,
+    ``--workers`` and ``--ray``."""
     from qdebug.prepare import RuntimeSettings
 
-    return RuntimeSettings(provider_list(args.provider), args.threads, not args.no_cache)
+    return RuntimeSettings(
+        provider_list(args.provider),
+        args.threads,
+        not args.no_cache,
+        workers=getattr(args, "workers", None),
+        ray=getattr(args, "ray", None),
+    )
+
+
+def add_parallel_arguments(p: argparse.ArgumentParser, *, what: str = "candidate evaluations") -> None:
+    """``--workers`` and ``--ray`` (propose, verify, bench): where the evaluations run (:mod:`qdebug.parallel`)."""
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"{what} side by side in N worker processes, each with max(1, cores/N) threads (--threads sets "
+        "them); the answer is the same for any N (default: 1, in this process: one session already uses every core "
+        "through ORT's threads, and 2 workers on 2 cores measured slower)",
+    )
+    p.add_argument(
+        "--ray",
+        default=None,
+        metavar="auto|ADDRESS",
+        help=f"run the {what} on a Ray cluster: auto (RAY_ADDRESS or a ray start on this machine, else a local "
+        'instance of --workers CPUs) or the head\'s address; needs pip install "qdebug[ray]"',
+    )
 
 
 def provider_list(provider: str) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""Compare two analysis reports: which nodes got better or worse, and by how much.
+"""Compare analysis reports: which nodes got better or worse, and by how much; with three or more, which
+report quantizes each tensor best.
 
 A and B are reports of the same model (another calibration method, ORT version or data set) or of two
 versions of it. Nodes are paired by name where the model named them, else through the graph (op type,
@@ -10,6 +11,12 @@ Example:
   qdebug analyze model.onnx --calib calib.npz -o minmax.json
   qdebug analyze model.onnx --calib calib.npz --method percentile -o percentile.json
   qdebug diff minmax.json percentile.json --top 15 --json diff.json
+
+With three or more reports (e.g. ``analyze --method minmax,entropy,percentile -o r.json`` writes
+r.minmax.json, r.entropy.json, r.percentile.json), each tensor is paired with the first report's and the
+table names the report whose own quantization of it is closest to FP32 (highest local SQNR), by how much,
+and every report's local and accumulated SQNR; the header gives each one's task metric and wins:
+  qdebug diff r.minmax.json r.entropy.json r.percentile.json
 
 """
 
@@ -27,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug diff``."""
     p.add_argument("a", metavar="A.json", help="the report to compare against (the baseline)")
     p.add_argument("b", metavar="B.json", help="the report compared with it")
+    p.add_argument("more", metavar="C.json", nargs="*", help="more reports: compare all, tensor by tensor")
     p.add_argument(
         "--top", type=non_negative_int, default=10, help="rows in the node table (default: 10; 0: every paired node)"
     )
@@ -45,12 +53,31 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_writable(args.json, "--json")
         check_outputs_spare_inputs({"--json": args.json}, {"report A": args.a, "report B": args.b})
-    check_ci_outputs(args, inputs=(args.a, args.b), outputs=(args.json,))
+    check_ci_outputs(args, inputs=(args.a, args.b, *args.more), outputs=(args.json,))
+    if args.more:
+        return _run_many(args)
     result = diff_reports(args.a, args.b)
     print_diff(result, args.top, wide=args.wide)
     if args.json:
         atomic_write_text(args.json, dumps(result))
         print(f"\ndiff written to {args.json}", file=sys.stderr)
+    write_ci_outputs(args, result, top=args.top)
+    return 0
+
+
+def _run_many(args: argparse.Namespace) -> int:
+    """Three or more reports: the comparison table, and the files asked for."""
+    from qdebug.ci_outputs import write_ci_outputs
+    from qdebug.cli.analyze import print_comparison
+    from qdebug.diff import compare_reports
+    from qdebug.files import atomic_write_text
+    from qdebug.report_io import dumps
+
+    result = compare_reports([args.a, args.b, *args.more])
+    print_comparison(result, args.top, wide=args.wide)
+    if args.json:
+        atomic_write_text(args.json, dumps(result))
+        print(f"\ncomparison written to {args.json}", file=sys.stderr)
     write_ci_outputs(args, result, top=args.top)
     return 0
 

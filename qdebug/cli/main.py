@@ -89,8 +89,12 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM (``timeout``, a CI job cancelled, ``docker stop``), raised like Ctrl-C so that the same
     clean-up runs: it had killed the process with a report half replaced."""
 
+    seen = False
+    """Set by the handler: raised inside a Ray call (``--ray``), it comes out as a plain KeyboardInterrupt."""
+
 
 def _on_sigterm(signum: int, frame: object) -> None:
+    _Terminated.seen = True
     raise _Terminated
 
 
@@ -102,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is not threading.main_thread():
         return _main(argv)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    _Terminated.seen = False
     try:
         return _main(argv)
     finally:
@@ -133,6 +138,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print("qdebug: terminated (SIGTERM); no partial output was written", file=sys.stderr)
         return int(ExitCode.TERMINATED)
     except KeyboardInterrupt:
+        if _Terminated.seen:
+            print("qdebug: terminated (SIGTERM); no partial output was written", file=sys.stderr)
+            return int(ExitCode.TERMINATED)
         print("qdebug: interrupted; no partial output was written", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
     finally:
@@ -179,7 +187,10 @@ class _PipeSafe(io.TextIOBase):
         os.close(devnull)
 
     def isatty(self) -> bool:
-        return self._stream.isatty()
+        try:
+            return self._stream.isatty()
+        except ValueError:  # closed (a library asking at exit, e.g. Ray's colorama, after a test's capture)
+            return False
 
     def fileno(self) -> int:
         return self._stream.fileno()

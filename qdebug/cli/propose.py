@@ -33,6 +33,7 @@ import sys
 from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import (
     add_config_arguments,
+    add_parallel_arguments,
     batch_axes_arg,
     batch_axis_pairs,
     finite_float,
@@ -112,6 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: ORT's choice)")
     p.add_argument("--snippet", action="store_true", help="also print the quantize_static snippet on stdout")
     add_config_arguments(p)  # default: the report's settings
+    add_parallel_arguments(p)
     p.add_argument(
         "--wide", action="store_true", help="full node names in the proposal table (default: shortened to fit)"
     )
@@ -129,6 +131,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="score candidates on the first N evaluation samples, then static, the answer and the frontier on "
         "all of them (default: 256 when the set holds at least 1,024; 0: every candidate on all samples)",
+    )
+    p.add_argument(
+        "--screen-model",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="score candidates that only keep nodes FP32 on one switchable fake-quant model (a graph input "
+        "keeps each Q/DQ or not: no session per candidate), confirming static, the answer and the frontier on "
+        "their real models; auto: on graphs of 1,000 nodes or more without an integer-kernel gap (default)",
     )
     p.add_argument(
         "--time-runs",
@@ -166,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         runtime=runtime_settings(args),
         time_runs=args.time_runs,
         screen_samples=args.screen_samples,
+        screen_model=args.screen_model,
         batch_axes=batch_axes_arg(args),
     )
     ci_outputs.check_ci_outputs(args, (args.report, args.model, args.calib, args.eval), (args.output,))

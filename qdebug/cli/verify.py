@@ -31,7 +31,14 @@ import argparse
 import sys
 
 from qdebug.ci_outputs import JUNIT_HELP, MARKDOWN_HELP
-from qdebug.cli.common import add_quant_arguments, batch_axes_arg, finite_float, quant_request, runtime_settings
+from qdebug.cli.common import (
+    add_parallel_arguments,
+    add_quant_arguments,
+    batch_axes_arg,
+    finite_float,
+    quant_request,
+    runtime_settings,
+)
 from qdebug.errors import ExitCode, QDebugError
 
 
@@ -84,11 +91,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--warmup", type=int, default=5, help="untimed warm-up runs per variant (default: 5)")
     p.add_argument(
+        "--flip-details",
+        type=int,
+        default=20,
+        metavar="N",
+        help="run the selective model's N worst flipped samples again, each on its own, to measure where each "
+        "diverges and what it clips (0: list the flips only; default: 20)",
+    )
+    p.add_argument(
+        "--calib-add-flipped",
+        action="store_true",
+        help="also rebuild static and selective from the cached ranges widened by the static model's flipped "
+        "samples' activations, and score them: does calibrating on such inputs recover? (an upper bound: the "
+        "samples are evaluation samples)",
+    )
+    p.add_argument(
         "-o", "--output", default=None, help="write verify.json here (and the models to <stem>_files/)"
     )
     p.add_argument("--junit", default=None, metavar="FILE", help=JUNIT_HELP)
     p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
     add_quant_arguments(p, from_proposal=True)  # None = the setting recorded in the proposal
+    add_parallel_arguments(p, what="evaluations of static and selective")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     from qdebug.cli.progress import stderr_progress
     from qdebug.verify import VerifyOptions, verify  # onnx and onnxruntime: not for --help
 
-    if args.runs < 0 or args.warmup < 0:
-        raise QDebugError("--runs and --warmup must be >= 0", "pass a count", ExitCode.USAGE)
+    if args.runs < 0 or args.warmup < 0 or args.flip_details < 0:
+        raise QDebugError("--runs, --warmup and --flip-details must be >= 0", "pass a count", ExitCode.USAGE)
     options = VerifyOptions(
         min_recovery=args.min_recovery,
         target_sqnr=args.target_sqnr,
@@ -113,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         batch_axes=batch_axes_arg(args),
         runs=args.runs,
         warmup=args.warmup,
+        flip_details=args.flip_details,
+        calib_add_flipped=args.calib_add_flipped,
     )
     ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.proposal), (args.output,))
     with stderr_progress(not args.quiet) as progress:
@@ -128,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result.metric} on {result.samples} samples; {result.quantizable_nodes} quantizable nodes")
     for line in result.summary_lines():
         print(line)
+    if result.per_sample is not None:
+        print()
+        for line in result.per_sample.summary_lines():
+            print(line)
     for note in result.notes:
         print(f"note: {note}")
     if args.output:

@@ -20,6 +20,7 @@ import onnx
 
 from qdebug.errors import QDebugError
 from qdebug.evaluate import EvalResult, Evaluator
+from qdebug.parallel import Pool, score_all
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
 from qdebug.propose.search import Search, Trial
@@ -41,9 +42,15 @@ def verified_frontier(
     runs: int,
     progress: Progress,
     rescore: bool = False,
+    pool: Pool | None = None,
+    dynamic: onnx.ModelProto | QDebugError | None = None,
 ) -> tuple[tuple[FrontierPoint, ...], list[str]]:
     """The frontier points (FP32 first) and notes on what could not be measured; ``rescore``: the search
-    was screened on part of the evaluation set, so its neighbours are scored again on all of it."""
+    was screened on part of the evaluation set, so its neighbours are scored again on all of it.
+
+    The evaluations (the neighbours rescored, the dynamic model) go to ``pool`` side by side; the timing
+    after them runs here, one model at a time, with the workers idle. ``dynamic``: the dynamic model
+    already built (:func:`dynamic_variant`; None: built here)."""
     if runs <= 0 or not evaluator.batches:
         return (), []
     notes: list[str] = []
@@ -53,12 +60,16 @@ def verified_frontier(
         ("static", static, None, search.build((), (), static.per_channel)[1]),
         ("proposal", final, None, selective),
     ]
-    for label, trial in _neighbours(search, final):
-        model = search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)[1]
-        entries.append((label, trial, evaluator.score(model) if rescore else None, model))
-    dynamic = _dynamic(prep, evaluator, notes)
-    if dynamic is not None:
-        entries.append(("dynamic", None, dynamic[1], dynamic[0]))
+    neighbours = [
+        (label, trial, search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)[1])
+        for label, trial in _neighbours(search, final)
+    ]
+    models = [m for _, _, m in neighbours]
+    rescored = score_all(pool, evaluator, models, numbers_only=True) if rescore else [None] * len(neighbours)
+    entries += [(label, trial, res, m) for (label, trial, m), res in zip(neighbours, rescored, strict=True)]
+    scored = _dynamic(prep, evaluator, notes, pool, dynamic)
+    if scored is not None:
+        entries.append(("dynamic", None, scored[1], scored[0]))
     progress("frontier", 0, len(entries))
     models = {e[0]: e[3] for e in entries}
     first = evaluator.batches[0]
@@ -87,17 +98,36 @@ def _size(trial: Trial) -> int:
     return len(trial.nodes) + len(trial.overrides) + len(trial.fixes)
 
 
-def _dynamic(prep: Prepared, evaluator: Evaluator, notes: list[str]) -> tuple[onnx.ModelProto, EvalResult] | None:
-    """``quantize_dynamic`` of the normalized model, scored (``None`` with a note when ORT cannot build it)."""
+def dynamic_variant(prep: Prepared) -> onnx.ModelProto | QDebugError:
+    """``quantize_dynamic`` of the normalized model (the error when ORT cannot build it)."""
     with tempfile.TemporaryDirectory(prefix="qdebug-dynamic-") as tmp:
         path = Path(tmp) / "dynamic.onnx"
         try:
             quantize_dynamic_model(prep.normalized_path, path)
-            model = onnx.load(str(path))
-            return model, evaluator.score(model, what="dynamic quantized model")
+            return onnx.load(str(path))
         except QDebugError as e:
-            notes.append(f"the frontier has no dynamic-quantization point: {e.message}")
-            return None
+            return e
+
+
+def _dynamic(
+    prep: Prepared,
+    evaluator: Evaluator,
+    notes: list[str],
+    pool: Pool | None = None,
+    model: onnx.ModelProto | QDebugError | None = None,
+) -> tuple[onnx.ModelProto, EvalResult] | None:
+    """``quantize_dynamic`` of the normalized model, scored (``None`` with a note when ORT cannot build it)."""
+    model = dynamic_variant(prep) if model is None else model
+    try:
+        if isinstance(model, QDebugError):
+            raise model
+        what = "dynamic quantized model"
+        if pool is None:
+            return model, evaluator.score(model, what=what)
+        return model, pool.score(evaluator, model, what, numbers_only=True)
+    except QDebugError as e:
+        notes.append(f"the frontier has no dynamic-quantization point: {e.message}")
+        return None
 
 
 def _point(search: Search, label: str, trial: Trial | None, result: EvalResult | None, timing: Timing) -> FrontierPoint:

@@ -60,6 +60,9 @@ class ProposeOptions:
     screen_samples: int | None = None
     """Screen candidates on the first N evaluation samples, confirm on all (None: 256 when the set holds at
     least 1,024; 0: never)."""
+    screen_model: str = "auto"
+    """Screen candidates on one switchable fake-quant model (:mod:`qdebug.propose.switch`): ``auto`` on
+    graphs of 1,000 nodes or more without a measured integer-kernel gap, ``on``, ``off``."""
     time_runs: int = TIME_RUNS
     """Timed runs per point of the verified frontier (0: no frontier, no speed verdict)."""
     quant: QuantRequest = field(default_factory=QuantRequest)

@@ -38,13 +38,14 @@ from qdebug.files import (
 )
 from qdebug.graph.load import save_model
 from qdebug.graph.match import pair_models, qdq_settings
+from qdebug.parallel import Pool, check_request, open_pool
 from qdebug.prepare import AnalyzeOptions, Prepared, prepare
 from qdebug.progress import Progress, no_progress
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
 from qdebug.propose.fixes import fix_for
-from qdebug.propose.frontier import missed_verdict, speed_verdict, verified_frontier
+from qdebug.propose.frontier import dynamic_variant, missed_verdict, speed_verdict, verified_frontier
 from qdebug.propose.options import (  # re-exported: the request's options, target and result
     ACTIONS,
     DEFAULT_ALLOW,
@@ -55,7 +56,10 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     _check_allow,
     make_target,
 )
-from qdebug.propose.screen import confirm_on_all, screening_evaluator
+from qdebug.propose import switch
+from qdebug.propose.screen import confirm_on_all, screening_evaluator, start_on_all
+from qdebug.propose.switch import switch_note
+from qdebug.switchable import SwitchScreen
 from qdebug.propose.search import (
     Fix,
     Plan,
@@ -156,6 +160,7 @@ def propose(
     if not isinstance(report, Report):
         report = load_report(report)
     allow = _check_allow(options.allow)
+    check_request(options.runtime)
     if options.max_nodes is not None and options.max_nodes < 0:
         raise QDebugError("--max-nodes must be >= 0", "pass a node count", ExitCode.USAGE)
     model_path = check_report_model(report, model)
@@ -178,9 +183,12 @@ def propose(
         workdir = artifacts_dir(Path(output)) if output is not None else Path(tmp)
         outputs = [output, selective_model_path(output)] if output is not None else []
         inputs = [source if isinstance(source, (str, Path)) else None, model_path, calib_src, eval_src]
-        with removed_on_failure(workdir if output is not None else None, outputs, inputs):
+        # the pool inside the guard: on an error or Ctrl-C its workers stop before the outputs are removed
+        with removed_on_failure(workdir if output is not None else None, outputs, inputs), open_pool(
+            options.runtime
+        ) as pool:
             return _propose(
-                report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start
+                report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start, pool
             )
 
 
@@ -195,8 +203,11 @@ def _propose(
     allow: tuple[str, ...],
     progress: Progress,
     start: float,
+    pool: Pool | None = None,
 ) -> ProposeResult:
-    """The checked request turned into a proposal: prepare, search, choose, write (inside the output guard)."""
+    """The checked request turned into a proposal: prepare, search, choose, write (inside the output guard).
+
+    ``pool`` scores the candidates (:mod:`qdebug.parallel`); the answer is the same with any."""
     cfg = report.config
     progress("prepare", 0, None)
     prep = prepare(model_path, calib_src, workdir, _prepare_options(cfg, options), progress=progress)
@@ -208,7 +219,11 @@ def _propose(
     screen = screening_evaluator(prep, eval_src, cfg, config, evaluator, options.screen_samples)
     screened = screen or evaluator
     screen_target = make_target(screened.metric_name, screened.fp32_value, screened.samples, options)
-    search, structure, initial = _search(prep, report, screened, screen_target, options, progress)
+    dynamic = _start_pool(pool, prep, screened, evaluator, options)
+    search, structure, initial = _search(prep, report, screened, screen_target, options, progress, pool)
+    switch = _switch_screen(search, prep, report, options)
+    if switch is not None:
+        screen = switch  # confirmed below like a subset screen: everything reported is on real models
     rerank = _reranker(search, prep, calib_src, cfg, options, config, progress)
     widened = rank_units(structure, report.nodes, report.weights, widen=True)
     diagnosed = diagnosed_units(structure, report)
@@ -220,15 +235,19 @@ def _propose(
         search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer
     )
     plan, final, spec, selective = _selective(search, report, plan, met)
-    screen_notes: list[str] = []
+    screen_notes: list[str] = [switch_note(switch)] if switch is not None else []
     if screen is not None:  # report every number on all samples, the answer confirmed there
-        plan, final, spec, selective, screen_notes = confirm_on_all(
-            search, evaluator, target, plan, final, spec, selective
+        if options.time_runs > 0:
+            start_on_all(pool, evaluator, search, final, selective)
+        plan, final, spec, selective, confirm_notes = confirm_on_all(
+            search, evaluator, target, plan, final, spec, selective, pool
         )
+        screen_notes += confirm_notes
     static = search.trials[0]
     frontier, speed_notes, no_speedup = _speed(
-        search, prep, evaluator, final, selective, options, progress, rescore=screen is not None
-    )
+        search, prep, evaluator, final, selective, options, progress, rescore=screen is not None, pool=pool,
+        dynamic=dynamic,
+    )  # fmt: skip
     seconds = time.perf_counter() - start
     sel_path = selective_model_path(output) if output is not None else None
     proposal = _proposal_record(report, model_path, prep, calib_src, search, plan, spec, final, seconds, sel_path)
@@ -255,6 +274,7 @@ def _propose(
             *screen_notes,
             *search.skips,
             *speed_notes,
+            *(pool.notes if pool is not None else ()),
         ),
         no_speedup=no_speedup,
     )
@@ -269,12 +289,15 @@ def _speed(
     options: ProposeOptions,
     progress: Progress,
     rescore: bool = False,
+    pool: Pool | None = None,
+    dynamic: onnx.ModelProto | QDebugError | None = None,
 ) -> tuple[tuple[FrontierPoint, ...], list[str], str]:
     """The verified frontier, notes on it, and the line saying the answer gives the speed-up back (``""``
     when it does not): it keeps most of the model FP32, or it is timed slower than FP32 beyond the noise."""
     frontier, notes = verified_frontier(
-        search, prep, evaluator, final, selective, options.time_runs, progress, rescore=rescore
-    )
+        search, prep, evaluator, final, selective, options.time_runs, progress, rescore=rescore, pool=pool,
+        dynamic=dynamic,
+    )  # fmt: skip
     if not (final.met and search.fits(final)):
         return frontier, [*notes, missed_verdict(frontier)] if frontier else notes, ""
     lines, slow = speed_verdict(frontier)
@@ -302,6 +325,23 @@ def _mostly_fp32(final: Trial, quantizable: int) -> str:
         "--allow fp32,int16,per-channel (16-bit activations, per-channel weights), dynamic quantization "
         "(qdebug bench --variants fp32,dynamic,static), or a looser target; or keep the model FP32"
     )
+
+
+def _start_pool(
+    pool: Pool | None, prep: Prepared, screened: Evaluator, full: Evaluator, options: ProposeOptions
+) -> onnx.ModelProto | QDebugError | None:
+    """Give the pool its evaluators (each worker gets them once) and, with several workers and a frontier to
+    measure, the dynamic model at once: its score does not depend on the search, so a worker computes it
+    while the search goes on. Returns that model (None: the frontier builds it, as with one worker)."""
+    if pool is None:
+        return None
+    pool.add(*dict.fromkeys([screened, full]))
+    if pool.inline or options.time_runs <= 0:
+        return None
+    dynamic = dynamic_variant(prep)
+    if not isinstance(dynamic, QDebugError):
+        pool.submit(full, dynamic, "dynamic quantized model", numbers_only=True)
+    return dynamic
 
 
 def _prepare_options(cfg: AnalysisConfig, options: ProposeOptions) -> AnalyzeOptions:
@@ -361,6 +401,20 @@ def _evaluator(
     return evaluator, notes
 
 
+def _switch_screen(search: Search, prep: Prepared, report: Report, options: ProposeOptions) -> SwitchScreen | None:
+    """The search's evaluator wrapped to screen on the switchable model of its static variant, when
+    ``--screen-model`` asks for it (:mod:`qdebug.propose.switch`); the search then scores in this process
+    (the one switchable session), its pool kept for the confirmation and the frontier."""
+    if not switch.wanted(options.screen_model, report):
+        return None
+    static = search.build((), (), search.per_channel)[1]
+    screen = switch.switch_screen(search.evaluator, static, prep.normalized)
+    if screen is not None:
+        search.evaluator = screen
+        search.pool = None
+    return screen
+
+
 def _search(
     prep: Prepared,
     report: Report,
@@ -368,6 +422,7 @@ def _search(
     target: Target,
     options: ProposeOptions,
     progress: Progress,
+    pool: Pool | None = None,
 ) -> tuple[Search, Structure, list[Unit]]:
     """The search state over the report's first ranking, with its budget (some held back for refining)."""
     assert prep.ranges is not None
@@ -387,6 +442,7 @@ def _search(
         int16_type,
         progress,
         options.max_nodes,
+        pool,
     )
     if options.max_evaluations is None:
         search.held = held_back(_candidate_nodes(initial))

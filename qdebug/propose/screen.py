@@ -19,7 +19,9 @@ import onnx
 from qdebug.capture import SessionConfig
 from qdebug.data import open_data
 from qdebug.evaluate import EvalResult, Evaluator
+from qdebug.parallel import Pool, score_all
 from qdebug.prepare import Prepared
+from qdebug.propose.frontier import _neighbours
 from qdebug.propose.search import Plan, Search, Target, Trial, plan_of
 from qdebug.quantize import QuantSpec
 from qdebug.records import AnalysisConfig
@@ -63,6 +65,19 @@ def rescored(trial: Trial, result: EvalResult, target: Target) -> Trial:
     )
 
 
+def start_on_all(pool: Pool | None, full: Evaluator, search: Search, final: Trial, selective: onnx.ModelProto) -> None:
+    """Hand the pool, at once, what a screened search scores next on every sample: static and the answer
+    (:func:`confirm_on_all`), then the neighbours the frontier scores again if the answer holds. Their scores
+    are taken from there when asked for (nothing is hinted with one worker)."""
+    if pool is None or pool.inline:
+        return
+    models = [search.build((), (), search.trials[0].per_channel)[1], selective]
+    for _, t in _neighbours(search, final):
+        models.append(search.build(t.nodes, t.overrides, t.per_channel, fixes=t.fixes)[1])
+    for model in models:
+        pool.submit(full, model, numbers_only=True)
+
+
 def confirm_on_all(
     search: Search,
     full: Evaluator,
@@ -71,34 +86,43 @@ def confirm_on_all(
     final: Trial,
     spec: QuantSpec,
     selective: onnx.ModelProto,
+    pool: Pool | None = None,
 ) -> tuple[Plan, Trial, QuantSpec, onnx.ModelProto, list[str]]:
-    """Static and the answer scored on every sample; a screened answer that misses there replaced by the
-    smallest larger screened answer that meets it (at most :data:`CONFIRM_TRIES` tries)."""
+    """Static and the answer scored on every sample (side by side, through ``pool``); a screened answer that
+    misses there replaced by the smallest larger screened answer that meets it (at most :data:`CONFIRM_TRIES`
+    tries)."""
     screened = search.evaluator.samples
     search.evaluator, search.target = full, target  # everything reported from here on is on all samples
     static = search.trials[0]
-    search.trials[0] = rescored(static, full.score(search.build((), (), static.per_channel)[1]), target)
-    confirmed = rescored(final, full.score(selective), target)
-    notes = [
-        f"candidates were screened on the first {screened} of {full.samples} evaluation samples; static, the "
-        f"answer and the frontier are scored on all {full.samples} (--screen-samples 0 scores everything on all)"
-    ]
+    on_all = score_all(pool, full, [search.build((), (), static.per_channel)[1], selective], numbers_only=True)
+    search.trials[0] = rescored(static, on_all[0], target)
+    confirmed = rescored(final, on_all[1], target)
+    notes = (
+        [
+            f"candidates were screened on the first {screened} of {full.samples} evaluation samples; static, the "
+            f"answer and the frontier are scored on all {full.samples} (--screen-samples 0 scores everything on all)"
+        ]
+        if screened < full.samples
+        else []  # screened on the switchable model over every sample: its own note says so
+    )
     if confirmed.met or not final.met:
         return plan, confirmed, spec, selective, notes
     size = _size(final)
     larger = sorted((t for t in search.trials if t.met and search.fits(t) and _size(t) > size), key=_size)
     for trial in larger[:CONFIRM_TRIES]:
         built, model, _ = search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)
-        checked = rescored(trial, full.score(model), target)
+        checked = rescored(trial, score_all(pool, full, [model], numbers_only=True)[0], target)
         if checked.met:
             notes.append(
-                f"the screened answer ({size} change(s)) misses the target on all samples; the smallest "
-                f"screened answer that meets it there ({_size(trial)} change(s)) is proposed instead"
+                f"the screened answer ({size} change(s)) misses the target as deployed (all samples, real "
+                f"model); the smallest screened answer that meets it there ({_size(trial)} change(s)) is "
+                "proposed instead"
             )
             return plan_of(plan, checked), checked, built, model, notes
     notes.append(
-        "the answer met the target on the screening samples but misses it on all of them, and so do the "
-        f"{min(len(larger), CONFIRM_TRIES)} larger screened answer(s) tried: pass --screen-samples 0"
+        "the answer met the target when screened but misses it on the real models, and so do the "
+        f"{min(len(larger), CONFIRM_TRIES)} larger screened answer(s) tried: pass --screen-samples 0 "
+        "--screen-model off"
     )
     return plan, confirmed, spec, selective, notes
 

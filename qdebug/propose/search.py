@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from qdebug.errors import QDebugError
 from qdebug.evaluate import EvalResult, Evaluator
 from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 from qdebug.graph.match import GraphIndex
+from qdebug.parallel import Pool, Ticket
 from qdebug.progress import DETAIL, Progress
 from qdebug.propose.blame import Unit
 from qdebug.propose.structure import Structure
@@ -105,6 +107,39 @@ class Trial:
     """Per-node fixes that keep nodes INT8 (a clipped range, one node's per-channel or 7-bit weights)."""
 
 
+@dataclass(eq=False)
+class _Ahead:
+    """A variant built before it was asked for (:meth:`Search.prefetch`), and its score under way."""
+
+    spec: QuantSpec | None = None
+    qsec: float = 0.0
+    digest: str = ""
+    data: bytes = b""
+    """The serialized model (what the pool sends, and what the digest hashes; the proto itself is let go)."""
+    qdq: int = 0
+    """QuantizeLinear nodes in it (the trial records them)."""
+    ticket: Ticket | None = None
+    evaluator: Evaluator | None = None
+    """The evaluator its score is under way on (a screened search confirms on another one)."""
+    error: Exception | None = None
+    """Why it could not be built (raised when it is asked for, as building it then would)."""
+
+
+def _qdq(model: onnx.ModelProto) -> int:
+    return sum(1 for n in model.graph.node if n.op_type == "QuantizeLinear")
+
+
+def _unstarted(entry: _Ahead) -> bool:
+    """A variant built ahead whose score no worker has started (or ever will)."""
+    return entry.ticket is None or entry.ticket.state == "dropped"
+
+
+AHEAD_KEPT = 32
+"""Variants built ahead that a search keeps at most (the oldest hints are let go first)..."""
+AHEAD_BYTES = 1 << 30
+"""...and the most bytes of serialized models they may hold together (a 3,200-node graph is ~100 MB)."""
+
+
 class Search:
     """Evaluates variants (cached by configuration) within a budget and keeps the trace."""
 
@@ -120,6 +155,7 @@ class Search:
         int16_type: str,
         progress: Progress,
         max_nodes: int | None = None,
+        pool: Pool | None = None,
     ) -> None:
         self.normalized = normalized
         self.ranges = ranges
@@ -146,6 +182,21 @@ class Search:
         self.skips: list[str] = []
         """Candidates ORT's quantizer could not build, with its reason (shown as notes)."""
         """Evaluations the growth may not spend (released before the answer is refined)."""
+        self.pool = pool
+        """Where candidates are scored (None or an inline pool: here, one at a time; see :meth:`prefetch`)."""
+        self.ahead: dict[tuple, _Ahead] = {}
+        """Variants built and handed to the pool before they were asked for (:meth:`prefetch`), by asked
+        configuration: nothing of the trace or the budget, only work done early."""
+        self.hinted: OrderedDict[tuple, bool] = OrderedDict()
+        """The last hint's variants not built yet (-> every one will be asked for)."""
+
+    @property
+    def hint_depth(self) -> int:
+        """Steps ahead a sequential strategy hints (:meth:`prefetch`; bisection, QuickXplain): 2 (the next step
+        either way: 3 candidates) up to 6 workers, one more step per doubling beyond, so a larger pool has
+        enough to do. It decides what may run early, never what is scored or counted."""
+        slots = 1 if self.pool is None else self.pool.size
+        return max(2, min(4, (slots + 1).bit_length() - 1))
 
     @property
     def left(self) -> int:
@@ -200,6 +251,19 @@ class Search:
             nodes |= extra
         return spec, model, time.perf_counter() - start
 
+    def ask(
+        self,
+        nodes: Iterable[str],
+        overrides: Iterable[str] = (),
+        per_channel: bool | None = None,
+        keep_float: Iterable[str] = (),
+        fixes: Iterable[TensorOverride] = (),
+    ) -> tuple:
+        """A variant as asked (per-channel resolved now): what :meth:`evaluate`, :meth:`prefetch` and
+        :meth:`evaluate_many` take, and the key of the cache of asked configurations."""
+        pc = self.per_channel if per_channel is None else per_channel
+        return (frozenset(nodes), frozenset(overrides), pc, frozenset(keep_float), frozenset(fixes))
+
     def evaluate(
         self,
         step: str,
@@ -210,17 +274,100 @@ class Search:
         fixes: Iterable[TensorOverride] = (),
     ) -> Trial | None:
         """Score one variant (``None`` when the budget is spent); identical variants are scored once."""
-        nodes, overrides, keep_float = frozenset(nodes), frozenset(overrides), frozenset(keep_float)
-        fixes = frozenset(fixes)
-        pc = self.per_channel if per_channel is None else per_channel
-        asked = (nodes, overrides, pc, keep_float, fixes)
+        return self._evaluate(step, self.ask(nodes, overrides, per_channel, keep_float, fixes))
+
+    def evaluate_many(self, step: str, asked: Sequence[tuple], reserve: int = 0) -> list[Trial | None]:
+        """Score a round of variants side by side (:meth:`ask` tuples); the trials as :meth:`evaluate` one
+        after another would give them, in the same order, with the same budget: a variant is scored while more
+        than ``reserve`` evaluations are left, and none after the first that finds no more (``None`` there).
+
+        The whole round goes to the pool (built here, in order, each while the ones before it are scored); the
+        pool's size decides only how many run at the same time, so the trace is the same for any ``--workers``."""
+        self.prefetch(asked, sure=True)
+        out: list[Trial | None] = []
+        for a in asked:
+            if self.left <= reserve:
+                break
+            out.append(self._evaluate(step, a))
+        return out + [None] * (len(asked) - len(out))
+
+    def prefetch(self, asked: Sequence[tuple], sure: bool = False) -> None:
+        """Hint the variants a strategy is likely to ask for next (:meth:`ask` tuples, likeliest first): while
+        this process waits for a score, it builds them one by one and hands them to idle workers.
+
+        Nothing is recorded: no trial, no budget, no cache entry. When :meth:`evaluate` later asks for one, it
+        takes the model built and the score computed ahead (the numbers it would compute itself), spends the
+        evaluation then and records the trial then; one never asked for cost only the work. So hints change
+        a search's wall time, never its answer. Without a pool, or with one worker, they are ignored (nothing
+        is built ahead), and the variants are built only while a score is awaited, so hints cost the main
+        process no time of its own. ``sure``: every one will be asked for (a round of
+        :meth:`evaluate_many`), so none waits for workers left idle. A new hint replaces the last one.
+        """
+        pool = self.pool
+        if pool is None or pool.inline or self.left <= 0:
+            return
+        pool.drop_speculative()  # a new round: older hints not started yet are not worth a worker
+        self.hinted = OrderedDict((a, sure) for a in asked)
+        # a variant built for an older hint that no worker took up is let go (with its model)
+        for a in [a for a, e in self.ahead.items() if a not in self.hinted and _unstarted(e)]:
+            del self.ahead[a]
+
+    def _work_ahead(self) -> bool:
+        """One step of the work hinted (:meth:`prefetch`), done while a score is awaited: build the next hinted
+        variant and start scoring it. False when nothing is left to do."""
+        pool = self.pool
+        assert pool is not None
+        while self.hinted:
+            a, sure = self.hinted.popitem(last=False)
+            known = self.resolved.get(a)
+            if known is not None and known in self.cache:
+                continue
+            entry = self.ahead.get(a)
+            built = entry is None
+            if entry is None:
+                entry = self.ahead[a] = self._build_ahead(a)
+                while len(self.ahead) > AHEAD_KEPT or sum(len(e.data) for e in self.ahead.values()) > AHEAD_BYTES:
+                    del self.ahead[next(iter(self.ahead))]
+            if entry.error is not None or entry.digest in self.by_model:  # no model, or its score is known
+                if built:
+                    return True
+                continue
+            if _unstarted(entry) or entry.evaluator is not self.evaluator:
+                what = "candidate quantized model"
+                entry.ticket = pool.submit(
+                    self.evaluator, None, what, speculative=not sure, data=entry.data, numbers_only=True
+                )
+                entry.evaluator = self.evaluator
+            return True
+        return False
+
+    def _build_ahead(self, asked: tuple) -> _Ahead:
+        """Build an asked variant for :meth:`prefetch` (an error kept for the moment it is asked for)."""
+        nodes, overrides, pc, keep_float, fixes = asked
+        try:
+            spec, model, qsec = self.build(nodes, overrides, pc, keep_float, fixes)
+        except Exception as e:  # noqa: BLE001  (raised again, or skipped, only if it is ever asked for)
+            return _Ahead(error=e)
+        data = model.SerializeToString(deterministic=True)
+        return _Ahead(spec, qsec, hashlib.sha256(data).hexdigest(), data, _qdq(model))
+
+    def _evaluate(self, step: str, asked: tuple) -> Trial | None:
+        nodes, overrides, pc, keep_float, fixes = asked
         known = self.resolved.get(asked)
         if known is not None and known in self.cache:
             return self.cache[known]
         if self.left <= 0:
             return None
+        ahead = self.ahead.pop(asked, None)
+        self.hinted.pop(asked, None)
         try:
-            spec, model, qsec = self.build(nodes, overrides, pc, keep_float, fixes)
+            if ahead is not None and ahead.error is not None:
+                raise ahead.error
+            model: onnx.ModelProto | None = None
+            if ahead is not None:
+                spec, qsec = ahead.spec, ahead.qsec
+            else:
+                spec, model, qsec = self.build(nodes, overrides, pc, keep_float, fixes)
         except QDebugError as e:
             if not self.trials:  # full static itself: nothing to compare with, the run cannot go on
                 raise
@@ -233,7 +380,11 @@ class Search:
             return self.cache[key]
         # the same model from another list: excluding a node next to an excluded one often changes nothing
         # in ORT's rewrite (review: 5 of 16 evaluations on a depthwise CNN re-scored identical models)
-        digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+        if ahead is not None:
+            digest = ahead.digest
+        else:
+            assert model is not None
+            digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
         same = self.by_model.get(digest)
         if same is not None:
             trial = dataclasses.replace(
@@ -243,10 +394,13 @@ class Search:
             self.equivalents.append(trial)
             return trial
         try:
-            result = self.evaluator.score(model, what="candidate quantized model")
-        except QDebugError:
+            result = self._score(model, ahead)
+        except QDebugError as scored:
             # built without ORT's trial load (the evaluation opens the one session): name the quantizer's fault
             # if it is one, and skip the candidate either way unless it is full static itself
+            e = scored  # (a metric's own error had left this unbound: an UnboundLocalError, not its one line)
+            if model is None:
+                model = onnx.load_model_from_string(ahead.data)  # type: ignore[union-attr]
             try:
                 check_quantized_loads(self.normalized, model)
             except QDebugError as quantizer_fault:
@@ -254,7 +408,7 @@ class Search:
             if not self.trials:
                 raise e from None
             return self._skipped(step, asked, e, verb="load")
-        qdq = sum(1 for n in model.graph.node if n.op_type == "QuantizeLinear")
+        qdq = ahead.qdq if ahead is not None else _qdq(model)  # type: ignore[arg-type]
         trial = Trial(
             step=step,
             nodes=key[0],
@@ -273,6 +427,21 @@ class Search:
         self.by_model[digest] = trial
         self.progress(f"search{DETAIL}{self.status(trial)}", len(self.trials), self.budget)
         return trial
+
+    def _score(self, model: onnx.ModelProto | None, ahead: _Ahead | None) -> EvalResult:
+        """The candidate's score: the one started by :meth:`prefetch`, else one asked of the pool (or of the
+        evaluator, without a pool) now."""
+        what = "candidate quantized model"
+        if self.pool is None:
+            assert model is not None
+            return self.evaluator.score(model, what=what)
+        if ahead is not None and not _unstarted(ahead) and ahead.evaluator is self.evaluator:
+            ticket = ahead.ticket
+        else:
+            data = ahead.data if ahead is not None else None
+            ticket = self.pool.submit(self.evaluator, model, what, data=data, numbers_only=True)
+        assert ticket is not None
+        return self.pool.result(ticket, idle=self._work_ahead)
 
     def status(self, trial: Trial) -> str:
         """What a person follows during a long search: the trial just scored and the best answer so far
@@ -381,6 +550,12 @@ quantized tensor): a short layer capture of the plan's variant reveals error the
 def _evaluate_plan(search: Search, step: str, plan: Plan) -> Trial | None:
     """Score ``plan`` (``None`` when the budget is spent); its FP32 tensors' leaks are closed first."""
     return search.evaluate(step, plan.nodes(), plan.overrides(), keep_float=plan.keep_float(), fixes=plan.fixes())
+
+
+def plan_ask(search: Search, plan: Plan) -> tuple:
+    """``plan`` as :meth:`Search.ask` puts a variant (for :meth:`Search.prefetch` and
+    :meth:`Search.evaluate_many`), exactly as :func:`_evaluate_plan` would ask for it."""
+    return search.ask(plan.nodes(), plan.overrides(), keep_float=plan.keep_float(), fixes=plan.fixes())
 
 
 REFINE_EVALS = 6

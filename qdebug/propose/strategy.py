@@ -22,6 +22,15 @@ order:
    blamed are tried alone (:func:`_single_unit`).
 
 The cheapest option that meets the target is kept: per-channel < int16 < fp32.
+
+**Rounds.** The strategies are sequential decisions, each step choosing the next candidate from the
+last scores. Where a step's candidates do not depend on each other's scores (leave-one-out in
+:func:`_scores_without`) they are one round of :meth:`~qdebug.propose.search.Search.evaluate_many`; before
+every other step the candidates that may come next are hinted (:meth:`~qdebug.propose.search.Search.prefetch`:
+both halves of a bisection step, QuickXplain's next test either way, a unit's fixes, the pairs, the units
+tried alone) and scored by idle workers. Both give the trace and the budget of the plain sequential run, for
+any number of workers: the rounds are made of the strategy's own candidates, never of how many workers there
+are, and a hint only moves work earlier.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from collections.abc import Callable, Sequence
 
 from qdebug.propose.blame import Unit
 from qdebug.propose.minimize import minimal_subset
-from qdebug.propose.search import FIXES, Fix, Plan, Rerank, Search, Trial, _evaluate_plan
+from qdebug.propose.search import FIXES, Fix, Plan, Rerank, Search, Trial, _evaluate_plan, plan_ask
 
 
 def run_search(
@@ -56,6 +65,7 @@ def run_search(
     sets (7 nodes at 91.0 % where 2 nodes give 92.4 % without). Only when that
     search fails, and per-channel helped, is it run again with per-channel on.
     """
+    _hint_start(search, allow, diagnosed)
     base = search.evaluate("baseline", ())
     assert base is not None
     if base.met:
@@ -92,6 +102,37 @@ def run_search(
     if singles and widened and search.left > 0:
         plan, met = _smaller_single(search, plan, met, initial, widened, cap)
     return plan, met, reranks
+
+
+def _hint_start(search: Search, allow: Sequence[str], diagnosed: Sequence[Unit]) -> None:
+    """The first evaluations, likely all made: full static, per-channel weights, the diagnoses together."""
+    hints = [search.ask(())]
+    if "per-channel" in allow and not search.per_channel:
+        hints.append(search.ask((), per_channel=True))
+    if diagnosed and ("fp32" in allow or "int16" in allow):
+        hints.append(plan_ask(search, Plan().with_units(diagnosed, "fp32" if "fp32" in allow else "int16")))
+    search.prefetch(hints)
+
+
+def _hint_prefixes(search: Search, plan: Plan, cands: Sequence[Unit], action: str, sizes: Sequence[int]) -> None:
+    """Hint ``plan`` plus each of the first ``sizes`` candidates (what a bisection or a gallop asks next)."""
+    hints = [plan_ask(search, plan.with_units(cands[:k], action)) for k in dict.fromkeys(sizes) if 0 < k]
+    search.prefetch(hints)
+
+
+def _probes(lo: int, hi: int, depth: int) -> list[int]:
+    """The prefix lengths :func:`_bisect` over (lo, hi] may score in its next ``depth`` steps, breadth first
+    (this step's first, then the next one's if it meets the target, then if it does not)."""
+    out, level = [], [(lo, hi)]
+    for _ in range(depth):
+        nxt = []
+        for a, b in level:
+            if b - a > 1:
+                m = (a + b) // 2
+                out.append(m)
+                nxt += [(a, m), (m, b)]
+        level = nxt
+    return out
 
 
 def _diagnosed(search: Search, diagnosed: Sequence[Unit], action: str) -> tuple[Plan, Trial] | None:
@@ -188,6 +229,8 @@ def _single_unit(search: Search, ranking: list[Unit], cap: int | None) -> tuple[
     misses, the first :data:`SINGLE_TRIES` units it never blamed (worst local
     SQNR first) are tried alone.
     """
+    tried = [u for u in ranking if cap is None or len(u.nodes) <= cap]
+    search.prefetch([plan_ask(search, Plan().with_units([u], "fp32")) for u in tried])
     for u in ranking:
         if search.left <= 0:
             return None
@@ -228,7 +271,8 @@ def _grow(
                 cap is None or len(trial_plan.nodes()) <= cap
             ):
                 cands.append(u)
-        if cands:
+        if cands:  # then a bisection (met) or a gallop (a gain): their first steps hinted
+            _hint_prefixes(search, plan, cands, action, [len(cands), *_probes(0, len(cands), search.hint_depth), 1])
             full = _evaluate_plan(search, "candidates", plan.with_units(cands, action))
             if full is None:
                 break
@@ -277,6 +321,7 @@ def _bisect(search: Search, plan: Plan, cands: list[Unit], action: str, hi: int,
     """Smallest prefix length in (lo, hi] that meets the target (``hi`` is known to meet it)."""
     while hi - lo > 1 and search.left > 0:
         mid = (lo + hi) // 2
+        _hint_prefixes(search, plan, cands, action, _probes(lo, hi, search.hint_depth))  # this step, the next ones
         t = _evaluate_plan(search, "bisect", plan.with_units(cands[:mid], action))
         if t is None:
             break
@@ -293,6 +338,8 @@ def _gallop(
     """Smallest prefix 1, 2, 4, ... reaching ``wanted`` (half the gain of all candidates), or all of them."""
     k = 1
     while k < len(cands) and search.left > 0:
+        nxt = 2 * k if 2 * k < len(cands) else 0
+        _hint_prefixes(search, plan, cands, action, [k, nxt, (k // 2 + k) // 2 if k - k // 2 > 1 else 0])
         t = _evaluate_plan(search, "gallop", plan.with_units(cands[:k], action))
         if t is None:
             break
@@ -318,7 +365,10 @@ def _prune(search: Search, plan: Plan, action: str, met: Trial, reserve: int = 0
         t = _evaluate_plan(search, "minimize", Plan().with_units(units, action))
         return None if t is None else t.met
 
-    units, _ = minimal_subset(list(plan.units()), units_meet)
+    def units_ahead(subsets: list[list[Unit]]) -> None:
+        search.prefetch([plan_ask(search, Plan().with_units(u, action)) for u in subsets])
+
+    units, _ = minimal_subset(list(plan.units()), units_meet, units_ahead, search.hint_depth)
     plan = Plan().with_units(units, action)
     met = _evaluate_plan(search, "minimize", plan) or met  # scored during the minimization: cached
     if action != "fp32":
@@ -333,7 +383,9 @@ def _prune(search: Search, plan: Plan, action: str, met: Trial, reserve: int = 0
     # a unit's members go in its order (producer first), the units in the plan's (likeliest culprits first)
     nodes = list(dict.fromkeys(n for u in units for n in u.nodes if n in met.nodes))
     nodes += [n for n in met.nodes if n not in nodes]  # consumers added to close a leak
-    kept, _ = minimal_subset(nodes, nodes_meet)
+    kept, _ = minimal_subset(
+        nodes, nodes_meet, lambda subsets: search.prefetch([search.ask(n) for n in subsets]), search.hint_depth
+    )
     dropped = set(nodes) - set(kept)
     alone = _scores_without(search, kept, reserve)
     dropped |= _prune_pairs(search, kept, alone, reserve)
@@ -349,18 +401,15 @@ def _scores_without(search: Search, nodes: list[str], reserve: int) -> dict[str,
     minimization's last steps scored these sets)."""
     if not 3 <= len(nodes) <= PAIR_PRUNE_MAX_NODES:
         return {}
-    out = {}
-    for n in nodes:
-        if search.left <= reserve:
-            break
-        trial = search.evaluate("minimize", [m for m in nodes if m != n])
-        if trial is not None:
-            out[n] = search.score(trial)
-    return out
+    asked = [search.ask([m for m in nodes if m != n]) for n in nodes]
+    trials = search.evaluate_many("minimize", asked, reserve=reserve)  # one round: independent of each other
+    return {n: search.score(t) for n, t in zip(nodes, trials, strict=True) if t is not None}
 
 
 PAIR_PRUNE_MAX_NODES = 8
 """Answers up to this size are also pruned by pairs (at most 28 evaluations, within the budget)."""
+PAIRS_AHEAD = 3
+"""Pairs hinted beyond the one about to be scored (as if it and they all fail)."""
 
 
 def _prune_pairs(search: Search, nodes: list[str], alone: dict[str, float], reserve: int = 0) -> set[str]:
@@ -382,11 +431,13 @@ def _prune_pairs(search: Search, nodes: list[str], alone: dict[str, float], rese
         ((a, b) for i, a in enumerate(near) for b in near[i + 1 :]), key=lambda p: -(alone[p[0]] + alone[p[1]])
     )
     dropped: set[str] = set()
-    for a, b in pairs:
+    for i, (a, b) in enumerate(pairs):
         if search.left <= reserve:
             break
         if a in dropped or b in dropped or len(nodes) - len(dropped) <= 2:
             continue
+        ahead = [(x, y) for x, y in pairs[i : i + 1 + PAIRS_AHEAD] if x not in dropped and y not in dropped]
+        search.prefetch([search.ask([n for n in nodes if n not in dropped | {x, y}]) for x, y in ahead])
         trial = search.evaluate("prune", [n for n in nodes if n not in dropped | {a, b}])
         if trial is not None and trial.met:
             dropped |= {a, b}
@@ -399,18 +450,30 @@ def _fix_cheaper(
     """Keep each FP32 unit INT8 with the first fix of ``kinds`` (cheapest first) that still meets the
     target, one unit at a time (last first); a fix that does not apply costs no evaluation."""
     for u in reversed(plan.fp32):
+        fixes = [f for f in (fixer(u, kind) for kind in kinds) if f is not None]
+        search.prefetch([plan_ask(search, _fixed(plan, u, f)) for f in fixes])  # the unit's fixes, cheapest first
         for kind in kinds:
             if search.left <= 0:
                 return plan, met
             fix = fixer(u, kind)
             if fix is None:
                 continue
-            candidate = Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16, (*plan.fixed, fix))
+            candidate = _fixed(plan, u, fix)
             trial = _evaluate_plan(search, f"fix {kind}", candidate)
             if trial is not None and trial.met:
                 plan, met = candidate, trial
                 break
     return plan, met
+
+
+def _fixed(plan: Plan, u: Unit, fix: Fix) -> Plan:
+    """``plan`` with the FP32 unit ``u`` kept INT8 by ``fix`` instead."""
+    return Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16, (*plan.fixed, fix))
+
+
+def _int16(plan: Plan, u: Unit) -> Plan:
+    """``plan`` with the FP32 unit ``u`` given 16-bit activations instead."""
+    return Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16 + (u,), plan.fixed)
 
 
 def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
@@ -422,15 +485,18 @@ def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
     if search.left <= 0 or not plan.fp32:
         return plan, met
     every = Plan(int16=plan.fp32, fixed=plan.fixed)
+    units = list(reversed(plan.fp32))
+    search.prefetch([plan_ask(search, p) for p in (every, *(_int16(plan, u) for u in units[:PAIRS_AHEAD]))])
     t = _evaluate_plan(search, "int16", every)
     if t is not None and t.met:
         return every, t
     if len(plan.fp32) == 1:
         return plan, met
-    for u in reversed(plan.fp32):
+    for i, u in enumerate(units):
         if search.left <= 0:
             break
-        mixed = Plan(tuple(x for x in plan.fp32 if x is not u), plan.int16 + (u,), plan.fixed)
+        search.prefetch([plan_ask(search, _int16(plan, v)) for v in units[i : i + 1 + PAIRS_AHEAD]])
+        mixed = _int16(plan, u)
         t = _evaluate_plan(search, "int16", mixed)
         if t is not None and t.met:
             plan, met = mixed, t
@@ -447,9 +513,12 @@ def _prune_overrides(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Tria
     if len(tensors) <= 1:
         return plan, met
     dropped: set[str] = set()
-    for t in reversed(tensors):
+    order = list(reversed(tensors))
+    for i, t in enumerate(order):
         if search.left <= 0 or len(tensors) - len(dropped) <= 1:
             break
+        ahead = [[x for x in tensors if x not in dropped and x != y] for y in order[i : i + 1 + PAIRS_AHEAD]]
+        search.prefetch([search.ask(plan.nodes(), k, keep_float=plan.keep_float(), fixes=plan.fixes()) for k in ahead])
         keep = [x for x in tensors if x not in dropped and x != t]
         trial = search.evaluate("prune", plan.nodes(), keep, keep_float=plan.keep_float(), fixes=plan.fixes())
         if trial is not None and trial.met:

@@ -270,3 +270,79 @@ def _cells(n: NodeChange) -> tuple[str, ...]:
 
 def _side_text(s: ReportSide) -> str:
     return f"{s.path} (model {s.model_path}, {s.nodes} nodes, {s.samples} samples, ORT {s.ort_version})"
+
+
+COMPARISON_KIND = "comparison"
+"""``kind`` of the file ``qdebug diff`` writes for three or more reports."""
+
+
+@dataclass(frozen=True)
+class TensorBest:
+    """One float tensor across several reports (paired with the first report's), and which does best."""
+
+    name: str
+    """The first report's name for it."""
+    local_sqnr_db: tuple[float, ...]
+    """Per report: the SQNR of the tensor's own quantization (its range, its method)."""
+    accumulated_sqnr_db: tuple[float, ...]
+    """Per report: the SQNR against FP32 with everything upstream quantized too."""
+    best: int
+    """The report whose own quantization of this tensor is closest to FP32 (highest local SQNR; ties: the
+    first); -1 when the tensor is not quantized in any."""
+    margin_db: float
+    """Best local SQNR minus the second best (0 on a tie, nan with fewer than two numbers)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The file ``qdebug diff A B C ...`` writes: several reports of one model (e.g. one per calibration
+    method, ``analyze --method minmax,entropy,percentile``), tensor by tensor."""
+
+    schema_version: int
+    kind: str
+    """Always ``"comparison"``."""
+    qdebug_version: str
+    created: str
+    labels: tuple[str, ...]
+    """What tells the reports apart: their method when that differs, else their file names."""
+    sides: tuple[ReportSide, ...]
+    tasks: tuple[TaskSide | None, ...]
+    tensors: tuple[TensorBest, ...]
+    """Tensors paired in every report, biggest margin first."""
+    wins: tuple[int, ...]
+    """Per report: the tensors it quantizes best."""
+    notes: tuple[str, ...] = ()
+
+    def best_task(self) -> int:
+        """The report with the highest quantized task metric (-1 without one)."""
+        values = [t.quantized if t is not None and math.isfinite(t.quantized) else -math.inf for t in self.tasks]
+        return int(max(range(len(values)), key=values.__getitem__)) if any(v > -math.inf for v in values) else -1
+
+
+COMPARISON_COLUMNS = ("tensor", "best", "margin dB", "local SQNR dB", "accumulated SQNR dB")
+"""Columns of the comparison table (one cell per report, ``/``-separated, in the last two)."""
+
+
+def comparison_header(c: Comparison) -> list[str]:
+    """What each report reaches, and how many tensors each quantizes best."""
+    lines = []
+    best_task = c.best_task()
+    for i, (label, side, task) in enumerate(zip(c.labels, c.sides, c.tasks, strict=True)):
+        metric = ""
+        if task is not None and math.isfinite(task.quantized):
+            metric = f"{task.name} {fmt_metric(task.name, task.quantized)}" + (" (best)" if i == best_task else "") + ", "
+        lines.append(f"{label}: {metric}best on {c.wins[i]} of {len(c.tensors)} tensors ({side.path})")
+    return lines
+
+
+def comparison_rows(c: Comparison, top: int = 10) -> list[tuple[str, ...]]:
+    """The ``top`` tensors whose best report wins by the most (0: all), as :data:`COMPARISON_COLUMNS`."""
+    rows = c.tensors if top == 0 else c.tensors[:top]
+
+    def many(values: tuple[float, ...]) -> str:
+        return " / ".join(fmt_db(v) for v in values)
+
+    return [
+        (t.name, c.labels[t.best], fmt_db(t.margin_db), many(t.local_sqnr_db), many(t.accumulated_sqnr_db))
+        for t in rows
+    ]

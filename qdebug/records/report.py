@@ -16,6 +16,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from qdebug.records.samples import SampleSection
+
 SCHEMA_VERSION = 3
 """Bumped on any incompatible change of the report layout (proposal and verify files share it).
 
@@ -389,6 +391,10 @@ class Report:
     """(normalized node name, original node name) for nodes whose name was changed."""
     ranges: tuple[tuple[str, float, float], ...] = ()
     """Calibration ranges (tensor, lowest, highest) the quantized model was built from (empty with --quantized)."""
+    per_sample: SampleSection | None = None
+    """The per-sample drill-down (:mod:`qdebug.records.samples`): each sample's FP32 and static result, the
+    samples that flip, and for the worst of them their divergence along the graph; ``None`` in reports
+    written before it, and when the metric gives nothing per sample."""
 
     def node(self, name: str) -> NodeRecord:
         """Look up a node by normalized name (KeyError if absent)."""

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
+from qdebug.records.samples import SampleSection
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,10 @@ class VerifyResult:
     noise_units: int = 0
     """Units drawn: ``samples``, or the evaluation batches (a custom metric without ``per_sample``; an output
     without a batch axis)."""
+    per_sample: SampleSection | None = None
+    """The per-sample drill-down (:mod:`qdebug.records.samples`): FP32's, static's and selective's result per
+    evaluation sample, the flips of each, and the selective model's worst flips measured tensor by tensor;
+    ``None`` in files written before it."""
 
     def variant(self, name: str) -> VariantResult:
         """The ``fp32``/``static``/``selective`` column."""

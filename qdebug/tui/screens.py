@@ -30,6 +30,8 @@ from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_misma
 from qdebug.tui.findings import FindingsPanel
 from qdebug.tui.messages import VerifyProgress
 from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, TuiContext, column
+from qdebug.tui.samples import SamplesScreen
+from qdebug.tui.samples_model import SamplesModel
 from qdebug.tui.widgets import (
     DepthChart,
     DetailPanel,
@@ -70,6 +72,7 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("c", "copy the quantize_static snippet (and show it)"),
     ("v", "verify the set (needs the model and data)"),
     ("b", "bench results: variants, machine, metric vs latency (--bench)"),
+    ("i", "flipped samples: which inputs flip, where each diverges, what it clips"),
     ("esc", "cancel a running verify; else back to the table"),
     ("?", "this help"),
     ("q", "quit"),
@@ -117,6 +120,9 @@ class MainScreen(Screen):
         # (check_action enables exactly one of them)
         Binding("b", "bench", "Bench"),
         Binding("b", "bench_missing", "Bench", show=False),
+        # like b: in the footer only when the report has the per-sample drill-down
+        Binding("i", "samples", "Samples"),
+        Binding("i", "samples_missing", "Samples", show=False),
     ]
 
     def __init__(self, model: LayerModel, context: TuiContext) -> None:
@@ -403,7 +409,27 @@ class MainScreen(Screen):
             return self.context.bench is not None
         if action == "bench_missing":
             return self.context.bench is None
+        if action in ("samples", "samples_missing"):
+            return (self.model.report.per_sample is not None) == (action == "samples")
         return True
+
+    def action_samples(self) -> None:
+        """Show the flipped samples and where each diverges."""
+        section = self.model.report.per_sample
+        if section is None:
+            self.action_samples_missing()
+            return
+        self.app.push_screen(SamplesScreen(SamplesModel(section, self.model.report)))
+
+    def action_samples_missing(self) -> None:
+        """Say that the report has no per-sample drill-down, and how to get one."""
+        self._notify(
+            "this report has no per-sample drill-down (written before it, or the metric gives no result per "
+            "sample): re-run qdebug analyze",
+            title="samples",
+            severity="warning",
+            timeout=8,
+        )
 
     def action_bench(self) -> None:
         """Show the bench results (with a warning line when they are for another model)."""

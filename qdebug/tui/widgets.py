@@ -158,6 +158,9 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
     if report.notes:  # analyze's diagnoses: f opens them (the findings pane)
         k = len(report.notes)
         results.append(Text(f"{k} finding{'s' if k != 1 else ''} (f)", style="bold yellow"))
+    if report.per_sample is not None and report.per_sample.variants:  # i opens the samples screen
+        k = report.per_sample.variants[-1].flipped
+        results.append(Text(f"{k} flipped sample{'s' if k != 1 else ''} (i)", style="bold yellow"))
     return setup, results
 
 

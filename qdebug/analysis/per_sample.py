@@ -1,0 +1,168 @@
+"""The per-sample drill-down's second pass: a few flipped samples, each on its own, through both models.
+
+The capture (:mod:`.measure`) sums every tensor's error over all samples; a flipped sample needs its own
+numbers. :func:`sample_tensors` runs each chosen sample alone through the FP32 model and the quantized
+model with every paired tensor as an extra output (the :class:`~qdebug.capture.Tap` sessions the numpy
+engine uses) and measures, per tensor, the accumulated SQNR of that sample (:class:`ErrorAccumulator`),
+the noise each node adds for it (:func:`~.build.node_records` over those SQNRs, as the report's nodes are
+built) and its clip rate: the share of its FP32 values that the tensor's Q/DQ cannot represent (they fall
+outside the calibrated range). Only a handful of samples run, one at a time, so memory stays at one
+sample's tensors.
+
+A model with a fixed batch dimension B takes only batches of B: the sample then runs as B copies of itself
+(the statistics of B equal copies are the sample's own).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from qdebug.analysis.build import node_depths, node_records
+from qdebug.analysis.measure import data_dependent_shapes
+from qdebug.analysis.numpy_engine import local_fake_quant, quant_params
+from qdebug.capture import SessionConfig, Tap
+from qdebug.data import Axes, join_rows, take_rows
+from qdebug.evaluate import worst_output_sqnr
+from qdebug.graph.match import GraphIndex, Pairing, TensorPair
+from qdebug.graph.reduce import FakeQuant
+from qdebug.metrics import ErrorAccumulator
+from qdebug.records import TensorRecord
+
+
+@dataclass(frozen=True)
+class SampleInput:
+    """One sample to measure: its global index and its feeds, cut out of its batch (:func:`cut`)."""
+
+    index: int
+    feeds: Mapping[str, np.ndarray]
+    axes: Axes
+    """Each input's batch axis (None: fed whole, as in the batch)."""
+    whole: bool = False
+    """The feeds are a whole batch of one sample (nothing was cut: it is fed as it came)."""
+
+
+def cut(index: int, feeds: Mapping[str, np.ndarray], row: int, size: int, axes: Axes) -> SampleInput:
+    """Sample ``row`` of a batch of ``size`` (each input cut on its batch axis): only that sample is kept."""
+    if size == 1:
+        return SampleInput(index, dict(feeds), dict(axes), whole=True)
+    return SampleInput(index, take_rows(feeds, row, row + 1, axes), dict(axes))
+
+
+@dataclass(frozen=True)
+class SampleTensors:
+    """One sample's numbers, one entry per tensor of :attr:`TensorLayout.names`."""
+
+    index: int
+    sqnr_db: tuple[float, ...]
+    added_noise_db: tuple[float, ...]
+    clip_rate: tuple[float, ...]
+    output_sqnr_db: float
+    copies: int
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """The tensors measured, in topological order, with their producer and depth."""
+
+    names: tuple[str, ...]
+    nodes: tuple[str, ...]
+    depths: tuple[int, ...]
+
+
+def measured_pairs(fp32: onnx.ModelProto, pairing: Pairing) -> list[TensorPair]:
+    """The pairs a sample can be compared on: both models have the tensor, and its shape does not depend on
+    the data (after NonZero the models may keep other elements)."""
+    shaped = data_dependent_shapes(fp32)
+    return [p for p in pairing.tensors if p.qdq is not None and p.fp32 not in shaped]
+
+
+def layout(fp32: onnx.ModelProto, pairs: Sequence[TensorPair]) -> TensorLayout:
+    """Names, producers and depths of ``pairs``' FP32 tensors."""
+    index = GraphIndex(fp32)
+    depth = node_depths(fp32)
+    nodes, depths = [], []
+    for p in pairs:
+        producer = index.producer.get(p.fp32)
+        nodes.append(producer.name if producer is not None else "")
+        depths.append(depth.get(producer.name, 0) if producer is not None else 0)
+    return TensorLayout(tuple(p.fp32 for p in pairs), tuple(nodes), tuple(depths))
+
+
+def one_sample(sample: SampleInput, fixed_batch: int) -> tuple[dict[str, np.ndarray], int]:
+    """The sample's feeds, as ``fixed_batch`` copies of itself when the model's batch dimension is fixed; and
+    the copies."""
+    if fixed_batch > 1 and not sample.whole:
+        return join_rows([sample.feeds] * fixed_batch, sample.axes), fixed_batch
+    return dict(sample.feeds), 1
+
+
+def sample_tensors(
+    fp32: onnx.ModelProto,
+    quantized: onnx.ModelProto,
+    pairing: Pairing,
+    samples: Sequence[SampleInput],
+    config: SessionConfig,
+    *,
+    fixed_batch: int = 1,
+) -> tuple[TensorLayout, list[SampleTensors]]:
+    """Each of ``samples`` through both models on its own: per tensor its SQNR, the noise its producer
+    adds and its clip rate (see the module docstring)."""
+    pairs = measured_pairs(fp32, pairing)
+    shape = layout(fp32, pairs)
+    if not samples or not pairs:
+        return shape, []
+    fq = local_fake_quant(quantized, pairs)
+    fp_tap = Tap(fp32, [p.fp32 for p in pairs], config, what="instrumented FP32 model")
+    q_tap = Tap(quantized, [p.dequant or p.qdq for p in pairs], config, what="instrumented quantized model")
+    outputs = fp_tap.graph_outputs
+    out = []
+    for sample in samples:
+        feeds, copies = one_sample(sample, fixed_batch)
+        ref, cand = fp_tap.run(feeds), q_tap.run(feeds)
+        stats, clip = {}, []
+        for p in pairs:
+            r, c = ref.get(p.fp32), cand.get(p.dequant or p.qdq)  # type: ignore[arg-type]
+            ok = isinstance(r, np.ndarray) and isinstance(c, np.ndarray) and r.dtype.kind == "f"
+            if ok and r.shape == c.shape:
+                acc = ErrorAccumulator()
+                acc.update(r, c)
+                stats[p.fp32] = acc.result()
+            clip.append(clip_rate(r, fq[p.fp32]) if ok and p.fp32 in fq else math.nan)
+        sqnr = tuple(stats[p.fp32].sqnr_db if p.fp32 in stats else math.nan for p in pairs)
+        added = _added_noise(fp32, pairs, stats)
+        output_sqnr = worst_output_sqnr([ref], [cand], outputs)
+        out.append(SampleTensors(sample.index, sqnr, added, tuple(clip), output_sqnr, copies))
+        del ref, cand
+    return shape, out
+
+
+def _added_noise(fp32: onnx.ModelProto, pairs: Sequence[TensorPair], stats: dict) -> tuple[float, ...]:
+    """Per tensor, the noise its producer adds for this sample: :func:`node_records` over the sample's
+    accumulated SQNRs, exactly as the report's ``added_noise_db`` is derived from all samples' ones."""
+    records = tuple(
+        TensorRecord(p.fp32, None, (), 0, None, None, None, stats[p.fp32], None) for p in pairs if p.fp32 in stats
+    )
+    by_output = {}
+    for node in node_records(fp32, records, set(), {}):
+        for o in node.outputs:
+            by_output[o] = node.added_noise_db
+    return tuple(by_output.get(p.fp32, math.nan) for p in pairs)
+
+
+def clip_rate(x: np.ndarray, fq: FakeQuant) -> float:
+    """Share of ``x``'s values that QuantizeLinear with ``fq`` saturates (they lie beyond the range its
+    levels represent), among the non-NaN ones; computed as :func:`~.numpy_engine.fake_quantize` rounds."""
+    x32, scale, zp = quant_params(x, fq)
+    info = np.iinfo(zp.dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.rint(x32 / scale) + zp.astype(np.float32)
+    seen = ~np.isnan(q)
+    total = int(seen.sum())
+    if not total:
+        return math.nan
+    return float(((q < info.min) | (q > info.max)).sum()) / total

@@ -1,0 +1,237 @@
+"""Candidate evaluations side by side (issue 18 part 3): ``--workers N`` and ``--ray`` give the answer, the trace
+and the budget of the one-process run; worker errors come back as the same one-line error; the missing Ray
+extra is one line; SIGTERM stops every worker and leaves no output."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qdebug.cli.main import main
+from qdebug.errors import ExitCode, QDebugError
+from qdebug.parallel import RAY_MISSING, Pool, check_request, usable_cores, worker_threads
+from qdebug.prepare import RuntimeSettings
+from qdebug.propose import ProposeOptions, propose
+from qdebug.propose.minimize import minimal_subset
+from qdebug.report_io import dumps
+from tests.conftest import FIXTURES, ROOT
+
+
+def _planted():
+    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "planted.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("planted", module)  # its dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return sys.modules["planted"]
+
+
+def _report(tmp_path: Path, kind: str = "outlier_residual"):
+    """A planted model, analyzed (``outlier_residual``: 3 culprits, so its search bisects, minimizes, prunes
+    pairs, tries fixes and units alone)."""
+    rec = _planted().make(kind, tmp_path / kind, "small")
+    report = tmp_path / f"{kind}.json"
+    args = ["analyze", rec.model, "--calib", rec.calib, "--eval", rec.eval, "--metric", rec.metric]
+    assert main([*args, "-o", str(report), "-q"]) == 0
+    return rec, report
+
+
+def _trace(result) -> list[tuple]:
+    return [(t.step, t.nodes, t.overrides, t.per_channel, t.fixes, t.value, t.met) for t in result.trials]
+
+
+def test_the_answer_trace_and_budget_are_the_same_for_any_number_of_workers(tmp_path):
+    rec, report = _report(tmp_path)
+    options = ProposeOptions(target_drop=rec.target_drop, time_runs=0)
+    one = propose(report, output=None, options=dataclasses.replace(options, runtime=RuntimeSettings(workers=1)))
+    out = tmp_path / "p2.json"
+    args = ["propose", str(report), "--target-drop", str(rec.target_drop), "--time-runs", "0", "-o", str(out), "-q"]
+    assert main([*args, "--workers", "2"]) == 0
+    two, ref = json.loads(out.read_text()), json.loads(dumps(one.proposal))
+    assert len(one.trials) >= 10  # a real search: candidates, bisection, minimization, pairs, fixes, units alone
+    assert two["nodes_to_exclude"] == ref["nodes_to_exclude"] == rec.culprits
+    for key in ("tensor_overrides", "per_channel", "evaluations", "static_metric", "expected_metric", "reasons"):
+        assert two[key] == ref[key], key
+    # the whole trace, step by step and score by score
+    again = propose(report, output=None, options=ProposeOptions(target_drop=rec.target_drop, workers=2, time_runs=0))
+    assert _trace(again) == _trace(one) and again.max_evaluations == one.max_evaluations
+
+
+def test_a_screened_search_and_its_frontier_score_alike_on_two_workers(tmp_path):
+    """The rounds on every sample (static, the answer, the neighbours, dynamic) go to the workers at once."""
+    rec, report = _report(tmp_path, "two_culprits")
+    common = dict(target_drop=rec.target_drop, screen_samples=64, time_runs=2)
+    one = propose(report, output=None, options=ProposeOptions(workers=1, **common))
+    two = propose(report, output=None, options=ProposeOptions(workers=2, **common))
+    assert _trace(two) == _trace(one)
+    assert two.proposal.nodes_to_exclude == one.proposal.nodes_to_exclude
+    assert (two.proposal.static_metric, two.proposal.expected_metric) == (
+        one.proposal.static_metric,
+        one.proposal.expected_metric,
+    )
+    points = lambda r: [(p.label, p.changed, p.metric, p.met) for p in r.proposal.frontier]  # noqa: E731
+    assert points(two) == points(one) and "dynamic" in [p.label for p in one.proposal.frontier]
+
+
+def test_on_a_local_ray_instance_the_answer_is_the_same(tmp_path, capsys):
+    """``--ray auto`` without a cluster starts a local 2-CPU instance (and shuts it down): the same answer."""
+    ray = pytest.importorskip("ray")
+    rec, report = _report(tmp_path)
+    one = propose(report, output=None, options=ProposeOptions(target_drop=rec.target_drop, workers=1, time_runs=0))
+    out = tmp_path / "ray.json"
+    args = ["propose", str(report), "--target-drop", str(rec.target_drop), "--time-runs", "0", "-o", str(out), "-q"]
+    assert main([*args, "--ray", "auto", "--workers", "2"]) == 0
+    p = json.loads(out.read_text())
+    assert p["nodes_to_exclude"] == list(one.proposal.nodes_to_exclude)
+    assert p["evaluations"] == one.proposal.evaluations and p["expected_metric"] == one.proposal.expected_metric
+    assert [r["node"] for r in p["reasons"]] == [r.node for r in one.proposal.reasons]
+    if "started a local Ray instance with 2 CPU(s)" in capsys.readouterr().err:  # no cluster around (CI)
+        assert not ray.is_initialized()  # the instance qdebug started is shut down again
+
+
+def test_ray_without_the_extra_is_one_line_naming_the_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as without the extra
+    rec, report = _report(tmp_path, "decomposed_layernorm")
+    capsys.readouterr()
+    out = tmp_path / "p.json"
+    code = main(["propose", str(report), "--ray", "auto", "-o", str(out), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == ExitCode.USAGE and len(err.splitlines()) == 1
+    assert err.startswith(f"qdebug: error: {RAY_MISSING}") and 'pip install "qdebug[ray]"' in err
+    assert not out.exists()
+    for runtime in (ProposeOptions(ray="auto").runtime, ProposeOptions(workers=0).runtime):  # verify, bench alike
+        with pytest.raises(QDebugError) as e:
+            check_request(runtime)
+        assert e.value.code == ExitCode.USAGE
+
+
+METRIC = """
+import numpy as np, time
+
+def score(reference, candidate, labels):
+    same = all(np.array_equal(r[k], c[k]) for r, c in zip(reference, candidate) for k in r)
+    if not same:  # FP32 itself (scored in the main process) passes; every candidate fails, in a worker
+        if {sleep}:
+            time.sleep({sleep})
+        raise ValueError("candidates are not supported by this metric")
+    return 1.0
+"""
+
+
+def test_a_worker_s_error_is_the_one_line_error_of_the_one_process_run(tmp_path, capsys):
+    metric = tmp_path / "failing_metric.py"
+    metric.write_text(METRIC.format(sleep=0))
+    rec, report = _report(tmp_path, "decomposed_layernorm")
+    lines = {}
+    for workers in ("1", "2"):
+        capsys.readouterr()
+        out = tmp_path / f"p{workers}.json"
+        args = ["propose", str(report), "--metric", f"{metric}:score", "-o", str(out), "-q", "--time-runs", "0"]
+        code = main([*args, "--workers", workers])
+        err = capsys.readouterr().err.strip().splitlines()
+        lines[workers] = (code, err[-1])
+        assert not out.exists()
+    assert lines["1"] == lines["2"]
+    code, line = lines["2"]
+    assert code == ExitCode.INPUT and "candidates are not supported by this metric" in line
+    assert line.startswith("qdebug: error: metric ") and "Traceback" not in line
+
+
+def test_the_pool_keeps_order_errors_and_never_runs_a_hint_inline(tmp_path):
+    from qdebug.capture import SessionConfig
+    from qdebug.data import model_input_specs, open_data
+    from qdebug.evaluate import Evaluator
+    from tests.models import small_cnn, small_data
+
+    model = onnx.load(str(small_cnn(tmp_path / "m.onnx")))
+    ev = Evaluator(model, open_data(small_data(tmp_path / "d.npz", n=32), model_input_specs(model)), SessionConfig())
+    bad = onnx.ModelProto()
+    bad.CopyFrom(model)
+    bad.graph.node[0].op_type = "NoSuchOp"
+    results = {}
+    for workers in (1, 2):
+        with Pool([ev], workers=workers) as pool:
+            out = pool.outcomes(ev, [model, bad, model])
+            with pytest.raises(QDebugError) as e:
+                pool.map(ev, [model, bad])
+            assert e.value.code == ExitCode.MODEL
+            if workers == 1:
+                hint = pool.submit(ev, model, speculative=True)
+                assert pool.scored == 3 + 2 and hint.state == "queued"  # a hint never runs in this process
+                assert pool.outcome(hint).value == out[0].value and pool.scored == 6  # ...unless asked for
+            else:
+                assert pool.scored == 2  # equal requests share one evaluation (by model hash)
+        results[workers] = [o.one_line() if isinstance(o, QDebugError) else o.value for o in out]
+    assert results[1] == results[2] and "cannot load" in results[2][1]
+    err = pickle.loads(pickle.dumps(QDebugError("m", "h", ExitCode.DATA)))  # from a worker: whole
+    assert (err.message, err.hint, err.code) == ("m", "h", ExitCode.DATA)
+    assert worker_threads(2) == max(1, usable_cores() // 2) and worker_threads(4, threads=3) == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 30).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1))),
+    st.integers(2, 4),
+)
+def test_quickxplain_s_hints_name_its_next_tests_and_change_nothing(case, depth):
+    n, needed = case
+    items = [f"n{i}" for i in range(n)]
+    tests, hints = [], []
+
+    def meets(subset):
+        tests.append(subset)
+        return {items[i] for i in needed} <= set(subset)
+
+    found, done = minimal_subset(items, meets, lookahead=hints.append, depth=depth)
+    assert (found, done) == minimal_subset(items, lambda s: {items[i] for i in needed} <= set(s))
+    assert [h[0] for h in hints] == tests and all(len(h) < 2**depth for h in hints)
+    for i, hint in enumerate(hints):  # the next depth - 1 tests, whatever the answers, are among the hints
+        assert all(later in hint[1:] for later in tests[i + 1 : i + depth])
+
+
+def test_sigterm_stops_every_worker_and_leaves_no_output(tmp_path):
+    """SIGTERM to the main process only (``timeout``, a CI job cancelled) while two workers score: exit 143,
+    no proposal, no process of the run left."""
+    metric = tmp_path / "slow_metric.py"
+    metric.write_text(METRIC.format(sleep=60))
+    rec, report = _report(tmp_path, "decomposed_layernorm")
+    out = tmp_path / "p.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "qdebug", "propose", str(report), "--metric", f"{metric}:score", "-o", str(out)]
+    cmd += ["-q", "--workers", "2"]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(_group(proc.pid)) < 5:  # main, fork server, tracker, 2 workers
+            time.sleep(0.2)
+        assert len(_group(proc.pid)) >= 5, _group(proc.pid)
+        os.kill(proc.pid, signal.SIGTERM)
+        err = proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == ExitCode.TERMINATED, err
+    assert "terminated (SIGTERM); no partial output was written" in err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _group(proc.pid):
+        time.sleep(0.2)
+    assert not _group(proc.pid)
+    assert not out.exists() and not (tmp_path / "p_files").exists()
+
+
+def _group(pgid: int) -> list[str]:
+    """Live processes (zombies left out) of a process group."""
+    ps = subprocess.run(["ps", "-o", "stat=,args=", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if line.strip() and not line.strip().startswith("Z")]

@@ -38,7 +38,6 @@ CHANNELS_IN, CHANNELS_OUT = 4, 84
 
 def make_model(width: int):
     """The detection-shaped FP32 model (input ``x [1, 4, width]``, output ``y [1, 84, width]``)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -123,19 +122,26 @@ def main() -> int:
     for n in [int(s) for s in args.sizes.split(",")]:
         out = subprocess.run(
             [sys.executable, __file__, "--child", str(n), "--width", str(args.width)],
-            env=env, check=True, capture_output=True, text=True,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
         )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"{n}: {rows[-1]}", file=sys.stderr)
     base = rows[0]["peak_rss_mb"]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"spill budget: {env.get('QDEBUG_SPILL_MB', 'default')} MiB; output [1, {CHANNELS_OUT}, {args.width}] float32\n")
-    print("| samples | FP32 references | held in memory | spilled to disk | peak RSS | vs smallest | references s | score s |")
+    machine = platform.processor() or platform.machine()
+    print(f"machine: {machine}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    budget = env.get("QDEBUG_SPILL_MB", "default")
+    print(f"spill budget: {budget} MiB; output [1, {CHANNELS_OUT}, {args.width}] float32\n")
+    print("| samples | FP32 references | held in memory | spilled to disk | peak RSS | vs smallest | references s "
+          "| score s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['samples']:,} | {r['reference_mb']:,.0f} MiB | {r['held_mb']:,.0f} MiB | {r['spilled_mb']:,.0f} MiB "
-            f"| {r['peak_rss_mb']:,.0f} MiB | {r['peak_rss_mb'] / base:.2f}x | {r['build_s']:.1f} | {r['score_s']:.1f} |"
+            f"| {r['peak_rss_mb']:,.0f} MiB | {r['peak_rss_mb'] / base:.2f}x | {r['build_s']:.1f} "
+            f"| {r['score_s']:.1f} |"
         )
     return 0
 

@@ -42,7 +42,9 @@ def _child(argv: list[str], cwd: Path, profile: Path | None = None) -> tuple[flo
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
-    proc = subprocess.run([sys.executable, *prof, "-m", "qdebug", *argv], cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, *prof, "-m", "qdebug", *argv], cwd=cwd, env=env, capture_output=True, text=True
+    )
     wall = time.perf_counter() - start
     if proc.returncode not in (0, 6):
         print(proc.stderr[-2000:], file=sys.stderr)
@@ -57,14 +59,39 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
     evaluation = chain_data(tmp / "eval.npz", 64, seed=3)
     report = tmp / f"report{nodes}.json"
     a_wall, a_rss, a_rc = _child(
-        ["analyze", str(model), "--calib", str(calib), "--eval", str(evaluation), "-o", str(report), "--no-cache", "-q"],
+        [
+            "analyze",
+            str(model),
+            "--calib",
+            str(calib),
+            "--eval",
+            str(evaluation),
+            "-o",
+            str(report),
+            "--no-cache",
+            "-q",
+        ],
         tmp,
     )
     proposal = tmp / f"proposal{nodes}.json"
     profile = tmp / "propose.prof"
     p_wall, p_rss, p_rc = _child(
-        ["propose", str(report), "--model", str(model), "--calib", str(calib), "--eval", str(evaluation),
-         "-o", str(proposal), "--max-evaluations", str(budget), "--accept-no-speedup", "-q"],
+        [
+            "propose",
+            str(report),
+            "--model",
+            str(model),
+            "--calib",
+            str(calib),
+            "--eval",
+            str(evaluation),
+            "-o",
+            str(proposal),
+            "--max-evaluations",
+            str(budget),
+            "--accept-no-speedup",
+            "-q",
+        ],
         tmp,
         profile,
     )
@@ -73,14 +100,23 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
     if profile.is_file():
         stats = pstats.Stats(str(profile))
         quantize = max(
-            (v[3] for (path, _, name), v in stats.stats.items()  # type: ignore[attr-defined]
-             if name == "quantize_static_model" and path.endswith("quantize.py")),
+            (
+                v[3]
+                for (path, _, name), v in stats.stats.items()  # type: ignore[attr-defined]
+                if name == "quantize_static_model" and path.endswith("quantize.py")
+            ),
             default=0.0,
         )
     return {
-        "nodes": nodes, "analyze_s": a_wall, "analyze_rss": a_rss, "analyze_rc": a_rc,
-        "propose_s": p_wall, "propose_rss": p_rss, "propose_rc": p_rc,
-        "trials": trials, "quantize_s": quantize,
+        "nodes": nodes,
+        "analyze_s": a_wall,
+        "analyze_rss": a_rss,
+        "analyze_rc": a_rc,
+        "propose_s": p_wall,
+        "propose_rss": p_rss,
+        "propose_rc": p_rc,
+        "trials": trials,
+        "quantize_s": quantize,
     }
 
 
@@ -94,8 +130,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(measure(n, Path(tmp), args.max_evaluations))
         print(rows[-1], file=sys.stderr)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print("\n| nodes | analyze wall | analyze peak RSS | propose wall (profiled) | evaluations | re-quantization | share of propose |")
+    machine = platform.processor() or platform.machine()
+    print(f"machine: {machine}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print("\n| nodes | analyze wall | analyze peak RSS | propose wall (profiled) | evaluations | re-quantization "
+          "| share of propose |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         share = r["quantize_s"] / r["propose_s"] if r["propose_s"] else float("nan")

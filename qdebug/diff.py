@@ -39,15 +39,15 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.records import NodeRecord, Report, TensorRecord
 from qdebug.records.diff import (
     COMPARISON_KIND,
-    Comparison,
-    TensorBest,
     DIFF_SCHEMA_VERSION,
+    Comparison,
     DiffReport,
     NodeChange,
     OutputChange,
     ReportSide,
     SettingChange,
     TaskSide,
+    TensorBest,
     TensorChange,
 )
 from qdebug.report_io import load_record, load_report

@@ -668,7 +668,7 @@ class Evaluator:
         bounds = np.cumsum(self.sizes)
         cuts = sorted({int(np.searchsorted(bounds, self.samples * j / k, side="left")) + 1 for j in range(1, k)})
         edges = [0, *[c for c in cuts if 0 < c < len(self.sizes)], len(self.sizes)]
-        return [self._shard(range(a, b)) for a, b in zip(edges, edges[1:]) if b > a]
+        return [self._shard(range(a, b)) for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
     def _shard(self, indices: range) -> Evaluator:
         part = Evaluator.__new__(Evaluator)

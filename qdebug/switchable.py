@@ -120,80 +120,106 @@ def _read_edges(model: onnx.ModelProto) -> tuple[dict[Edge, _Dq | None], dict[st
     return edges, nodes, reads
 
 
+class _Wiring:
+    """The switchable model under construction: fresh names, the FP32 floats added, the switch nodes."""
+
+    def __init__(self, model: onnx.ModelProto, fp32: onnx.ModelProto) -> None:
+        self.graph = model.graph
+        self.fp32_nodes = {n.name: n for n in fp32.graph.node}
+        self.fp32_inits = _initializers(fp32)
+        self.producer = {o: n for n in self.graph.node for o in n.output}
+        self.by_name = {n.name: n for n in self.graph.node}
+        graph = self.graph
+        self.taken = {t for n in graph.node for t in (*n.input, *n.output)} | {t.name for t in graph.initializer}
+        self.taken |= {i.name for i in graph.input}
+        self.floats: dict[str, str] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.renamed_outputs: dict[str, str] = {}
+        self.edges: list[Edge] = []
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    def float_source(self, edge: Edge, tensor: str) -> str | None:
+        """What the FP32 model reads on ``edge``: the Q node's input (an activation), else the original
+        initializer, added under a fresh name (a weight, a bias); None when neither is found."""
+        node_name, slot = edge
+        dq = self.producer[tensor]
+        q = self.producer.get(dq.input[0])
+        if q is not None and q.op_type == "QuantizeLinear":
+            return q.input[0]
+        original_node = self.fp32_nodes.get(node_name) if node_name != OUTPUT else None
+        if original_node is None or not isinstance(slot, int) or slot >= len(original_node.input):
+            return None
+        original = original_node.input[slot]
+        if original not in self.fp32_inits:
+            return None
+        if original not in self.floats:
+            self.floats[original] = self.fresh(f"{original}_qdebug_float")
+            array = numpy_helper.to_array(self.fp32_inits[original])
+            self.graph.initializer.append(numpy_helper.from_array(array, self.floats[original]))
+        return self.floats[original]
+
+    def switch(self, edge: Edge, tensor: str, float_src: str) -> None:
+        """Put ``edge`` behind switch ``k``: ``Where(switches[k], dequantized, float)``."""
+        k = len(self.edges)
+        self.edges.append(edge)
+        index = self.fresh(f"qdebug_switch_index_{k}")
+        self.graph.initializer.append(numpy_helper.from_array(np.array(k, dtype=np.int64), index))
+        flag = self.fresh(f"qdebug_switch_{k}")
+        self.nodes.append(helper.make_node("Gather", [SWITCHES, index], [flag], name=self.fresh(f"qdebug_gather_{k}")))
+        where = self.fresh(f"qdebug_where_{k}")
+        node_name, slot = edge
+        if node_name == OUTPUT:
+            # the graph output keeps its name: the DQ writes elsewhere, the Where writes the output
+            inner = self.fresh(f"{tensor}_qdebug_dq")
+            self.renamed_outputs[tensor] = inner
+            self.nodes.append(helper.make_node("Where", [flag, inner, float_src], [tensor], name=where))
+        else:
+            out = self.fresh(f"{tensor}_qdebug_switched")
+            self.nodes.append(helper.make_node("Where", [flag, tensor, float_src], [out], name=where))
+            self.by_name[node_name].input[slot] = out  # type: ignore[index]
+
+    def finish(self) -> None:
+        """Rename the DQ outputs that were graph outputs, add the switch nodes and input, order the graph."""
+        for n in self.graph.node:
+            for j, o in enumerate(n.output):
+                n.output[j] = self.renamed_outputs.get(o, o)
+        # every reader of such a DQ output reads it under its new name -- the Where of another edge included,
+        # so that edge's switch alone decides what it reads
+        for n in [*self.graph.node, *self.nodes]:
+            if n.op_type == "Where" and n.output[0] in self.renamed_outputs:
+                continue
+            for j, i in enumerate(n.input):
+                n.input[j] = self.renamed_outputs.get(i, i)
+        self.graph.node.extend(self.nodes)
+        self.graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.BOOL, [len(self.edges)]))
+        _topological(self.graph)
+
+
 def build_switchable(static: onnx.ModelProto, fp32: onnx.ModelProto) -> Switchable | None:
     """The switchable model of ``static`` (quantized from ``fp32``), or None when it has no Q/DQ edge that
     can be switched. Neither model is changed."""
     edges, nodes, reads = _read_edges(static)
-    fp32_nodes = {n.name: n for n in fp32.graph.node}
-    fp32_inits = _initializers(fp32)
     model = onnx.ModelProto()
     model.CopyFrom(static)
-    graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output}
-    taken = {t for n in graph.node for t in (*n.input, *n.output)} | {t.name for t in graph.initializer}
-    taken |= {i.name for i in graph.input}
-
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
-
-    added_floats: dict[str, str] = {}
-    switchable: list[Edge] = []
-    new_nodes: list[onnx.NodeProto] = []
-    by_name = {n.name: n for n in graph.node}
-    rename_outputs: dict[str, str] = {}
+    wiring = _Wiring(model, fp32)
     for edge, dq in edges.items():
         if dq is None:
             continue
-        node_name, slot = edge
-        tensor = reads[edge]
-        d = producer[tensor]
-        q = producer.get(d.input[0])
-        if q is not None and q.op_type == "QuantizeLinear":
-            float_src = q.input[0]
-        elif node_name != OUTPUT and node_name in fp32_nodes and isinstance(slot, int):
-            original = fp32_nodes[node_name].input[slot] if slot < len(fp32_nodes[node_name].input) else ""
-            if original not in fp32_inits:
-                continue
-            if original not in added_floats:
-                added_floats[original] = fresh(f"{original}_qdebug_float")
-                graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(fp32_inits[original]), added_floats[original]))
-            float_src = added_floats[original]
-        else:
-            continue
-        k = len(switchable)
-        switchable.append(edge)
-        index = fresh(f"qdebug_switch_index_{k}")
-        graph.initializer.append(numpy_helper.from_array(np.array(k, dtype=np.int64), index))
-        flag = fresh(f"qdebug_switch_{k}")
-        out = fresh(f"{tensor}_qdebug_switched")
-        new_nodes.append(helper.make_node("Gather", [SWITCHES, index], [flag], name=fresh(f"qdebug_gather_{k}")))
-        if node_name == OUTPUT:
-            # the graph output keeps its name: the DQ writes elsewhere, the Where writes the output
-            inner = fresh(f"{tensor}_qdebug_dq")
-            rename_outputs[tensor] = inner
-            new_nodes.append(helper.make_node("Where", [flag, inner, float_src], [tensor], name=fresh(f"qdebug_where_{k}")))
-        else:
-            new_nodes.append(helper.make_node("Where", [flag, tensor, float_src], [out], name=fresh(f"qdebug_where_{k}")))
-            by_name[node_name].input[slot] = out  # type: ignore[index]
-    if not switchable:
+        float_src = wiring.float_source(edge, reads[edge])
+        if float_src is not None:
+            wiring.switch(edge, reads[edge], float_src)
+    if not wiring.edges:
         return None
-    for n in graph.node:
-        for j, o in enumerate(n.output):
-            if o in rename_outputs:
-                n.output[j] = rename_outputs[o]
-        for j, i in enumerate(n.input):
-            if i in rename_outputs:
-                n.input[j] = rename_outputs[i]
-    graph.node.extend(new_nodes)
-    graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.BOOL, [len(switchable)]))
-    _topological(graph)
-    static_edges = {e: edges[e] for e in switchable}
-    return Switchable(model, tuple(switchable), static_edges, nodes)  # type: ignore[arg-type]
+    wiring.finish()
+    static_edges = {e: edges[e] for e in wiring.edges}
+    return Switchable(model, tuple(wiring.edges), static_edges, nodes)  # type: ignore[arg-type]
 
 
 def _topological(graph: onnx.GraphProto) -> None:

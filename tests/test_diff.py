@@ -249,7 +249,9 @@ def test_verdict_and_ranking():
     assert strict_json(dumps(diff))["nodes"][0]["name_b"] == "b"
 
 
-def test_analyze_with_several_methods_writes_one_report_each_and_names_the_best_per_tensor(tmp_path, capsys, monkeypatch):
+def test_analyze_with_several_methods_writes_one_report_each_and_names_the_best_per_tensor(
+    tmp_path, capsys, monkeypatch
+):
     """``analyze --method minmax,percentile,entropy`` (issue 19): a report per method next to ``-o``, the
     comparison table on stdout (the best report per tensor by its own local SQNR, checked against the
     reports' numbers), ``qdebug diff`` of the three reports giving the same file, and the note that ORT's
@@ -280,7 +282,8 @@ def test_analyze_with_several_methods_writes_one_report_each_and_names_the_best_
     entropy_notes = [n for n in reports[2].notes if "searched no clipping threshold" in n]
     assert entropy_notes and not any("searched no clipping" in n for n in reports[0].notes)
     # entropy's ranges are minmax's: every tensor's local SQNR is the same in both
-    assert all(row.local_sqnr_db[0] == row.local_sqnr_db[2] or math.isnan(row.local_sqnr_db[0]) for row in comparison.tensors)
+    same = [r.local_sqnr_db[0] == r.local_sqnr_db[2] or math.isnan(r.local_sqnr_db[0]) for r in comparison.tensors]
+    assert all(same)
     assert md.read_text().startswith("## qdebug diff: `minmax` vs `percentile` vs `entropy`")
     out = tmp_path / "cmp.json"
     assert main(["diff", *map(str, paths), "--json", str(out)]) == 0

@@ -111,9 +111,12 @@ def test_an_evaluator_on_disk_scores_as_one_in_memory(tmp_path, monkeypatch):
     worker = pickle.loads(pickle.dumps(disk))
     assert len(pickle.dumps(disk)) < 100_000  # the arrays stay in the files
     assert worker.batches[3].origin == disk.batches[3].origin
-    np.testing.assert_array_equal(worker.batches[3].feeds["input"] if "input" in worker.batches[3].feeds
-                                  else next(iter(worker.batches[3].feeds.values())),
-                                  next(iter(disk.batches[3].feeds.values())))
+    np.testing.assert_array_equal(
+        worker.batches[3].feeds["input"]
+        if "input" in worker.batches[3].feeds
+        else next(iter(worker.batches[3].feeds.values())),
+        next(iter(disk.batches[3].feeds.values())),
+    )
 
 
 def test_a_candidates_result_keeps_no_outputs(tmp_path, monkeypatch):

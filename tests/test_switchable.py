@@ -68,7 +68,10 @@ def test_an_exclusion_is_its_switches_and_scores_as_its_own_fake_quant_model(dem
 def test_a_changed_range_is_not_representable(demo):
     prep, static, _ = demo
     switchable = build_switchable(static, prep.normalized)
-    assert switches_for(switchable, quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))) is None
+    assert (
+        switches_for(switchable, quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True)))
+        is None
+    )
     assert switches_for(switchable, static).all()
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import onnx
 
-from qdebug.analysis.measure import LayerErrors
 from qdebug import fast_quantize
+from qdebug.analysis.measure import LayerErrors
 from qdebug.calibrate import Ranges
 from qdebug.formatting import fmt_size
 from qdebug.graph.load import PER_CHANNEL_OPSET, WeightBytes, default_opset, weight_bytes
@@ -262,7 +262,9 @@ def entropy_search_note(ranges: Ranges) -> str | None:
     that (128 and 128, ``quantize_static``'s only setting) tries one candidate, the whole histogram, and
     gives the tensor's min/max range -- minmax's, under another name."""
     data = getattr(ranges.tensors, "data", {})
-    flat = [k for k, t in data.items() if getattr(t, "hist", None) is not None and t.hist.size <= ENTROPY_QUANTIZED_BINS]
+    flat = [
+        k for k, t in data.items() if getattr(t, "hist", None) is not None and t.hist.size <= ENTROPY_QUANTIZED_BINS
+    ]
     if not flat:
         return None
     return (

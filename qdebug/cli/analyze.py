@@ -129,7 +129,8 @@ def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     outputs = {m: method_output(args.output, m) for m in methods}
     inputs = {"the model": args.model, "the calibration data": args.calib, "the evaluation data": args.eval}
     check_outputs_spare_inputs({f"the {m} report": str(o) for m, o in outputs.items()}, inputs)
-    ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.quantized), tuple(map(str, outputs.values())))
+    written = tuple(map(str, outputs.values()))
+    ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.quantized), written)
     reports = []
     for i, method in enumerate(methods, 1):
         one = argparse.Namespace(**{**vars(args), "method": method})

@@ -41,6 +41,7 @@ from qdebug.graph.match import pair_models, qdq_settings
 from qdebug.parallel import Pool, check_request, open_pool
 from qdebug.prepare import AnalyzeOptions, Prepared, prepare
 from qdebug.progress import Progress, no_progress
+from qdebug.propose import switch
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
@@ -56,10 +57,7 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     _check_allow,
     make_target,
 )
-from qdebug.propose import switch
 from qdebug.propose.screen import confirm_on_all, screening_evaluator, start_on_all
-from qdebug.propose.switch import switch_note
-from qdebug.switchable import SwitchScreen
 from qdebug.propose.search import (
     Fix,
     Plan,
@@ -74,9 +72,11 @@ from qdebug.propose.search import (
 )
 from qdebug.propose.strategy import run_search
 from qdebug.propose.structure import Structure
+from qdebug.propose.switch import switch_note
 from qdebug.quantize import QuantSpec
 from qdebug.records import SCHEMA_VERSION, AnalysisConfig, FrontierPoint, NodeRecord, Proposal, Report, WeightRecord
 from qdebug.report_io import dumps, load_report
+from qdebug.switchable import SwitchScreen
 
 __all__ = [
     "ACTIONS",

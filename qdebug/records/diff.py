@@ -330,7 +330,8 @@ def comparison_header(c: Comparison) -> list[str]:
     for i, (label, side, task) in enumerate(zip(c.labels, c.sides, c.tasks, strict=True)):
         metric = ""
         if task is not None and math.isfinite(task.quantized):
-            metric = f"{task.name} {fmt_metric(task.name, task.quantized)}" + (" (best)" if i == best_task else "") + ", "
+            best = " (best)" if i == best_task else ""
+            metric = f"{task.name} {fmt_metric(task.name, task.quantized)}{best}, "
         lines.append(f"{label}: {metric}best on {c.wins[i]} of {len(c.tensors)} tensors ({side.path})")
     return lines
 

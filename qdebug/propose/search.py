@@ -134,6 +134,9 @@ def _unstarted(entry: _Ahead) -> bool:
     return entry.ticket is None or entry.ticket.state == "dropped"
 
 
+BUILT_BYTES = 256 * 2**20
+"""Serialized variants :meth:`Search.build` keeps for being asked again (on a 3,200-node graph each
+re-quantization costs about 2 s; a model over this size is not kept)."""
 AHEAD_KEPT = 32
 """Variants built ahead that a search keeps at most (the oldest hints are let go first)..."""
 AHEAD_BYTES = 1 << 30
@@ -187,6 +190,9 @@ class Search:
         self.ahead: dict[tuple, _Ahead] = {}
         """Variants built and handed to the pool before they were asked for (:meth:`prefetch`), by asked
         configuration: nothing of the trace or the budget, only work done early."""
+        self.built: OrderedDict[tuple, tuple[QuantSpec, bytes]] = OrderedDict()
+        """Variants built, by what was asked (serialized, at most :data:`BUILT_BYTES` in all, the most recent
+        kept): the answer, static and the frontier's points are built again after the search."""
         self.hinted: OrderedDict[tuple, bool] = OrderedDict()
         """The last hint's variants not built yet (-> every one will be asked for)."""
 
@@ -232,6 +238,12 @@ class Search:
         start = time.perf_counter()
         nodes = set(nodes)
         keep = set(keep_float)
+        pc = self.per_channel if per_channel is None else per_channel
+        asked = (frozenset(nodes), frozenset(overrides), pc, frozenset(keep), frozenset(fixes))
+        if asked in self.built:  # the answer and the frontier's points are built again after the search
+            self.built.move_to_end(asked)
+            spec, data = self.built[asked]
+            return spec, onnx.load_from_string(data), time.perf_counter() - start
         for _ in range(4):
             spec = self.spec(nodes, overrides, per_channel, fixes)
             model = quantize_static_model(self.normalized, self.ranges, spec, load_check=False)
@@ -249,7 +261,21 @@ class Search:
             if not extra:
                 break
             nodes |= extra
+        self._keep_built(asked, spec, model)
+        if keep:  # the trace records the nodes leaks were closed with: the answer is built again from those
+            self._keep_built((frozenset(nodes), asked[1], pc, frozenset(), asked[4]), spec, model)
         return spec, model, time.perf_counter() - start
+
+    def _keep_built(self, asked: tuple, spec: QuantSpec, model: onnx.ModelProto) -> None:
+        """Keep a built variant's serialized model, the oldest dropped beyond :data:`BUILT_BYTES` in all."""
+        data = model.SerializeToString()
+        if len(data) > BUILT_BYTES or asked in self.built:
+            return
+        self.built[asked] = (spec, data)
+        total = sum(len(d) for _, d in self.built.values())
+        while total > BUILT_BYTES:
+            _, (_, dropped) = self.built.popitem(last=False)
+            total -= len(dropped)
 
     def ask(
         self,

@@ -130,3 +130,22 @@ def test_propose_screened_on_the_switchable_model_finds_the_planted_culprits(tmp
     screened, total = int(note.split(" of ")[0]), int(note.split(" of ")[1].split()[0])
     assert 1 <= screened <= total <= on.proposal.evaluations, note  # exclusions went through the switches
     assert not any("switchable" in n for n in off.notes)
+
+
+def test_auto_screens_large_graphs_unless_the_fake_quant_metric_is_far_from_the_deployed_one():
+    from types import SimpleNamespace
+
+    from qdebug.propose.switch import SWITCH_NODES, wanted
+
+    def report(nodes: int, fakequant: float, same: float, deployed: float = 0.5):
+        task = SimpleNamespace(
+            name="top1", quantized=deployed, quantized_fakequant=fakequant, quantized_same_samples=same
+        )
+        return SimpleNamespace(nodes=[None] * nodes, task=task)
+
+    big, small = SWITCH_NODES, SWITCH_NODES - 1
+    assert wanted("auto", report(big, 0.90, 0.905)) and not wanted("auto", report(small, 0.90, 0.905))
+    assert not wanted("auto", report(big, 0.90, 0.70))  # a 20-point kernel gap: fake-quant would mislead
+    # compared on the same samples: the whole set's deployed metric (0.5) is not the yardstick
+    assert wanted("auto", report(big, 0.90, 0.90, deployed=0.5))
+    assert wanted("on", report(small, 0.9, 0.1)) and not wanted("off", report(big, 0.9, 0.9))

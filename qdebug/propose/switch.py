@@ -34,10 +34,14 @@ GAP_POINTS = 1.0
 def kernel_gap(report: Report) -> float:
     """How far the fake-quant metric analyze measured is from the deployed one (0 when not measured)."""
     task = report.task
-    if task is None or math.isnan(task.quantized_fakequant) or math.isnan(task.quantized):
+    if task is None or math.isnan(task.quantized_fakequant):
+        return 0.0
+    # the deployed model on the fake-quant view's own samples where analyze has it: like with like
+    deployed = task.quantized if math.isnan(task.quantized_same_samples) else task.quantized_same_samples
+    if math.isnan(deployed):
         return 0.0
     scale = 100.0 if task.name in ACCURACY_METRICS else 1.0
-    return abs(task.quantized_fakequant - task.quantized) * scale
+    return abs(task.quantized_fakequant - deployed) * scale
 
 
 def wanted(mode: str, report: Report) -> bool:

@@ -318,7 +318,8 @@ class _Tally:
             r, c = ref[k], cand.get(k)
             if c is not None and r.dtype.kind == "f" and r.shape == c.shape and r.size:
                 acc.update(r, c)
-        self._energies(ref, cand, n)
+        if ev.energies:
+            self._energies(ref, cand, n)
         if self.kept is not None:
             self.kept.append(cand)
             return
@@ -352,8 +353,7 @@ class _Tally:
         """Add a shard's result (the shards in evaluation order): its sums, per-unit numbers and classes."""
         for k, acc in zip(self.accs, part.accumulators, strict=True):
             self.accs[k] = self.accs[k].merge(acc)
-        assert part.sqnr is not None
-        for j in range(len(self.signal)):
+        for j in range(len(self.signal) if part.sqnr is not None else 0):
             self.signal[j].append(part.sqnr.signal[j])
             self.noise[j].append(part.sqnr.noise[j])
         if isinstance(part.values, RatioValues):
@@ -384,7 +384,10 @@ class _Tally:
         """The candidate's score (``value``: FP32's own, which needs no hook call of its own)."""
         ev = self.ev
         outputs = tuple(OutputMetric(k, acc.result()) for k, acc in self.accs.items())
-        if ev._float_names:
+        sqnr: SqnrValues | None = None
+        if not ev.energies:
+            pass
+        elif ev._float_names:
             sqnr = SqnrValues(
                 np.stack([np.concatenate(x) for x in self.signal]), np.stack([np.concatenate(x) for x in self.noise])
             )
@@ -414,7 +417,7 @@ class _Tally:
         if self.preds and self.per_sample_classes:
             classes = np.concatenate(self.preds).astype(np.int64)
         return EvalResult(
-            name, value, ev.fp32_value if hasattr(ev, "fp32_value") else value, outputs, ev.samples, seconds,
+            name, value, ev.fp32_value, outputs, ev.samples, seconds,
             values=values, sqnr=sqnr, classes=classes, kept=self.kept, accumulators=tuple(self.accs.values()),
         )
 
@@ -503,12 +506,16 @@ class Evaluator:
         out0 = self.output_names[0]
         first = self.reference[0]
         self._float_names = [k for k in self.output_names if first[k].dtype.kind == "f"]
+        self.fp32_value = math.nan  # FP32's own score, from the tally below
         """The float outputs: their per-sample energies are kept for the SQNR gates, whatever the metric."""
         self._indices = all(
             _class_indices(r[out0], n) for r, n in zip(self.reference, self.sizes, strict=True)
         ) if _class_indices(first[out0], self.sizes[0]) else False
         """The first output holds class indices (an ArgMax inside the model), not scores."""
         self.metric_name, self._user = self._resolve_metric(metric)
+        self.energies = True
+        """Every candidate's per-sample signal and noise energies are kept (the SQNR gates, the per-sample
+        drill-down); propose's search turns it off unless its metric is the output SQNR: :meth:`keep_energies`."""
         tally = _Tally(self)
         tally.kept = None  # FP32's own outputs are the reference
         for r in self.reference:
@@ -657,6 +664,12 @@ class Evaluator:
         for ref, cand in zip(self.reference, candidate, strict=True):
             tally.update(ref, cand)
         return tally.result(seconds + time.perf_counter() - start)
+
+    def keep_energies(self, keep: bool) -> None:
+        """Keep the float outputs' per-sample energies in each result (None in ``result.sqnr`` without them);
+        always kept for ``output_sqnr_db``, whose split they are. Summing them is the one per-batch cost a
+        candidate pays beyond its metric (a float64 copy of each output)."""
+        self.energies = keep or (self.metric_name == "output_sqnr_db" and self._user is None)
 
     def shards(self, k: int) -> list[Evaluator]:
         """The evaluation set cut into at most ``k`` runs of whole batches with about equal samples, each an

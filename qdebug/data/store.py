@@ -220,13 +220,3 @@ class StoreView(Sequence[dict[str, np.ndarray]]):
         if isinstance(index, slice):
             return StoreView(self._store, self._indices[index])
         return self._store[self._indices[index]]
-
-
-def stored(batches: Sequence[Mapping[str, np.ndarray]] | ArrayStore, budget: int | None = None) -> Sequence:
-    """``batches`` as a store (a list is copied in, spilling beyond the budget; a store is kept as it is)."""
-    if isinstance(batches, (ArrayStore, StoreView)):
-        return batches
-    store = ArrayStore(budget)
-    for b in batches:
-        store.append(b)
-    return store

@@ -217,6 +217,9 @@ def _propose(
     evaluator, input_notes = _evaluator(prep, eval_src, cfg, options, config)
     target = make_target(evaluator.metric_name, evaluator.fp32_value, evaluator.samples, options)
     screen = screening_evaluator(prep, eval_src, cfg, config, evaluator, options.screen_samples)
+    for scorer in (evaluator, screen):  # the search reads each candidate's metric, not its output energies
+        if scorer is not None:
+            scorer.keep_energies(False)
     screened = screen or evaluator
     screen_target = make_target(screened.metric_name, screened.fp32_value, screened.samples, options)
     dynamic = _start_pool(pool, prep, screened, evaluator, options)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import importlib
 import inspect
 import os
 import sys
@@ -81,6 +82,7 @@ VERIFIED_SOURCES: dict[str, str] = {
     "ONNXModel._check_init": "7ff484d0442990d9",
     "quant_utils.find_by_name": "40cf7740b42609de",
     "MinMaxCalibrater.augment_graph": "fce1d4bdb6e14d7a",
+    "quantize.quantize_dynamic": "c3a8491dedf37111",
 }
 """sha256 (first 16 hex digits) of the source of each ORT function this module replaces or relies on,
 as verified byte-identical (onnxruntime 1.32.0). :func:`current_sources` gives today's."""
@@ -121,6 +123,7 @@ def _relied_on() -> dict[str, Callable[..., Any]]:
             "ONNXModel": ONNXModel,
             "quant_utils": quant_utils,
             "MinMaxCalibrater": ort_calibrate.MinMaxCalibrater,
+            "quantize": importlib.import_module("onnxruntime.quantization.quantize"),  # the module, not its function
         }[owner]
         out[label] = getattr(holder, name)
     return out
@@ -142,9 +145,14 @@ _PROBLEMS: dict[str, str | None] = {}
 
 
 def _labels(part: str) -> list[str]:
-    """The entries of :data:`VERIFIED_SOURCES` the ``quantizer`` or the ``calibrator`` path relies on."""
+    """The entries of :data:`VERIFIED_SOURCES` the ``quantizer``, ``dynamic quantizer`` or ``calibrator``
+    path relies on (the dynamic one: the quantizer's, and ``quantize_dynamic``, whose body it replays)."""
     calibrator = [label for label in VERIFIED_SOURCES if label.startswith("MinMaxCalibrater.")]
-    return calibrator if part == "calibrator" else [label for label in VERIFIED_SOURCES if label not in calibrator]
+    dynamic = [label for label in VERIFIED_SOURCES if label.startswith("quantize.")]
+    if part == "calibrator":
+        return calibrator
+    quantizer = [label for label in VERIFIED_SOURCES if label not in calibrator and label not in dynamic]
+    return quantizer + dynamic if part == "dynamic quantizer" else quantizer
 
 
 def fast_path_problem(part: str = "quantizer") -> str | None:

@@ -513,21 +513,77 @@ def _explain_quantizer_error(e: Exception, spec: QuantSpec) -> QDebugError:
 def quantize_dynamic_model(
     model_path: Path, out_path: Path, *, op_types: Sequence[str] | None = None, per_channel: bool = False
 ) -> None:
-    """Dynamic quantization (QInt8 weights, activations quantized at run time)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    """Dynamic quantization (QInt8 weights, activations quantized at run time): what ORT's
+    ``quantize_dynamic`` writes, byte for byte, run over qdebug's indexed model where the sources it relies
+    on are the verified ones (:mod:`qdebug.fast_quantize`; ORT's own function is quadratic in the node
+    count: 7.7 s of a 25 s propose on 3,200 nodes)."""
+    from qdebug import fast_quantize
 
     try:
         with quiet_ort_logging():
-            quantize_dynamic(
-                str(model_path),
-                str(out_path),
-                op_types_to_quantize=list(op_types) if op_types else None,
-                per_channel=per_channel,
-                weight_type=QuantType.QInt8,
-            )
+            if fast_quantize.use_fast_path("dynamic quantizer"):
+                try:
+                    _dynamic_indexed(Path(model_path), Path(out_path), op_types, per_channel)
+                    return
+                except fast_quantize.IndexOutOfStep as e:
+                    fast_quantize.note(
+                        f"ORT's dynamic quantizer was run again on its plain path (quadratic in the node count): "
+                        f"qdebug's index of the graph fell out of step with it ({e}); please report this model"
+                    )
+            _dynamic_plain(model_path, out_path, op_types, per_channel)
     except Exception as e:
         raise QDebugError(
             f"ONNX Runtime's dynamic quantizer failed ({e.__class__.__name__}: {str(e)[:200]})",
             "restrict the op types with --dynamic-ops MatMul",
             ExitCode.MODEL,
         ) from None
+
+
+def _dynamic_plain(model_path: Path, out_path: Path, op_types: Sequence[str] | None, per_channel: bool) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(model_path),
+        str(out_path),
+        op_types_to_quantize=list(op_types) if op_types else None,
+        per_channel=per_channel,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def _dynamic_indexed(model_path: Path, out_path: Path, op_types: Sequence[str] | None, per_channel: bool) -> None:
+    """The body of ORT's ``quantize_dynamic`` (its source is among the verified ones) with the quantizer
+    over an :class:`~qdebug.fast_quantize.IndexedModel`; raises ``IndexOutOfStep`` before writing anything
+    if the index and the graph disagree at the end."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+    from onnxruntime.quantization.quant_utils import (
+        QuantizationMode,
+        load_model_with_shape_infer,
+        update_opset_version,
+    )
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    from qdebug import fast_quantize
+
+    ops = list(op_types) if op_types else list(IntegerOpsRegistry.keys())
+    with fast_quantize.installed():
+        model = update_opset_version(load_model_with_shape_infer(model_path), QuantType.QInt8)
+        quantizer = fast_quantize.indexed(ONNXQuantizer)(
+            model,
+            per_channel,
+            False,  # reduce_range
+            QuantizationMode.IntegerOps,
+            False,  # static
+            QuantType.QInt8,
+            QuantType.QUInt8,  # dynamic activations are uint8
+            None,
+            [],
+            [],
+            ops,
+            {"MatMulConstBOnly": True},
+        )
+        quantizer.quantize_model()
+        if isinstance(quantizer.model, fast_quantize.IndexedModel):
+            quantizer.model.check_in_step()
+        quantizer.model.save_model_to_file(str(out_path), False)

@@ -13,6 +13,7 @@ environment switch), each with its note.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -163,6 +164,8 @@ def test_robustness_models_quantize_byte_identically_or_fail_alike(name, tmp_pat
         assert fast == plain, label
         built[label] = isinstance(fast, bytes)
     assert built["default"], "the default quantization of a prepared model succeeds"
+    fast, plain = _dynamic_both(prep.normalized_path, tmp_path, {})
+    assert fast == plain, "dynamic"
     assert fast_quantize.notes() == ()
 
 
@@ -240,19 +243,14 @@ def test_the_fast_path_does_not_scan(tmp_path, monkeypatch):
     model = bench_quantize.make_chain(30, variety=True)
     onnx.save(model, tmp_path / "m.onnx")
     prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
-    scans, replaced = [], [0]
-    plain_find = fast_quantize._PLAIN_FIND_BY_NAME
+    replaced = [0]
     plain_replace = ONNXModel.replace_node_input
-
-    def find(name, items):
-        scans.append(isinstance(items, list))
-        return plain_find(name, items)
 
     def replace(node, old, new):
         replaced[0] += 1
         return plain_replace(node, old, new)
 
-    monkeypatch.setattr(fast_quantize, "_PLAIN_FIND_BY_NAME", find)
+    scans = _spied_plain_find(monkeypatch)
     monkeypatch.setattr(ONNXModel, "replace_node_input", staticmethod(replace))
     quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
     nodes = len(prep.normalized.graph.node)
@@ -262,6 +260,7 @@ def test_the_fast_path_does_not_scan(tmp_path, monkeypatch):
     with fast_quantize.plain_path():
         quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
     assert replaced[0] > 50 * nodes
+    assert scans.count(False) > nodes  # the plain path scans the initializers, the spy sees it
 
 
 def test_find_by_name_is_orts_own_outside_the_call_and_for_other_lists(tmp_path):
@@ -438,3 +437,101 @@ def test_a_fallback_to_the_plain_path_is_a_note_of_the_report(tmp_path, monkeypa
         assert main(argv) == 0
     notes = [n for n in load_report(out).notes if "plain path" in n]
     assert len(notes) == 1 and "replace_input_of_all_nodes" in notes[0]
+
+
+# --- the dynamic quantizer ----------------------------------------------------------------------------
+
+DYNAMIC_OPTIONS = [
+    ("default", {}),
+    ("per-channel", {"per_channel": True}),
+    ("MatMul only", {"op_types": ("MatMul",)}),
+]
+
+
+def _dynamic_both(model_path: Path, tmp: Path, options: dict) -> tuple[bytes | str, bytes | str]:
+    """qdebug's dynamic quantization of ``model_path`` on the fast path and on ORT's plain ``quantize_dynamic``
+    (the bytes written, or the error)."""
+    from qdebug.quantize import quantize_dynamic_model
+
+    out = []
+    for scope in (contextlib.nullcontext(), fast_quantize.plain_path()):
+        path = tmp / f"dyn-{uuid.uuid4().hex}.onnx"
+        try:
+            with scope:
+                quantize_dynamic_model(model_path, path, **options)
+            out.append(path.read_bytes())
+        except QDebugError as e:
+            out.append(f"error: {e}")
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("fixture", ["transformer", "cnn"])
+def test_dynamic_quantization_is_byte_identical_to_orts_quantize_dynamic(fixture, tmp_path, indexed_runs):
+    prep = _prepared(FIXTURES / fixture / "model.onnx", FIXTURES / fixture / "calib.npz", tmp_path)
+    for label, options in DYNAMIC_OPTIONS:
+        fast, plain = _dynamic_both(prep.normalized_path, tmp_path, options)
+        assert isinstance(fast, bytes), (label, fast)
+        assert fast == plain, label
+    assert len({id(m) for m in indexed_runs}) == len(DYNAMIC_OPTIONS)
+    assert fast_quantize.notes() == ()
+
+
+@pytest.mark.parametrize("blocks", [4, 40])
+def test_generated_graphs_quantize_dynamically_byte_identically(blocks, tmp_path, indexed_runs):
+    model = bench_quantize.make_chain(blocks, variety=True, seed=blocks)
+    onnx.save(model, tmp_path / "m.onnx")
+    for label, options in DYNAMIC_OPTIONS[: 3 if blocks == 4 else 1]:
+        fast, plain = _dynamic_both(tmp_path / "m.onnx", tmp_path, options)
+        assert isinstance(fast, bytes), (label, fast)
+        assert fast == plain, label
+    assert indexed_runs and all(m.rebuilds <= 4 for m in indexed_runs), [m.rebuilds for m in indexed_runs]
+
+
+def _spied_plain_find(monkeypatch) -> list[bool]:
+    """ORT's ``find_by_name`` replaced, wherever ORT's modules hold it, by a spy recording for each call
+    whether it scanned a plain list (True) or a graph's initializer container (False)."""
+    for part in ("quantizer", "dynamic quantizer", "calibrator"):  # checked (and cached) on ORT's own sources
+        assert fast_quantize.fast_path_problem(part) is None
+    scans: list[bool] = []
+    plain_find = fast_quantize._PLAIN_FIND_BY_NAME
+
+    def find(name, items):
+        scans.append(isinstance(items, list))
+        return plain_find(name, items)
+
+    for module in fast_quantize._ort_modules():
+        if getattr(module, "find_by_name", None) is plain_find:
+            monkeypatch.setattr(module, "find_by_name", find)
+    monkeypatch.setattr(fast_quantize, "_PLAIN_FIND_BY_NAME", find)
+    return scans
+
+
+def test_the_dynamic_fast_path_does_not_scan_the_initializers(tmp_path, monkeypatch):
+    model = bench_quantize.make_chain(30, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    scans = _spied_plain_find(monkeypatch)
+    from qdebug.quantize import quantize_dynamic_model
+
+    with fast_quantize.plain_path():
+        quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "p.onnx")
+    assert scans.count(False) > 3 * 30  # ORT's own path: several scans of the initializers per MatMul
+    scans.clear()
+    quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "d.onnx")
+    assert scans and all(scans), "every find_by_name on the graph's initializers was answered from the index"
+
+
+def test_a_changed_quantize_dynamic_falls_back_for_the_dynamic_path_only(tmp_path, monkeypatch, indexed_runs):
+    model = bench_quantize.make_chain(4, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    with fast_quantize.plain_path():
+        _, plain = _dynamic_both(tmp_path / "m.onnx", tmp_path, {})
+    changed = dict(fast_quantize.VERIFIED_SOURCES, **{"quantize.quantize_dynamic": "0" * 16})
+    monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
+    monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+    assert fast_quantize.fast_path_problem("quantizer") is None  # the static path is not concerned
+    from qdebug.quantize import quantize_dynamic_model
+
+    with pytest.warns(fast_quantize.SlowQuantizerWarning, match="dynamic quantizer.*quantize_dynamic"):
+        quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "d.onnx")
+    assert (tmp_path / "d.onnx").read_bytes() == plain
+    assert not indexed_runs

@@ -693,6 +693,21 @@ class Evaluator:
         part.samples = sum(part.sizes)
         return part
 
+    def portable(self) -> Evaluator:
+        """A copy that pickles with its data: the inputs and FP32 outputs read out of the stores into memory,
+        for a worker on another machine (a Ray actor: the stores' files are this machine's). Meant for a
+        shard (:meth:`shards`): its copy holds that shard's batches only."""
+        part = Evaluator.__new__(Evaluator)
+        part.__dict__.update(self.__dict__)
+        batches = StoredBatches.__new__(StoredBatches)
+        batches.feeds = [self.batches.feeds[i] for i in range(len(self.batches.meta))]  # type: ignore[assignment]
+        batches.meta = list(self.batches.meta)
+        part.batches = batches
+        part.reference = [self.reference[i] for i in range(len(self.reference))]
+        if self._fp32.kept is not None:  # a custom metric's FP32 view: the reference itself
+            part._fp32 = dataclasses.replace(self._fp32, kept=part.reference)
+        return part
+
     def merge(self, parts: Sequence[EvalResult]) -> EvalResult:
         """One result from the results of one candidate on :meth:`shards`, in shard order."""
         if len(parts) == 1 and parts[0].samples == self.samples:

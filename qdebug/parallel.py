@@ -20,9 +20,13 @@ The local processes start with the pool (so they come up while the command prepa
 follow **once per worker**: pickled once into a temporary file that each process reads before its first task
 (on Ray: put in the object store once, fetched by each actor before its first task), and again only when an
 evaluator is added. Every task is then one candidate's serialized model (on Ray: put in the object store
-once). A task is "score model M on evaluator E" (:class:`Task`); the seam for a large evaluation set split
-over workers is its ``shard`` field, which :meth:`Pool.map` would fan out and merge once the evaluator can
-be cut into shards (not yet: every task scores the whole set).
+once). A task is "score model M on evaluator E" (:class:`Task`), or on one **shard** of E: an evaluation
+set of at least ``2 * shard_samples`` samples (:data:`SHARD_SAMPLES`) is cut into up to one shard per
+worker (:meth:`~qdebug.evaluate.Evaluator.shards`, whole batches), each candidate runs on every shard side
+by side, and the pool merges the parts (:meth:`~qdebug.evaluate.Evaluator.merge`, exact): a search that is
+a chain of decisions still uses every worker. Local processes read a shard from the stores' files (this
+machine's); Ray actors get their shard's data from the object store (:meth:`Evaluator.portable`, put there
+once per evaluator), so actors on other machines need nothing of this one's disk.
 
 Results come back **in the order asked**, whatever finishes first, and an error raised by a worker that is
 a :class:`~qdebug.errors.QDebugError` comes back as that same error (message, hint, exit code; a bug keeps
@@ -69,6 +73,10 @@ RAY_MISSING = '--ray needs Ray: pip install "qdebug[ray]"'
 
 KEEP_RESULTS = 256
 """Finished tasks a pool remembers by model hash (their results are per-sample numbers, not outputs)."""
+
+SHARD_SAMPLES = 256
+"""Samples a shard holds at least: a set is cut into ``min(workers, samples // SHARD_SAMPLES)`` shards (a
+smaller one is scored whole: a session's start and a candidate's first batch cost more than its half)."""
 
 
 DEFAULT_WORKERS = 1
@@ -120,8 +128,7 @@ class Task:
     what: str = "quantized model"
     """How an error names the model (``candidate quantized model``)."""
     shard: tuple[int, int] | None = None
-    """(index, count) of the part of the evaluation set to score; None: all of it. The seam for splitting a
-    large set over workers: nothing sets it yet (the evaluator cannot be cut into shards yet)."""
+    """(i, k): score part ``i`` of the evaluator's ``shards(k)`` (None: the whole set)."""
     numbers_only: bool = False
     """Send back only the numbers (metric, value, output errors, samples, seconds), not what a result keeps
     for a bootstrap (a custom metric's view of the outputs can be the size of the outputs): what a search
@@ -142,6 +149,11 @@ class Ticket:
     proto: Any = field(default=None, repr=False)
     """Inline pool: the model itself (nothing is serialized there)."""
     evaluator: Any = field(default=None, repr=False)
+    parts: list[Ticket] | None = field(default=None, repr=False)
+    """A sharded evaluation: one ticket per shard (this one runs nothing itself; its outcome is their merge)."""
+    parent: Ticket | None = field(default=None, repr=False)
+    """The sharded evaluation this ticket is a part of."""
+    numbers_only: bool = False
 
 
 class Pool:
@@ -163,9 +175,13 @@ class Pool:
         ray: str | None = None,
         threads: int = 0,
         notes: list[str] | None = None,
+        shard_samples: int = SHARD_SAMPLES,
     ) -> None:
         check_workers(workers, ray)
         self.evaluators: list[Evaluator] = list(evaluators)
+        self.shard_samples = max(1, shard_samples)
+        self._splits: dict[int, tuple[int, int]] = {}
+        """Per evaluator: (k asked of its ``shards``, parts it gave)."""
         self.ray = ray.strip() if ray else None
         self.threads = threads
         self.notes = notes if notes is not None else []
@@ -226,11 +242,34 @@ class Pool:
             if not speculative and known.speculative:
                 self._promote(known)
             return known
-        ticket = Ticket(Task(index, data, what, numbers_only=numbers_only), speculative, key)
+        k, count = self._split(index)
+        queue = self._speculative if speculative else self._demanded
+        if k == 0:
+            ticket = Ticket(Task(index, data, what, numbers_only=numbers_only), speculative, key)
+            queue.append(ticket)
+        else:  # one task per shard, merged when asked for
+            ticket = Ticket(None, speculative, key, evaluator=evaluator, numbers_only=numbers_only)
+            ticket.parts = [
+                Ticket(Task(index, data, what, shard=(i, k)), speculative, f"{key}:{i}/{k}", parent=ticket)
+                for i in range(count)
+            ]
+            queue.extend(ticket.parts)
         self._remember(ticket)
-        (self._speculative if speculative else self._demanded).append(ticket)
         self._pump()
         return ticket
+
+    def _split(self, index: int) -> tuple[int, int]:
+        """(k, parts) of evaluator ``index``'s shards; k = 0: scored whole. On Ray always (k, parts) >= (1, 1):
+        an actor gets its data from the object store, as a part."""
+        if index not in self._splits:
+            ev = self.evaluators[index]
+            k = min(self.size, ev.samples // self.shard_samples)
+            parts = len(ev.shards(k)) if k >= 2 else 1
+            if parts >= 2:
+                self._splits[index] = (k, parts)
+            else:
+                self._splits[index] = (1, 1) if self.ray is not None else (0, 1)
+        return self._splits[index]
 
     def outcome(self, ticket: Ticket, idle: Callable[[], bool] | None = None) -> EvalResult | QDebugError:
         """The ticket's result, or the QDebugError its evaluation raised (waits for it; runs it if queued).
@@ -240,6 +279,8 @@ class Pool:
         if ticket.state == "done":
             assert ticket.outcome is not None
             return ticket.outcome
+        if ticket.parts is not None:
+            return self._merged(ticket, idle)
         if self.inline:
             ticket.outcome = _score_inline(ticket.evaluator, ticket.proto, ticket.task.what if ticket.task else None)
             ticket.state, ticket.proto = "done", None
@@ -261,6 +302,27 @@ class Pool:
             self._collect()
         assert ticket.outcome is not None
         return ticket.outcome
+
+    def _merged(self, ticket: Ticket, idle: Callable[[], bool] | None) -> EvalResult | QDebugError:
+        """A sharded evaluation's outcome: every part run (all queued ahead of other work), then merged; the
+        first part's error (in shard order) if any failed."""
+        assert ticket.parts is not None
+        if ticket.state == "dropped":
+            ticket.state = "queued"
+            self._remember(ticket)
+        ticket.speculative = False
+        for part in reversed(ticket.parts):  # promoted last-first: they run first-first
+            if part.state == "dropped":
+                part.state = "queued"
+            if part.state == "queued":
+                self._promote(part)
+        outs = [self.outcome(part, idle) for part in ticket.parts]
+        errors = [o for o in outs if isinstance(o, QDebugError)]
+        merged: EvalResult | QDebugError = errors[0] if errors else ticket.evaluator.merge(outs)
+        if ticket.numbers_only and not errors:
+            merged = _numbers(merged)  # type: ignore[arg-type]
+        ticket.outcome, ticket.state, ticket.parts = merged, "done", None
+        return merged
 
     def result(self, ticket: Ticket, idle: Callable[[], bool] | None = None) -> EvalResult:
         """The ticket's result; its QDebugError raised here (``idle``: see :meth:`outcome`)."""
@@ -317,6 +379,9 @@ class Pool:
             t = self._speculative.popleft()
             t.state = "dropped"
             self._known.pop(t.key, None)
+            if t.parent is not None and t.parent.state == "queued":
+                t.parent.state = "dropped"
+                self._known.pop(t.parent.key, None)
 
     # ------------------------------------------------------------------ lifetime
 
@@ -355,8 +420,13 @@ class Pool:
             del self._known[key]
 
     def _promote(self, ticket: Ticket) -> None:
-        """A queued ticket asked for: it goes ahead of every other queued one."""
+        """A queued ticket asked for: it goes ahead of every other queued one (a sharded one: its parts)."""
         ticket.speculative = False
+        if ticket.parts is not None:
+            for part in reversed(ticket.parts):
+                if part.state == "queued":
+                    self._promote(part)
+            return
         if ticket in self._speculative:
             self._speculative.remove(ticket)
         if ticket in self._demanded:
@@ -374,6 +444,7 @@ class Pool:
                 backend.ship(pickle.dumps(self.evaluators, protocol=pickle.HIGHEST_PROTOCOL), self._version)
             ticket = (self._demanded or self._speculative).popleft()
             assert ticket.task is not None
+            backend.prepare(self.evaluators, ticket.task)
             handle = backend.start(ticket.task)
             ticket.state = "running"
             self._running[handle] = ticket
@@ -457,6 +528,9 @@ class _Backend:
         """Make the pickled evaluator list ``payload`` the one tasks started from now on score with."""
         raise NotImplementedError
 
+    def prepare(self, evaluators: list[Evaluator], task: Task) -> None:
+        """Before ``task`` starts: what its worker needs that the evaluator list does not give (nothing here)."""
+
     def start(self, task: Task) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -521,15 +595,34 @@ def _score_task(evaluators: list[Evaluator], task: Task) -> EvalResult | QDebugE
     import onnx
 
     model = onnx.load_model_from_string(task.model)
+    evaluator = evaluators[task.evaluator]
+    if task.shard is not None:
+        evaluator = _shard_of(evaluator, *task.shard)
     try:
-        r = evaluators[task.evaluator].score(model, what=task.what)
+        r = evaluator.score(model, what=task.what)
     except QDebugError as e:
         return e
-    if task.numbers_only:
-        from qdebug.evaluate import EvalResult
+    return _numbers(r) if task.numbers_only else r
 
-        return EvalResult(r.metric, r.value, r.fp32_value, r.outputs, r.samples, r.seconds)
-    return r
+
+def _numbers(r: EvalResult) -> EvalResult:
+    """``r`` without what only a bootstrap or a merge reads (:attr:`Task.numbers_only`)."""
+    from qdebug.evaluate import EvalResult
+
+    return EvalResult(r.metric, r.value, r.fp32_value, r.outputs, r.samples, r.seconds)
+
+
+_SHARDS: dict[tuple[int, int], list[Evaluator]] = {}
+"""A local worker's shards, per (evaluator id, k): cut once per evaluator it loaded."""
+
+
+def _shard_of(evaluator: Evaluator, i: int, k: int) -> Evaluator:
+    key = (id(evaluator), k)
+    if key not in _SHARDS:
+        if len(_SHARDS) > 16:
+            _SHARDS.clear()
+        _SHARDS[key] = evaluator.shards(k)
+    return _SHARDS[key][i]
 
 
 def _context() -> Any:
@@ -661,15 +754,17 @@ class _RayScorer:
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
-        self.version = -1
+        self.key = ""
         self.evaluators: list[Evaluator] = []
 
-    def score(self, task: Task, model: bytes, payload: list, version: int) -> EvalResult | QDebugError:
-        if version != self.version:  # ``payload`` holds the reference: Ray resolves it only here, once
+    def score(self, task: Task, model: bytes, part: list, key: str) -> EvalResult | QDebugError:
+        """Score ``model`` on the evaluator part ``part[0]`` references (its data inside: fetched from the object
+        store only when it is another part than the last one, ``key``)."""
+        if key != self.key:  # ``part`` holds the reference: Ray resolves it only here, once per part
             import ray
 
-            self.evaluators, self.version = _load_evaluators(ray.get(payload[0]), self.threads), version
-        return _score_task(self.evaluators, dataclasses.replace(task, model=model))
+            self.evaluators, self.key = _load_evaluators(ray.get(part[0]), self.threads), key
+        return _score_task(self.evaluators, dataclasses.replace(task, model=model, evaluator=0, shard=None))
 
 
 def _connect(ray: Any, address: str, cpus: int) -> tuple[bool, str]:
@@ -723,15 +818,34 @@ class _RayBackend(_Backend):
         self.actors = [actor.remote(threads or 1) for _ in range(self.slots)]
         self.idle = list(self.actors)
         self.busy: dict[Any, Any] = {}
-        self.shared: list = []
+        self.parts: dict[tuple[int, int], list[Any]] = {}
+        self.models: dict[bytes, Any] = {}
 
     def ship(self, payload: bytes, version: int) -> None:
-        self.shared, self.version = [self.ray.put(payload)], version
+        self.version = version  # the actors get parts (:meth:`prepare`), with their data, not the list
+
+    def prepare(self, evaluators: list[Evaluator], task: Task) -> None:
+        """Put the parts of the task's evaluator in the object store, once: each a shard with its data
+        (:meth:`~qdebug.evaluate.Evaluator.portable`), pickled and put one at a time."""
+        assert task.shard is not None
+        k = task.shard[1]
+        if (task.evaluator, k) not in self.parts:
+            ev = evaluators[task.evaluator]
+            shards = ev.shards(k) if k > 1 else [ev]
+            self.parts[(task.evaluator, k)] = [
+                self.ray.put(pickle.dumps([s.portable()], protocol=pickle.HIGHEST_PROTOCOL)) for s in shards
+            ]
 
     def start(self, task: Task) -> Any:
+        assert task.shard is not None
+        i, k = task.shard
         actor = self.idle.pop()
-        model = self.ray.put(task.model)
-        ref = actor.score.remote(dataclasses.replace(task, model=b""), model, self.shared, self.version)
+        model = self.models.get(task.model)
+        if model is None:  # each candidate once in the object store, whatever its number of parts
+            self.models = {task.model: self.ray.put(task.model)}
+            model = self.models[task.model]
+        part = [self.parts[(task.evaluator, k)][i]]
+        ref = actor.score.remote(dataclasses.replace(task, model=b""), model, part, f"{task.evaluator}:{i}/{k}")
         self.busy[ref] = actor
         return ref
 

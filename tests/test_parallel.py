@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from hypothesis import given, settings
@@ -235,3 +236,73 @@ def _group(pgid: int) -> list[str]:
     """Live processes (zombies left out) of a process group."""
     ps = subprocess.run(["ps", "-o", "stat=,args=", "-g", str(pgid)], capture_output=True, text=True).stdout
     return [line for line in ps.splitlines() if line.strip() and not line.strip().startswith("Z")]
+
+
+def _sharded_case(tmp_path, monkeypatch):
+    """A small CNN's evaluator over 48 samples in batches of 8, every input and reference spilled to disk,
+    and a static QDQ candidate of it."""
+    from qdebug.capture import SessionConfig
+    from qdebug.data import model_input_specs, open_data
+    from qdebug.evaluate import Evaluator
+    from qdebug.prepare import AnalyzeOptions, prepare
+    from qdebug.quantize import QuantSpec, quantize_static_model
+    from tests.models import small_cnn, small_data
+
+    monkeypatch.setenv("QDEBUG_SPILL_MB", "0")
+    path = small_cnn(tmp_path / "m.onnx")
+    data = small_data(tmp_path / "d.npz", n=48)
+    prep = prepare(path, data, tmp_path / "w", AnalyzeOptions(use_cache=False))
+    candidate = quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    specs = model_input_specs(prep.normalized)
+    ev = Evaluator(prep.normalized, open_data(data, specs, batch_size=8), SessionConfig())
+    assert ev.reference.spilled_bytes > 0
+    return ev, candidate, prep.normalized
+
+
+def _same_result(a, b) -> None:
+    assert a.samples == b.samples and a.value == pytest.approx(b.value, rel=1e-12)
+    for x, y in zip(a.outputs, b.outputs, strict=True):
+        assert x.error.sqnr_db == pytest.approx(y.error.sqnr_db, rel=1e-9)
+
+
+def test_a_large_set_is_scored_in_shards_side_by_side_and_merged(tmp_path, monkeypatch):
+    """With more samples than ``2 * shard_samples`` each candidate is cut over the workers (one task per
+    shard) and merged; the result is the whole set's, the numbers-only one too; small sets go whole."""
+    ev, candidate, fp32 = _sharded_case(tmp_path, monkeypatch)
+    whole = ev.score(candidate)
+    with Pool([ev], workers=2, shard_samples=16) as pool:
+        merged = pool.score(ev, candidate)
+        assert pool.scored == 2  # two shards of 24 samples, each a task
+        _same_result(merged, whole)
+        np.testing.assert_array_equal(ev.sample_results(merged).values, ev.sample_results(whole).values)
+        numbers = pool.score(ev, fp32, numbers_only=True)
+        assert pool.scored == 4 and numbers.values is None
+        assert numbers.value == pytest.approx(ev.score(fp32).value, rel=1e-12)
+    with Pool([ev], workers=2, shard_samples=32) as pool:  # 48 // 32 < 2 shards: scored whole
+        _same_result(pool.score(ev, candidate), whole)
+        assert pool.scored == 1
+
+
+def test_a_portable_shard_scores_without_this_machines_files(tmp_path, monkeypatch):
+    """What a Ray actor on another machine gets: a shard with its data inside -- it scores the same after the
+    spill files it came from are gone."""
+    ev, candidate, _ = _sharded_case(tmp_path, monkeypatch)
+    parts = ev.shards(2)
+    expected = [p.score(candidate) for p in parts]
+    payloads = [pickle.dumps(p.portable()) for p in parts]
+    assert all(len(d) > 24 * 64 * 4 for d in payloads)  # 24 samples of 1x8x8 float inputs inside, at least
+    ev.reference.close()  # type: ignore[attr-defined]
+    ev.batches.feeds.close()  # type: ignore[attr-defined]
+    for data, want in zip(payloads, expected, strict=True):
+        _same_result(pickle.loads(data).score(candidate), want)
+
+
+def test_on_ray_a_sharded_candidate_is_the_whole_sets_result(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    ev, candidate, _ = _sharded_case(tmp_path, monkeypatch)
+    whole = ev.score(candidate)
+    with Pool([ev], ray="auto", workers=2, shard_samples=16) as pool:
+        merged = pool.score(ev, candidate)
+        assert pool.scored == 2
+    _same_result(merged, whole)
+    np.testing.assert_array_equal(ev.sample_results(merged).values, ev.sample_results(whole).values)

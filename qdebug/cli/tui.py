@@ -7,9 +7,17 @@ model and data recorded in the report are reachable.
 With --bench, b shows the results of qdebug bench (one row per variant, the
 machine, task metric vs latency).
 
+With --against, the table compares the report with another report of the same
+model (another calibration method, ORT version): columns ΔAdd and ΔAcc
+(this minus the baseline, paired as qdebug diff pairs them; keys 9 and 0 sort
+by them), the baseline's numbers in the detail. A diff.json from qdebug diff
+--json opens its report B with its A as the baseline.
+
 Example:
   qdebug tui report.json --proposal proposal.json
   qdebug tui report.json --bench bench.json
+  qdebug tui percentile.json --against minmax.json
+  qdebug tui diff.json
 
 """
 
@@ -28,6 +36,7 @@ from qdebug.files import check_outputs_spare_inputs, check_writable, sha256_file
 from qdebug.records import AnalysisConfig, Proposal, Report
 
 if TYPE_CHECKING:
+    from qdebug.tui.compare import Baseline
     from qdebug.verify import VerifyOptions, VerifyResult
 
 TuiVerify = Callable[[Proposal, Callable[[float, str], None], Callable[[], bool]], "VerifyResult"]
@@ -37,7 +46,9 @@ TuiVerify = Callable[[Proposal, Callable[[float, str], None], Callable[[], bool]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug tui``."""
-    p.add_argument("report", help="report.json written by qdebug analyze")
+    p.add_argument(
+        "report", help="report.json written by qdebug analyze (or a diff.json from qdebug diff --json: its B vs its A)"
+    )
     p.add_argument(
         "--proposal", default=None, help="proposal.json from qdebug propose (its exclusions are preselected)"
     )
@@ -45,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bench",
         default=None,
         help="bench.json from qdebug bench -o (b shows the variants, the machine and metric vs latency)",
+    )
+    p.add_argument(
+        "--against",
+        default=None,
+        metavar="OTHER.json",
+        help="another report of the same model to compare with: adds columns ΔAdd/ΔAcc (this minus it)",
     )
     p.add_argument(
         "--screenshot", default=None, help="write an SVG screenshot of the app to this path and exit"
@@ -57,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
     This module is the composition root: it alone wires the TUI to :mod:`qdebug.verify`, through
     :func:`make_tui_verify`.
     """
-    from qdebug.report_io import load_bench, load_proposal, load_report
+    from qdebug.report_io import load_bench, load_proposal
 
-    report = load_report(args.report)  # a clear one-line error before the screen is taken over
+    report_path, report, baseline = _open(args)  # a clear one-line error before the screen is taken over
     if args.bench:  # likewise for a missing or corrupt bench file
         _same_model(report, load_bench(args.bench).model_sha256, args.bench, "bench result")
     if args.proposal:
@@ -79,14 +96,45 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.screenshot, "--screenshot")
         check_outputs_spare_inputs(
             {"--screenshot": args.screenshot},
-            {"the report": args.report, "the proposal": args.proposal, "the bench result": args.bench},
+            {
+                "the report": report_path,
+                "the diff": args.report,
+                "the baseline report": args.against,
+                "the proposal": args.proposal,
+                "the bench result": args.bench,
+            },
         )
 
-        save_screenshot(args.report, args.screenshot, proposal_path=args.proposal, bench_path=args.bench)
+        save_screenshot(
+            report_path, args.screenshot, proposal_path=args.proposal, bench_path=args.bench, baseline=baseline
+        )
         return 0
     from qdebug.tui.app import run_tui
 
-    return run_tui(args.report, args.proposal, verify_fn=make_tui_verify(report), bench_path=args.bench)
+    return run_tui(
+        report_path, args.proposal, verify_fn=make_tui_verify(report), bench_path=args.bench, baseline=baseline
+    )
+
+
+def _open(args: argparse.Namespace) -> tuple[str, Report, Baseline | None]:
+    """``(report path, report, baseline)``: the report with its ``--against`` baseline, or a diff file's report
+    B with its A as the baseline (from the numbers the diff holds)."""
+    from qdebug.report_io import load_report
+    from qdebug.tui.compare import check_diff_matches, file_kind, load_baseline, open_diff
+
+    if file_kind(args.report) == "diff":
+        if args.against:
+            raise QDebugError(
+                f"{args.report} is a diff: it names its baseline already",
+                "drop --against, or pass a report with it",
+                ExitCode.USAGE,
+            )
+        report_path, baseline = open_diff(args.report)
+        report = load_report(report_path)
+        check_diff_matches(baseline, report, report_path, args.report)
+        return report_path, report, baseline
+    report = load_report(args.report)
+    return args.report, report, load_baseline(report, args.report, args.against) if args.against else None
 
 
 def _same_model(report: Report, sha256: str, path: str, what: str) -> None:

@@ -25,6 +25,7 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.files import atomic_write_text
 from qdebug.records import Proposal, Report
 from qdebug.report_io import load_bench, load_proposal, load_report
+from qdebug.tui.compare import Baseline
 from qdebug.tui.model import LayerModel, TuiContext, VerifyFn
 from qdebug.tui.screens import MainScreen
 
@@ -57,6 +58,7 @@ class QDebugApp(App[Any]):
         export_path: str | Path | None = None,
         bench: BenchReport | None = None,
         inputs: dict[str, str | Path | None] | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
         super().__init__()
         self.report = report
@@ -69,9 +71,9 @@ class QDebugApp(App[Any]):
             verify_fn=verify_fn,
         )
         """The session's run state; the main screen keeps it."""
-        self.model = LayerModel(report, proposal)
+        self.model = LayerModel(report, proposal, baseline)
         name = report.model.path.rsplit("/", 1)[-1]
-        self.sub_title = name
+        self.sub_title = name if baseline is None else f"{name} vs {baseline.label}"
 
     def get_default_screen(self) -> Screen:
         """The main layer screen."""
@@ -99,16 +101,24 @@ def run_tui(
     proposal_path: str | None = None,
     verify_fn: VerifyFn | None = None,
     bench_path: str | None = None,
+    baseline: Baseline | None = None,
 ) -> int:
     """Load the report (and proposal, and bench results), run the app, return the exit code.
 
-    :class:`~qdebug.errors.QDebugError` from loading propagates (the CLI prints it as one line).
+    ``baseline``: the report compared against (:func:`qdebug.tui.compare.load_baseline`), for the comparison
+    columns. :class:`~qdebug.errors.QDebugError` from loading propagates (the CLI prints it as one line).
     """
     report = load_report(report_path)
     proposal = load_proposal(proposal_path) if proposal_path else None
     bench = load_bench_results(bench_path) if bench_path else None
-    inputs = {"the proposal": proposal_path, "the bench results": bench_path}
-    app = QDebugApp(report, proposal, verify_fn, report_path=report_path, bench=bench, inputs=inputs)
+    inputs = {
+        "the proposal": proposal_path,
+        "the bench results": bench_path,
+        "the baseline report": baseline.path if baseline is not None else None,
+    }
+    app = QDebugApp(
+        report, proposal, verify_fn, report_path=report_path, bench=bench, inputs=inputs, baseline=baseline
+    )
     app.run()
     code = app.return_code
     return int(ExitCode.OK) if not code else int(ExitCode.INTERNAL)
@@ -120,6 +130,7 @@ def save_screenshot(
     size: tuple[int, int] = (120, 40),
     proposal_path: str | Path | None = None,
     bench_path: str | Path | None = None,
+    baseline: Baseline | None = None,
 ) -> Path:
     """Run the app headless on a report at ``size`` (columns, rows) and write an SVG screenshot.
 
@@ -128,7 +139,7 @@ def save_screenshot(
     report = load_report(report_path)
     proposal = load_proposal(proposal_path) if proposal_path else None
     bench = load_bench_results(bench_path) if bench_path else None
-    app = QDebugApp(report, proposal, report_path=str(report_path), bench=bench)
+    app = QDebugApp(report, proposal, report_path=str(report_path), bench=bench, baseline=baseline)
 
     async def auto_pilot(pilot: Any) -> None:
         await pilot.pause()

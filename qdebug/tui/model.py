@@ -1,7 +1,8 @@
 """The TUI's view model: plain Python over a :class:`~qdebug.records.Report`.
 
 Everything the terminal UI decides - row order, filters, the exclusion set,
-graph neighbours, the findings (the report's notes and the names they
+graph neighbours, the comparison columns against a baseline report
+(:mod:`qdebug.tui.compare`), the findings (the report's notes and the names they
 mention), the exported :class:`~qdebug.records.Proposal` and its
 ``quantize_static`` snippet - lives here, so it is unit-testable without
 Textual; so does :class:`TuiContext`, the session's run state (files, bench
@@ -40,6 +41,7 @@ from qdebug.records import (
     WeightRecord,
 )
 from qdebug.snippet import quantize_snippet
+from qdebug.tui.compare import Baseline, fmt_change, judge
 from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported: the findings' old home
     Finding,
     _excludable,
@@ -49,6 +51,7 @@ from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported
 
 if TYPE_CHECKING:
     from qdebug.records.bench import BenchReport
+    from qdebug.records.diff import NodeChange
 
 HAND_REASON = "excluded by hand in the TUI"
 """Reason text of nodes the user excluded in the TUI (followed by their numbers)."""
@@ -123,10 +126,35 @@ COLUMNS: tuple[Column, ...] = (
 COLUMN_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
 DEFAULT_SORT = "added"
 
+COMPARE_COLUMNS: tuple[Column, ...] = (
+    Column(
+        "added_delta",
+        "ΔAdd",
+        numeric=True,
+        descending=True,
+        title="added noise minus the baseline's, dB: + is worse (blank: not in the baseline)",
+    ),
+    Column(
+        "accumulated_delta",
+        "ΔAcc",
+        numeric=True,
+        descending=False,
+        title="accumulated SQNR minus the baseline's, dB: - is worse",
+    ),
+)
+"""Columns a loaded baseline (``--against``) adds after :data:`COLUMNS`: after them, so that the keys 1-8
+keep their columns whether or not a baseline is loaded."""
+
+DELTA_FIELDS: dict[str, tuple[str, bool]] = {
+    "added_delta": ("added_noise_delta_db", True),
+    "accumulated_delta": ("accumulated_sqnr_delta_db", False),
+}
+"""Comparison column -> (its :class:`~qdebug.records.diff.NodeChange` field, whether up is worse)."""
+
 
 def column(key: str) -> Column:
-    """The column with ``key`` (KeyError for an unknown key)."""
-    for c in COLUMNS:
+    """The column with ``key``, comparison columns included (KeyError for an unknown key)."""
+    for c in COLUMNS + COMPARE_COLUMNS:
         if c.key == key:
             return c
     raise KeyError(key)
@@ -252,19 +280,24 @@ class TableLayout:
         return op if len(op) <= width else op[: max(width - 1, 0)] + "…"
 
 
-def table_layout(nodes: Sequence[NodeRecord], available: int | None = None) -> TableLayout:
+def table_layout(
+    nodes: Sequence[NodeRecord],
+    available: int | None = None,
+    extra: Sequence[tuple[Column, Callable[[NodeRecord], str]]] = (),
+) -> TableLayout:
     """Widths that show every number in full and give the names what is left of ``available`` cells.
 
     Numeric columns are as wide as their longest value (or label plus sort
     arrow) plus a gap. When the natural widths do not fit, the prefix common to
     all names is dropped first, then op types are abbreviated, then names cut
-    in the middle (kept distinct). ``None``: natural widths.
+    in the middle (kept distinct). ``None``: natural widths. ``extra``: numeric
+    columns after :data:`COLUMNS`, each with its cell text
+    (:meth:`LayerModel.extra_cells`: the comparison columns).
     """
     widths: dict[str, int] = {}
-    for col in COLUMNS:
-        if col.numeric:
-            fmt = CELL_TEXT[col.key]
-            widths[col.key] = 1 + max([len(col.label) + 1, *(len(fmt(n)) for n in nodes)])
+    texts = [(c, CELL_TEXT[c.key]) for c in COLUMNS if c.numeric] + list(extra)
+    for col, fmt in texts:
+        widths[col.key] = 1 + max([len(col.label) + 1, *(len(fmt(n)) for n in nodes)])
     widths["excluded"] = 2
     fixed = sum(widths.values())
     name_w = 1 + max([len("Node"), *(cells(n.name) for n in nodes)])
@@ -282,7 +315,7 @@ def table_layout(nodes: Sequence[NodeRecord], available: int | None = None) -> T
     widths["name"] = name_w
     widths["op"] = op_w
     return TableLayout(
-        widths={c.key: widths[c.key] for c in COLUMNS},
+        widths={c.key: widths[c.key] for c in (*COLUMNS, *(c for c, _ in extra))},
         short_ops=short_ops,
         prefix=prefix,
         renamed=_renamed([n.name[len(prefix) :] for n in nodes], prefix, name_w - 1),
@@ -387,9 +420,11 @@ class LayerModel:
     exclusion set); the report and proposal records it wraps never change.
     """
 
-    def __init__(self, report: Report, proposal: Proposal | None = None) -> None:
+    def __init__(self, report: Report, proposal: Proposal | None = None, baseline: Baseline | None = None) -> None:
         self.report = report
         self.proposal = proposal
+        self.baseline = baseline
+        """The report compared against (``--against``): adds :data:`COMPARE_COLUMNS` (``None``: none)."""
         self.sort_key: str = DEFAULT_SORT
         self.descending: bool = column(DEFAULT_SORT).descending
         self.name_query: str = ""
@@ -442,6 +477,53 @@ class LayerModel:
         """The quantized-weight record of initializer ``name``, or ``None``."""
         return self._weights.get(name)
 
+    # ----------------------------------------------------------------- columns and the baseline
+
+    def columns(self) -> tuple[Column, ...]:
+        """The node table's columns: :data:`COLUMNS`, then :data:`COMPARE_COLUMNS` with a baseline."""
+        return COLUMNS + COMPARE_COLUMNS if self.baseline is not None else COLUMNS
+
+    def column_keys(self) -> tuple[str, ...]:
+        """The keys of :meth:`columns`, in table order."""
+        return tuple(c.key for c in self.columns())
+
+    def column(self, key: str) -> Column:
+        """Column ``key`` of this table (KeyError for a comparison column without a baseline)."""
+        for c in self.columns():
+            if c.key == key:
+                return c
+        raise KeyError(key)
+
+    def change(self, name: str) -> NodeChange | None:
+        """How node ``name`` changed from the baseline (``None``: no baseline, or the node has no
+        counterpart there)."""
+        return self.baseline.change(name) if self.baseline is not None else None
+
+    def delta(self, key: str, node: NodeRecord) -> float:
+        """The node's value in comparison column ``key`` (``nan``: unpaired, or a side is undefined)."""
+        change = self.change(node.name)
+        return math.nan if change is None else getattr(change, DELTA_FIELDS[key][0])
+
+    def judgement(self, key: str, node: NodeRecord) -> str:
+        """``worse``/``better``/``same`` of the node's delta in column ``key``; ``""`` when it has none."""
+        return judge(self.delta(key, node), DELTA_FIELDS[key][1])
+
+    def cell_text(self, key: str, node: NodeRecord) -> str:
+        """Node ``node``'s text in numeric column ``key``: blank in a comparison column when unpaired."""
+        if key in DELTA_FIELDS:
+            return "" if self.change(node.name) is None else fmt_change(self.delta(key, node))
+        return CELL_TEXT[key](node)
+
+    def extra_cells(self) -> tuple[tuple[Column, Callable[[NodeRecord], str]], ...]:
+        """The columns after :data:`COLUMNS` with their cell text (for :func:`table_layout`)."""
+        if self.baseline is None:
+            return ()
+
+        def text(key: str) -> Callable[[NodeRecord], str]:
+            return lambda n: self.cell_text(key, n)
+
+        return tuple((c, text(c.key)) for c in COMPARE_COLUMNS)
+
     def op_types(self) -> tuple[str, ...]:
         """Distinct op types of the report, sorted."""
         return tuple(sorted({n.op_type for n in self.report.nodes}))
@@ -459,7 +541,7 @@ class LayerModel:
 
     def set_sort(self, key: str, descending: bool | None = None) -> None:
         """Sort by column ``key``; selecting the current column again reverses the direction."""
-        col = column(key)
+        col = self.column(key)
         if descending is None:
             descending = (not self.descending) if key == self.sort_key else col.descending
         self.sort_key = key
@@ -467,8 +549,9 @@ class LayerModel:
 
     def cycle_sort(self) -> str:
         """Sort by the next column (in table order) with its default direction; returns its key."""
-        i = (COLUMN_KEYS.index(self.sort_key) + 1) % len(COLUMN_KEYS)
-        self.set_sort(COLUMN_KEYS[i], column(COLUMN_KEYS[i]).descending)
+        keys = self.column_keys()
+        i = (keys.index(self.sort_key) + 1) % len(keys)
+        self.set_sort(keys[i], self.column(keys[i]).descending)
         return self.sort_key
 
     def cycle_op_filter(self) -> str | None:
@@ -492,6 +575,8 @@ class LayerModel:
         key = self.sort_key
         if key in _VALUES:
             return _numeric_sort(nodes, _VALUES[key], self.descending)
+        if key in DELTA_FIELDS:  # unpaired nodes (nan) last, like undefined values
+            return _numeric_sort(nodes, lambda n: self.delta(key, n), self.descending)
         if key == "name":
             return sorted(nodes, key=lambda n: n.name.lower(), reverse=self.descending)
         if key == "op":

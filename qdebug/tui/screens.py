@@ -29,7 +29,7 @@ from qdebug.tui.bench_widgets import BenchChart, BenchTable
 from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
 from qdebug.tui.findings import FindingsPanel
 from qdebug.tui.messages import VerifyProgress
-from qdebug.tui.model import COLUMN_KEYS, COLUMNS, LayerModel, TuiContext, column
+from qdebug.tui.model import COLUMN_KEYS, COLUMNS, Column, LayerModel, TuiContext, column
 from qdebug.tui.samples import SamplesScreen
 from qdebug.tui.samples_model import SamplesModel
 from qdebug.tui.widgets import (
@@ -105,6 +105,9 @@ class MainScreen(Screen):
             Binding(str(i + 1), f"sort({key!r})", column(key).label, show=False)
             for i, key in enumerate(COLUMN_KEYS)
         ),
+        # the comparison columns (--against) come after the 8 above: 9 and 0 sort by them
+        Binding("9", "sort_column(8)", "ΔAdd", show=False),
+        Binding("0", "sort_column(9)", "ΔAcc", show=False),
         Binding("slash", "focus_filter", "Filter", key_display="/", show=False),
         # not in the footer (full at 80 columns): the header's "N findings (f)" shows the key
         Binding("f", "findings", "Findings", show=False),
@@ -149,7 +152,7 @@ class MainScreen(Screen):
 
     def compose(self) -> ComposeResult:
         """Header, table + overview on the left, detail + exclusions on the right, footer."""
-        yield SummaryBar(self.model.report, id="summary")
+        yield SummaryBar(self.model.report, self.model.baseline, id="summary")
         with Horizontal(id="body"):
             with Vertical(id="left"):
                 yield FilterBar(self.model.op_types(), id="filters")
@@ -186,6 +189,8 @@ class MainScreen(Screen):
         bench = self.context.bench
         if bench is not None and model_mismatch(m.report, bench):
             self._notify(MISMATCH, title="bench", severity="warning", timeout=10)
+        if m.baseline is not None and m.baseline.warning():
+            self._notify(m.baseline.warning(), title="baseline", severity="warning", timeout=12)
 
     # ----------------------------------------------------------------- redraw
 
@@ -371,6 +376,12 @@ class MainScreen(Screen):
         self.model.set_sort(key)
         self.refresh_table()
 
+    def action_sort_column(self, index: int) -> None:
+        """Sort by the table's column ``index`` (0-based; the keys 9 and 0 reach the comparison columns)."""
+        columns = self.model.columns()
+        if index < len(columns):
+            self.action_sort(columns[index].key)
+
     def action_cycle_sort(self) -> None:
         """Sort by the next column."""
         self.model.cycle_sort()
@@ -401,7 +412,7 @@ class MainScreen(Screen):
 
     def action_help(self) -> None:
         """Show the key bindings."""
-        self.app.push_screen(HelpScreen())
+        self.app.push_screen(HelpScreen(self.model.columns()))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """``bench`` when a bench file is loaded, ``bench_missing`` when not (both on ``b``)."""
@@ -411,6 +422,8 @@ class MainScreen(Screen):
             return self.context.bench is None
         if action in ("samples", "samples_missing"):
             return (self.model.report.per_sample is not None) == (action == "samples")
+        if action == "sort_column":  # 9 and 0: only with the comparison columns
+            return bool(parameters) and int(parameters[0]) < len(self.model.columns())  # type: ignore[call-overload]
         return True
 
     def action_samples(self) -> None:
@@ -614,6 +627,11 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,question_mark,q", "close", "Close"),
     ]
 
+    def __init__(self, columns: tuple[Column, ...] = COLUMNS) -> None:
+        super().__init__()
+        self.columns = columns
+        """The node table's columns (the comparison ones with a baseline), each with its key."""
+
     def compose(self) -> ComposeResult:
         """A two-column table of keys."""
         t = Text()
@@ -621,8 +639,8 @@ class HelpScreen(ModalScreen[None]):
             t.append(f"{key:>10}  ", style="bold cyan")
             t.append(text + "\n")
         t.append("\ncolumns\n", style="bold")
-        for i, col in enumerate(COLUMNS):
-            t.append(f"{i + 1} {col.label:>8}  ", style="bold cyan")
+        for i, col in enumerate(self.columns):
+            t.append(f"{(i + 1) % 10} {col.label:>8}  ", style="bold cyan")
             t.append(col.title + "\n")
         t.append(
             "\nThe table starts sorted by added noise, worst (highest) first: the noise\n"

@@ -26,10 +26,12 @@ from textual.widgets.option_list import Option
 from qdebug.formatting import shorten
 from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
+from qdebug.tui.compare import Baseline, fmt_change, judge
 from qdebug.tui.model import (
     CELL_TEXT,
     COLUMN_KEYS,
     COLUMNS,
+    DELTA_FIELDS,
     FINDING_REASON,
     HAND_REASON,
     Column,
@@ -89,6 +91,10 @@ def added_style(x: float) -> str:
     return ""
 
 
+CHANGE_STYLES = {"worse": "bold red", "better": "green", "same": "dim", "": "dim"}
+"""Colour of a change against the baseline, by :func:`qdebug.tui.compare.judge`: the diff's verdicts."""
+
+
 def db_text(x: float, style: str, suffix: str = "") -> Text:
     """A right-aligned dB cell."""
     return Text(fmt_db(x) + suffix, style=style, justify="right")
@@ -98,19 +104,22 @@ def db_text(x: float, style: str, suffix: str = "") -> Text:
 
 
 class SummaryBar(Widget):
-    """Model, analysis settings, FP32 vs quantized task metric and output SQNR, wrapped to the width."""
+    """Model, analysis settings, FP32 vs quantized task metric and output SQNR, wrapped to the width; with a
+    baseline, a line on what the comparison columns compare against."""
 
-    def __init__(self, report: Report, **kwargs) -> None:
+    def __init__(self, report: Report, baseline: Baseline | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.report = report
+        self.baseline = baseline
+        self.set_class(baseline is not None, "-compare")  # one line more may show
 
     def render(self) -> Text:
         """The header for the current width."""
-        return summary_text(self.report, self.content_size.width or None)
+        return summary_text(self.report, self.content_size.width or None, self.baseline)
 
     def get_content_height(self, container, viewport, width: int) -> int:
         """As many lines as the fields need at ``width``."""
-        return len(summary_text(self.report, width).plain.split("\n"))
+        return len(summary_text(self.report, width, self.baseline).plain.split("\n"))
 
 
 def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
@@ -164,14 +173,31 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
     return setup, results
 
 
-def summary_text(report: Report, width: int | None = None) -> Text:
-    """The header text of ``report``: settings, then results, each group wrapped at fields to ``width``.
+def comparison_fields(baseline: Baseline) -> list[Text]:
+    """The header's comparison group: the baseline, the settings that differ (baseline value first), how many
+    nodes paired and how they changed."""
+    head = Text.assemble(("vs ", "bold"), (baseline.label, "bold yellow"), (" (Δ = this − baseline)", "dim"))
+    fields = [head, *(Text(s) for s in baseline.settings_text())]
+    if not baseline.settings_text():
+        fields.append(Text("same settings", style="dim"))
+    paired = Text(baseline.pairing_line(), style="bold yellow" if baseline.warning() else "dim")
+    fields.append(paired)
+    fields.append(Text(baseline.tally_line()))
+    return fields
+
+
+def summary_text(report: Report, width: int | None = None, baseline: Baseline | None = None) -> Text:
+    """The header text of ``report``: settings, then results, then (with a baseline) the comparison, each
+    group wrapped at fields to ``width``.
 
     ``None``: no wrapping (one line per group). A field wider than ``width`` is
     cut with an ellipsis by the widget.
     """
     t = Text(no_wrap=True, overflow="ellipsis")
-    for i, (fields, sep) in enumerate(zip(summary_fields(report), (" · ", " │ "), strict=True)):
+    groups = list(zip(summary_fields(report), (" · ", " │ "), strict=True))
+    if baseline is not None:
+        groups.append((comparison_fields(baseline), " · "))
+    for i, (fields, sep) in enumerate(groups):
         if i:
             t.append("\n")
         used = 0
@@ -295,7 +321,7 @@ class NodeTable(DataTable):
         """:func:`table_layout` of every node at the current width (measuring 5,000 names per sort: cached)."""
         key = (model, self._available())
         if self._layout is None or self._layout_key != key:
-            self._layout = table_layout(model.report.nodes, key[1])
+            self._layout = table_layout(model.report.nodes, key[1], model.extra_cells())
             self._layout_key = key
         return self._layout
 
@@ -304,12 +330,12 @@ class NodeTable(DataTable):
         excluded = model.is_excluded(n.name)
         cached = self._cells.get(n.name)
         if cached is None or cached[0] != excluded:
-            cached = self._cells[n.name] = (excluded, row_cells(n, excluded, layout))
+            cached = self._cells[n.name] = (excluded, row_cells(n, excluded, layout, model))
         return cached[1]
 
-    def _mark_row(self, n: NodeRecord, excluded: bool, layout: TableLayout) -> None:
+    def _mark_row(self, model: LayerModel, n: NodeRecord, excluded: bool, layout: TableLayout) -> None:
         """Redraw the cells of a shown row that show its exclusion (the mark, the name's colour)."""
-        cells = row_cells(n, excluded, layout)
+        cells = row_cells(n, excluded, layout, model)
         self._cells[n.name] = (excluded, cells)
         for key in ("excluded", "name"):
             self.update_cell(n.name, key, cells[COLUMN_KEYS.index(key)])
@@ -324,23 +350,24 @@ class NodeTable(DataTable):
         previous = self._shown[0] if self._shown is not None else None
         if layout != self.column_layout or model is not previous:
             self._cells = {}
-        same_columns = layout == self.column_layout and model is previous and len(self.columns) == len(COLUMNS)
+        columns = model.columns()
+        same_columns = layout == self.column_layout and model is previous and len(self.columns) == len(columns)
         self._shown = (model, rows)
         self.column_layout = layout
         if same_columns and len(rows) == self.row_count and all(n.name in self.rows for n in rows):
-            for col in COLUMNS:
+            for col in columns:
                 self.columns[ColumnKey(col.key)].label = _header(model, col, layout)
             for n in rows:  # an exclusion changed since the row was drawn (sorted by X, say)
                 excluded = model.is_excluded(n.name)
                 if self._cells.get(n.name, (None,))[0] != excluded:
-                    self._mark_row(n, excluded, layout)
+                    self._mark_row(model, n, excluded, layout)
             position = {n.name: i for i, n in enumerate(rows)}
             self.sort("name", key=lambda cell: position[cell.node])  # refreshes the header too
             # from the top, as after a refill: the cursor row is then scrolled into view
             self.scroll_x = self.scroll_y = self.scroll_target_x = self.scroll_target_y = 0
         else:
             self.clear(columns=True)
-            for col in COLUMNS:
+            for col in columns:
                 self.add_column(_header(model, col, layout), key=col.key, width=layout.widths[col.key])
             for n in rows:
                 self.add_row(*self._row(model, n, layout), key=n.name)
@@ -371,7 +398,8 @@ class NodeTable(DataTable):
     def set_excluded(self, name: str, excluded: bool) -> None:
         """Update the exclusion mark of one row (no-op when the row is filtered out)."""
         if name in self.rows and self._shown is not None and self.column_layout is not None:
-            self._mark_row(self._shown[0].node(name), excluded, self.column_layout)
+            model = self._shown[0]
+            self._mark_row(model, model.node(name), excluded, self.column_layout)
 
     @property
     def current(self) -> str | None:
@@ -437,12 +465,18 @@ _CELL_STYLE = {
 }
 
 
-def row_cells(n: NodeRecord, excluded: bool, layout: TableLayout | None = None) -> tuple[Text, ...]:
-    """The cells of one node row, in :data:`~qdebug.tui.model.COLUMNS` order."""
-    layout = layout or table_layout((n,))
+def row_cells(
+    n: NodeRecord, excluded: bool, layout: TableLayout | None = None, model: LayerModel | None = None
+) -> tuple[Text, ...]:
+    """The cells of one node row, in the order of ``model``'s columns (:meth:`LayerModel.columns`;
+    without a model :data:`~qdebug.tui.model.COLUMNS`, the comparison columns need its baseline)."""
+    layout = layout or table_layout((n,), extra=model.extra_cells() if model is not None else ())
     cells = []
-    for col in COLUMNS:
-        if col.key == "name":
+    for col in model.columns() if model is not None else COLUMNS:
+        if model is not None and col.key in DELTA_FIELDS:
+            style = CHANGE_STYLES[model.judgement(col.key, n)]
+            cells.append(Text(model.cell_text(col.key, n), style=style, justify="right"))
+        elif col.key == "name":
             cells.append(_name_cell(n, excluded, layout))
         elif col.key == "op":
             cells.append(Text(layout.op(n.op_type), style="cyan"))
@@ -609,6 +643,33 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
         t.append(f" note: {tensor.note}\n", style="italic dim")
 
 
+_VERDICT_STYLES = {"worse": "bold red", "better": "bold green", "same": "dim", "unscored": "dim"}
+
+
+def _baseline_block(t: Text, model: LayerModel, n: NodeRecord) -> None:
+    """The node in the baseline: its verdict, then each number as ``baseline → this (Δ)``."""
+    assert model.baseline is not None
+    c = model.change(n.name)
+    t.append(f"vs {model.baseline.label}: ", style="dim")
+    if c is None:
+        t.append("no counterpart there (added, or changed beyond recognition)\n", style="dim")
+        return
+    t.append(c.verdict + "\n", style=_VERDICT_STYLES.get(c.verdict, ""))
+    rows = (
+        ("added noise", c.added_noise_a_db, c.added_noise_b_db, c.added_noise_delta_db, True),
+        ("accum SQNR ", c.accumulated_sqnr_a_db, c.accumulated_sqnr_b_db, c.accumulated_sqnr_delta_db, False),
+        ("local SQNR ", c.local_sqnr_a_db, c.local_sqnr_b_db, c.local_sqnr_delta_db, False),
+    )
+    for label, a, b, d, up_is_worse in rows:
+        t.append(f" {label} ", style="dim")
+        t.append(f"{fmt_db(a)} → {fmt_db(b)} dB ")
+        t.append(f"({fmt_change(d)})\n", style=CHANGE_STYLES[judge(d, up_is_worse)])
+    t.append(" KL ", style="dim")
+    t.append(f"{fmt_num(c.kl_a)} → {fmt_num(c.kl_b)}\n")
+    if c.name_a != c.name_b:
+        t.append(f" there: {c.name_a} (paired by {c.paired_by})\n", style="dim")
+
+
 def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
     """The detail text of node ``n`` for a panel ``width`` cells wide."""
     t = Text(no_wrap=False, overflow="fold")
@@ -631,6 +692,8 @@ def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
     t.append(f"{fmt_db(n.local_sqnr_db)} dB", style=sqnr_style(n.local_sqnr_db))
     t.append(" · accum ", style="dim")
     t.append(f"{fmt_db(n.accumulated_sqnr_db)} dB\n", style=sqnr_style(n.accumulated_sqnr_db))
+    if model.baseline is not None:
+        _baseline_block(t, model, n)
     r = model.proposal_reason(n.name)
     if r is not None:
         t.append(f"proposal ({r.action}): {r.reason}\n", style="magenta")

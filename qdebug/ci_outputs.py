@@ -229,7 +229,7 @@ def _verify_rows(result: VerifyResult) -> list[tuple[str, ...]]:
         ("output SQNR dB", *(fmt_db(v.output_sqnr_db) for v in cols)),
         ("nodes FP32", *("all" if v.name == "fp32" else f"{v.nodes_excluded} ({100 * v.excluded_share:.1f}%)"
                          for v in cols)),  # fmt: skip
-        ("16-bit tensors", *(str(v.tensor_overrides) for v in cols)),
+        ("tensor overrides", *(str(v.tensor_overrides) for v in cols)),
         ("Q/DQ pairs", *(str(v.qdq_pairs) for v in cols)),
         ("size", *(fmt_size(v.size_bytes) for v in cols)),
     ]

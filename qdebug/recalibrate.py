@@ -69,28 +69,48 @@ def sample_ranges(
     return out
 
 
-def widened(ranges: Ranges, seen: Mapping[str, tuple[float, float]]) -> tuple[Ranges, list[tuple]]:
-    """``ranges`` with each tensor's range widened to hold ``seen``; and the widened tensors,
-    ``(tensor, low, high, new low, new high)``, the most widened (relative to the old width) first."""
-    tensors = copy.deepcopy(ranges.tensors)
+def growth(ranges: Ranges, seen: Mapping[str, tuple[float, float]]) -> list[tuple[str, float, float, float, float]]:
+    """The tensors of ``ranges`` whose range ``seen`` widens, ``(tensor, low, high, new low, new high)``, the
+    most widened (relative to the old width) first: what :func:`widened` changes, without copying the ranges
+    (``propose --allow calib-flipped`` turns it into per-tensor range overrides)."""
     grown = []
     for name, (lo, hi) in seen.items():
-        if name not in tensors:
+        if name not in ranges.tensors:
             continue
-        td = tensors[name]
+        td = ranges.tensors[name]
+        wider = _wider(td, lo, hi)
+        if wider is None:
+            continue
         old_lo, old_hi = td.range_value
-        new_lo = np.minimum(old_lo, np.asarray(lo, dtype=np.asarray(old_lo).dtype)).astype(np.asarray(old_lo).dtype)
-        new_hi = np.maximum(old_hi, np.asarray(hi, dtype=np.asarray(old_hi).dtype)).astype(np.asarray(old_hi).dtype)
-        if np.array_equal(new_lo, old_lo) and np.array_equal(new_hi, old_hi):
-            continue
-        td.lowest, td.highest = new_lo, new_hi
-        a, b, c, d = (float(np.min(old_lo)), float(np.max(old_hi)), float(np.min(new_lo)), float(np.max(new_hi)))
-        grown.append((name, a, b, c, d))
+        low, high = float(np.min(old_lo)), float(np.max(old_hi))
+        grown.append((name, low, high, float(np.min(wider[0])), float(np.max(wider[1]))))
     grown.sort(key=lambda g: -((g[4] - g[3]) - (g[2] - g[1])) / max(g[2] - g[1], 1e-30))  # relative growth
+    return grown
+
+
+def _wider(td: object, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """``td``'s (low, high) widened to hold ``[lo, hi]``, in its own dtypes; None when that changes nothing."""
+    old_lo, old_hi = td.range_value  # type: ignore[attr-defined]
+    lo_type, hi_type = np.asarray(old_lo).dtype, np.asarray(old_hi).dtype
+    new_lo = np.minimum(old_lo, np.asarray(lo, dtype=lo_type)).astype(lo_type)
+    new_hi = np.maximum(old_hi, np.asarray(hi, dtype=hi_type)).astype(hi_type)
+    if np.array_equal(new_lo, old_lo) and np.array_equal(new_hi, old_hi):
+        return None
+    return new_lo, new_hi
+
+
+def widened(ranges: Ranges, seen: Mapping[str, tuple[float, float]]) -> tuple[Ranges, list[tuple]]:
+    """``ranges`` with each tensor's range widened to hold ``seen``; and the widened tensors
+    (:func:`growth`)."""
+    tensors = copy.deepcopy(ranges.tensors)
+    for name, (lo, hi) in seen.items():
+        wider = _wider(tensors[name], lo, hi) if name in tensors else None
+        if wider is not None:
+            tensors[name].lowest, tensors[name].highest = wider
     # the key names these ranges: a model built from them must never be mistaken for the cached one's
     key = ranges.key + "+flipped"
     rebuilt = dataclasses.replace(ranges, tensors=tensors, key=key, cache_path=None, from_cache=False)
-    return rebuilt, grown
+    return rebuilt, growth(ranges, seen)
 
 
 def calib_add_flipped(

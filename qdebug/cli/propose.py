@@ -68,10 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--allow",
         default="fp32,clip,per-channel,reduce-range",
         metavar="LIST",
-        help="comma list of fp32, clip, per-channel, reduce-range, int16 (default: all but int16, which "
-        "runs as float on the CPU provider); the cheapest change that meets the target is kept, per node: "
-        "per-channel weights for the whole model, else a clipped range < per-channel weights < 7-bit "
-        "weights < 16-bit activations < fp32",
+        help="comma list of fp32, clip, per-channel, reduce-range, int16, calib-flipped (default: all but "
+        "int16, which runs as float on the CPU provider, and calib-flipped); the cheapest change that meets "
+        "the target is kept, per node: per-channel weights for the whole model, else a clipped range < "
+        "per-channel weights < 7-bit weights < 16-bit activations < fp32. calib-flipped: the ranges widened "
+        "by the report's flipped evaluation samples (as verify --calib-add-flipped), for the whole model, "
+        "else per node after the other fixes; an upper bound, as those samples are evaluation samples",
     )
     p.add_argument("--model", default=None, help="FP32 model (default: the path recorded in the report)")
     p.add_argument("--calib", default=None, help="calibration data (default: the report's)")

@@ -50,6 +50,7 @@ ACTION_COLOURS = {
     "clip": "#fdd835",
     "per-channel": "#ce93d8",
     "reduce-range": "#90caf9",
+    "calib-flipped": "#80cbc4",
     UNCHANGED: "#e0e0e0",
 }
 """Colour of each proposal action, the most drastic first: a node with several takes its first one's."""

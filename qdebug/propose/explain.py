@@ -92,6 +92,9 @@ def _reasons(
             )
         )
     for k, f in enumerate(plan.fixed, start=len(plan.fp32) + len(plan.int16)):
+        if not f.unit.nodes:  # a whole-model fix (calib-flipped): no node it stands in for
+            out.append(NodeReason("", "", "", f.kind, f"{f.why}; {measured}"))
+            continue
         out.append(
             reason(
                 f.unit.blamed,

@@ -9,7 +9,9 @@ recalibration):
 - ``per-channel``: per-channel weights for the unit's weighted nodes only (one scale per output
   channel), when the model's weights are per-tensor;
 - ``reduce-range``: 7-bit weights for the unit's weighted nodes, for the integer-kernel gap analyze
-  measures (u8s8 kernels on x86 CPUs without VNNI saturate their 16-bit sums), only where it measured one.
+  measures (u8s8 kernels on x86 CPUs without VNNI saturate their 16-bit sums), only where it measured one;
+- ``calib-flipped`` (opt-in): the unit's ranges widened by the static model's flipped evaluation samples
+  (:mod:`qdebug.propose.flipped`, measured once per run), where the evaluation data leaves the calibrated ranges.
 
 :func:`fix_for` returns ``None`` where a fix does not apply, so the search spends no evaluation on it.
 """
@@ -21,6 +23,8 @@ import math
 import onnx
 
 from qdebug.propose.blame import Unit
+from qdebug.propose.flipped import KIND as CALIB_FLIPPED
+from qdebug.propose.flipped import FlippedRanges
 from qdebug.propose.search import Fix
 from qdebug.propose.structure import Structure
 from qdebug.records import KERNEL_GAP_DB, Report, TensorOverride, TensorRecord
@@ -31,9 +35,19 @@ CLIP_MIN_GAIN = 2.0
 """A clipped range must be at least this many times narrower than the calibrated one to be worth a try."""
 
 
-def fix_for(unit: Unit, kind: str, structure: Structure, report: Report, per_channel: bool) -> Fix | None:
-    """The ``kind`` fix of ``unit`` (``clip``, ``per-channel``, ``reduce-range``), or ``None`` where it does
-    not apply (no histogram to clip, no weights, already per-channel, no kernel gap measured)."""
+def fix_for(
+    unit: Unit,
+    kind: str,
+    structure: Structure,
+    report: Report,
+    per_channel: bool,
+    flipped: FlippedRanges | None = None,
+) -> Fix | None:
+    """The ``kind`` fix of ``unit`` (``clip``, ``per-channel``, ``reduce-range``, ``calib-flipped``), or
+    ``None`` where it does not apply (no histogram to clip, no weights, already per-channel, no kernel gap
+    measured, no range of the unit's that ``flipped`` widens)."""
+    if kind == CALIB_FLIPPED:
+        return flipped.fix(unit, structure) if flipped is not None else None
     tensors = {t.name: t for t in report.tensors}
     if kind == "clip":
         return _clip(unit, tensors)

@@ -19,12 +19,14 @@ from qdebug.propose.frontier import TIME_RUNS
 from qdebug.propose.search import Target, Trial
 from qdebug.records import Proposal
 
-ACTIONS = ("fp32", "int16", "per-channel", "clip", "reduce-range")
+ACTIONS = ("fp32", "int16", "per-channel", "clip", "reduce-range", "calib-flipped")
 """What ``--allow`` accepts: keep nodes FP32, 16-bit activations, per-channel weights (the whole model's,
-else one node's), a clipped activation range, 7-bit weights for one node."""
+else one node's), a clipped activation range, 7-bit weights for one node, ranges widened by the static
+model's flipped evaluation samples (the whole model's, else one node's: :mod:`qdebug.propose.flipped`)."""
 
 DEFAULT_ALLOW = ("fp32", "clip", "per-channel", "reduce-range")
-"""Every action that keeps integer kernels on the CPU provider (16-bit activations run as float there)."""
+"""Every action that keeps integer kernels on the CPU provider (16-bit activations run as float there), but
+``calib-flipped``: its ranges come from evaluation samples, so the metric it reaches there is an upper bound."""
 RERANK_SAMPLES = 32
 """Calibration samples used by one re-ranking capture."""
 
@@ -148,9 +150,9 @@ def _check_allow(allow: Sequence[str]) -> tuple[str, ...]:
             f"use a comma list of {', '.join(ACTIONS)}",
             ExitCode.USAGE,
         )
-    if "fp32" not in out and "int16" not in out and "per-channel" not in out:
+    if not {"fp32", "int16", "per-channel", "calib-flipped"} & set(out):
         raise QDebugError(
-            "--allow needs fp32, int16 or per-channel", "e.g. --allow fp32,int16", ExitCode.USAGE
+            "--allow needs fp32, int16, per-channel or calib-flipped", "e.g. --allow fp32,int16", ExitCode.USAGE
         )
     if "fp32" not in out and ({"clip", "reduce-range"} & set(out)):
         raise QDebugError(

@@ -46,6 +46,7 @@ from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
 from qdebug.propose.fixes import fix_for
+from qdebug.propose.flipped import flipped_ranges, leak_notes
 from qdebug.propose.frontier import dynamic_variant, missed_verdict, speed_verdict, verified_frontier
 from qdebug.propose.options import (  # re-exported: the request's options, target and result
     ACTIONS,
@@ -57,6 +58,7 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     _check_allow,
     make_target,
 )
+from qdebug.propose.reuse import analyzed_static
 from qdebug.propose.screen import confirm_on_all, screening_evaluator, start_on_all
 from qdebug.propose.search import (
     Fix,
@@ -230,13 +232,16 @@ def _propose(
     rerank = _reranker(search, prep, calib_src, cfg, options, config, progress)
     widened = rank_units(structure, report.nodes, report.weights, widen=True)
     diagnosed = diagnosed_units(structure, report)
+    # --allow calib-flipped: the flipped samples' FP32 ranges, measured once
+    flipped, flipped_note = flipped_ranges(report, evaluator, prep.normalized, prep.ranges, config, eval_src, allow)
 
     def fixer(unit: Unit, kind: str) -> Fix | None:
-        return fix_for(unit, kind, structure, report, search.per_channel)
+        return fix_for(unit, kind, structure, report, search.per_channel, flipped)
 
     plan, met, reranks = run_search(
-        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer
-    )
+        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer,
+        whole=flipped.whole() if flipped is not None else None,
+    )  # fmt: skip
     plan, final, spec, selective = _selective(search, report, plan, met)
     screen_notes: list[str] = [switch_note(switch)] if switch is not None else []
     if screen is not None:  # report every number on all samples, the answer confirmed there
@@ -274,6 +279,7 @@ def _propose(
             *_settings_notes(report, prep),
             *_notes(report),
             *_nothing_quantized(final, static),
+            *([flipped_note] if flipped_note else leak_notes(final.fixes, flipped)),
             *screen_notes,
             *search.skips,
             *speed_notes,
@@ -449,6 +455,9 @@ def _search(
     )
     if options.max_evaluations is None:
         search.held = held_back(_candidate_nodes(initial))
+    static = analyzed_static(report, prep.normalized_path, prep.ranges, search.spec((), ()))
+    if static is not None:  # not quantized again: analyze built exactly this model
+        search.adopt_static(static)
     return search, structure, initial
 
 

@@ -266,6 +266,13 @@ class Search:
             self._keep_built((frozenset(nodes), asked[1], pc, frozenset(), asked[4]), spec, model)
         return spec, model, time.perf_counter() - start
 
+    def adopt_static(self, data: bytes) -> None:
+        """Take ``data`` (a serialized model) as the static variant, built: analyze's own, checked by
+        :func:`qdebug.propose.reuse.analyzed_static` to be what :meth:`build` would make."""
+        asked = (frozenset(), frozenset(), self.per_channel, frozenset(), frozenset())
+        if len(data) <= BUILT_BYTES:
+            self.built[asked] = (self.spec((), ()), data)
+
     def _keep_built(self, asked: tuple, spec: QuantSpec, model: onnx.ModelProto) -> None:
         """Keep a built variant's serialized model, the oldest dropped beyond :data:`BUILT_BYTES` in all."""
         data = model.SerializeToString()

@@ -6,7 +6,8 @@ values; it scores plans with :func:`~qdebug.propose.search._evaluate_plan`
 and stops when ``search.left`` is spent. :func:`run_search` runs them in
 order:
 
-1. the baseline, then per-channel weights alone (the cheapest change);
+1. the baseline, then per-channel weights alone (the cheapest change), then (``--allow calib-flipped``) every
+   range the static model's flipped evaluation samples widen (:mod:`qdebug.propose.flipped`);
 2. growth (:func:`_grow`): the ranked units are bisected (monotone prefix
    search); when even all of them miss the target, the search turns greedy --
    it adopts the shortest prefix that captures half of their gain
@@ -52,9 +53,14 @@ def run_search(
     widened: list[Unit] | None = None,
     diagnosed: Sequence[Unit] = (),
     fixer: Fixer | None = None,
+    whole: Fix | None = None,
 ) -> tuple[Plan, Trial | None, int]:
-    """Baseline, per-channel, diagnoses, then grow / minimize / cheapen; returns (plan, met trial or None,
-    re-ranks).
+    """Baseline, per-channel, the ``whole`` model fix, diagnoses, then grow / minimize / cheapen; returns
+    (plan, met trial or None, re-ranks).
+
+    ``whole`` (``--allow calib-flipped``: every range the flipped samples widen) is one evaluation after
+    per-channel; when it meets the target it is the answer (no node kept FP32), else the search goes on
+    without it and its per-unit form is tried on the answer's units like the other fixes.
 
     The ``diagnosed`` units (:mod:`qdebug.propose.diagnose`) are tried together before any growth: when
     they meet the target the answer is minimized from them alone; else they lead the ranking.
@@ -65,7 +71,7 @@ def run_search(
     sets (7 nodes at 91.0 % where 2 nodes give 92.4 % without). Only when that
     search fails, and per-channel helped, is it run again with per-channel on.
     """
-    _hint_start(search, allow, diagnosed)
+    _hint_start(search, allow, diagnosed, whole)
     base = search.evaluate("baseline", ())
     assert base is not None
     if base.met:
@@ -78,8 +84,12 @@ def run_search(
             return Plan(), pc, 0
         if pc is not None and search.score(pc) > search.score(base) + search.target.noise:
             pc_helped = pc
-    if "fp32" not in allow and "int16" not in allow:
-        return Plan(), None, 0
+    if whole is not None:
+        trial = _evaluate_plan(search, f"whole {whole.kind}", Plan(fixed=(whole,)))
+        if trial is not None and trial.met:
+            return Plan(fixed=(whole,)), trial, 0
+    if "fp32" not in allow and "int16" not in allow:  # the whole-model fix kept so the best trial can name it
+        return Plan(fixed=(whole,) if whole is not None else ()), None, 0
     action = "fp32" if "fp32" in allow else "int16"
     cap = max_nodes if action == "fp32" else None
     diagnosis = _diagnosed(search, diagnosed, action)
@@ -104,11 +114,14 @@ def run_search(
     return plan, met, reranks
 
 
-def _hint_start(search: Search, allow: Sequence[str], diagnosed: Sequence[Unit]) -> None:
-    """The first evaluations, likely all made: full static, per-channel weights, the diagnoses together."""
+def _hint_start(search: Search, allow: Sequence[str], diagnosed: Sequence[Unit], whole: Fix | None) -> None:
+    """The first evaluations, likely all made: full static, per-channel weights, the whole-model fix, the
+    diagnoses together."""
     hints = [search.ask(())]
     if "per-channel" in allow and not search.per_channel:
         hints.append(search.ask((), per_channel=True))
+    if whole is not None:
+        hints.append(plan_ask(search, Plan(fixed=(whole,))))
     if diagnosed and ("fp32" in allow or "int16" in allow):
         hints.append(plan_ask(search, Plan().with_units(diagnosed, "fp32" if "fp32" in allow else "int16")))
     search.prefetch(hints)
@@ -147,6 +160,10 @@ def _diagnosed(search: Search, diagnosed: Sequence[Unit], action: str) -> tuple[
 Fixer = Callable[[Unit, str], Fix | None]
 """The per-node fix of a kind for a unit, or None where it does not apply (:mod:`qdebug.propose.fixes`)."""
 
+FIX_KINDS = (*FIXES, "calib-flipped")
+"""The per-node fixes in the order tried: ``calib-flipped`` last, as its recovery is measured on the samples
+its ranges come from (an upper bound), so a fix without that caveat is preferred where one suffices."""
+
 SINGLE_TRIES = 4
 """Units outside the blamed ranking tried alone after the search (one evaluation each)."""
 
@@ -164,7 +181,7 @@ def _refined(
     suffices, then turned 16-bit when allowed, 16-bit tensors pruned; ``reserve`` evaluations are left for
     the single-unit tries after it."""
     plan, met = _prune(search, plan, action, met, reserve=reserve)
-    kinds = [k for k in FIXES if k in allow]
+    kinds = [k for k in FIX_KINDS if k in allow]
     if action == "fp32" and fixer is not None and kinds:
         plan, met = _fix_cheaper(search, plan, met, kinds, fixer)
     if action == "fp32" and "int16" in allow:

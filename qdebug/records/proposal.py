@@ -79,8 +79,9 @@ class NodeReason:
     op_type: str
     action: str
     """``fp32`` (kept out of quantization), ``int16`` (16-bit activations), ``per-channel`` (the whole
-    model's weights when ``node`` is empty, else that node's), ``clip`` (a clipped activation range) or
-    ``reduce-range`` (7-bit weights): the per-node fixes keep the node INT8."""
+    model's weights when ``node`` is empty, else that node's), ``clip`` (a clipped activation range),
+    ``reduce-range`` (7-bit weights) or ``calib-flipped`` (ranges widened by the flipped evaluation samples;
+    the whole model's when ``node`` is empty): the per-node fixes keep the node INT8."""
     reason: str
     introduced_db: float = float("nan")
     local_sqnr_db: float = float("nan")

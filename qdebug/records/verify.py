@@ -140,7 +140,7 @@ class VerifyResult:
                     for v in cols
                 ],
             ),
-            ("16-bit tensors", [str(v.tensor_overrides) for v in cols]),
+            ("tensor overrides", [str(v.tensor_overrides) for v in cols]),
             ("Q/DQ pairs", [str(v.qdq_pairs) for v in cols]),
             ("size", [fmt_binary_size(v.size_bytes) for v in cols]),
             ("float weights", [_float_share(v) for v in cols]),

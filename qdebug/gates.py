@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from qdebug.evaluate import EvalResult, Evaluator, HookValues
 from qdebug.formatting import ACCURACY_METRICS, fmt_db
 from qdebug.noise import Interval, PairedNoise, paired_noise, samples_to_decide, single_interval
+from qdebug.records.verify import GateRecord
 
 __all__ = ["Judgement", "assess", "judge"]
 
@@ -100,10 +101,13 @@ class Judgement:
     verdict: str
     samples_to_decide: int | None = None
     """Samples that would decide every undecided gate, if the estimates and their spread held."""
+    gates: tuple[GateRecord, ...] = ()
+    """Each gate's name, side and text: what ``--junit`` writes, one test case each."""
 
 
 @dataclass(frozen=True)
 class _Gate:
+    name: str
     text: str
     side: int
     """1: passes, -1: fails (beyond the noise when an interval is given), 0: the interval straddles it."""
@@ -154,7 +158,7 @@ def assess(
         recovered = (selective - static) / (fp32 - static)
     gates = []
     if target_drop is not None and not math.isfinite(fp32):
-        gates.append(_Gate(f"no FP32 value of {metric} to measure a drop from", -1))
+        gates.append(_Gate(_drop_name(metric, target_drop), f"no FP32 value of {metric} to measure a drop from", -1))
     elif target_drop is not None:
         gates.append(_drop_gate(metric, fp32, selective, target_drop, noise))
     elif math.isfinite(fp32):
@@ -162,11 +166,12 @@ def assess(
     if target_sqnr is not None:
         gates.append(_sqnr_gate(selective_sqnr, target_sqnr, noise))
     parts = "; ".join(g.text for g in gates)
+    records = tuple(GateRecord(g.name, g.side, g.text) for g in gates)
     if any(g.side < 0 for g in gates):
-        return Judgement(recovered, False, True, "FAIL: " + parts)
+        return Judgement(recovered, False, True, "FAIL: " + parts, gates=records)
     open_gates = [g for g in gates if g.side == 0]
     if not open_gates:
-        return Judgement(recovered, True, True, "PASS: " + parts)
+        return Judgement(recovered, True, True, "PASS: " + parts, gates=records)
     assert noise is not None
     needed = None if any(g.needed is None for g in open_gates) else max(g.needed or 0 for g in open_gates)
     tail = (
@@ -175,7 +180,7 @@ def assess(
         else "; no sample count is estimable (an estimate on its target, or an unbounded interval)"
     )
     head = f"UNDECIDED: the evaluation set is too small to tell at {_percent(noise.confidence)} confidence: "
-    return Judgement(recovered, False, False, head + parts + tail, needed)
+    return Judgement(recovered, False, False, head + parts + tail, needed, records)
 
 
 def _side(iv: Interval | None, estimate: float, passes: Callable[[float], bool]) -> int:
@@ -208,6 +213,12 @@ def _share(x: float) -> str:
     return f"{100 * x:.1f}%" if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
+def _drop_name(metric: str, target_drop: float) -> str:
+    """``top1 drop vs FP32 <= 1 points``: the drop gate's name (a JUnit test case's)."""
+    unit = " points" if metric in ACCURACY_METRICS else ""
+    return f"{metric} drop vs FP32 <= {target_drop:g}{unit}"
+
+
 def _drop_gate(metric: str, fp32: float, selective: float, target_drop: float, noise: PairedNoise | None) -> _Gate:
     scale = 100.0 if metric in ACCURACY_METRICS else 1.0
     drop = (fp32 - selective) * scale
@@ -221,13 +232,14 @@ def _drop_gate(metric: str, fp32: float, selective: float, target_drop: float, n
         f"drop allowed){_shown(iv, _points, unit)}"
     )
     needed = _needed(iv, target_drop, noise.units, noise.per_unit) if noise and side == 0 else None
-    return _Gate(text, side, needed)
+    return _Gate(_drop_name(metric, target_drop), text, side, needed)
 
 
 def _recovery_gate(
     metric: str, fp32: float, static: float, selective: float, min_recovery: float, noise: PairedNoise | None
 ) -> _Gate:
     gap = fp32 - static
+    name = f"{metric} recovery >= {_percent(min_recovery)}"
     if gap > 1e-12:
         recovered = (selective - static) / gap
         ok = recovered >= min_recovery - 1e-12
@@ -239,7 +251,7 @@ def _recovery_gate(
             f"quantization ({'>=' if ok else '<'} {_percent(min_recovery)} required){_shown(iv, _share)}"
         )
         needed = _needed(iv, min_recovery, noise.units, noise.per_unit) if noise and side == 0 else None
-        return _Gate(text, side, needed)
+        return _Gate(name, text, side, needed)
     # static at or above FP32 (often by noise): the selective model passes when it keeps either level
     margin = selective - min(static, fp32)
     ok = margin >= -1e-12
@@ -253,7 +265,7 @@ def _recovery_gate(
         f"{level if ok else 'worse than both FP32 and static'}{shown}"
     )
     needed = _needed(iv, 0.0, noise.units, noise.per_unit) if noise and side == 0 else None
-    return _Gate(text, side, needed)
+    return _Gate(name, text, side, needed)
 
 
 def _sqnr_gate(selective_sqnr: float, target_sqnr: float, noise: PairedNoise | None) -> _Gate:
@@ -266,7 +278,7 @@ def _sqnr_gate(selective_sqnr: float, target_sqnr: float, noise: PairedNoise | N
     )
     per_unit = noise.samples / noise.sqnr_units if noise and noise.sqnr_units else 1.0
     needed = _needed(iv, target_sqnr, noise.sqnr_units, per_unit) if noise and side == 0 else None
-    return _Gate(text, side, needed)
+    return _Gate(f"output SQNR >= {target_sqnr:g} dB", text, side, needed)
 
 
 def _percent(fraction: float) -> str:

@@ -582,6 +582,7 @@ def _verify_result(
         target_drop=math.nan if options.target_drop is None else float(options.target_drop),
         **_noise_fields(noise, j),
         per_sample=per_sample,
+        gates=j.gates,
     )
 
 

@@ -99,6 +99,11 @@ def test_junit_of_a_failing_verify_carries_the_verdict(run, tmp_path, capsys):
     failed = [c for c in root.iter("testcase") if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["output SQNR >= 200 dB"]
     assert failed[0].find("failure").get("message") == result["verdict"]
+    # the gates as verify judged them are in the record, and the JUnit cases are those gates
+    recorded = {g["name"]: g["side"] for g in result["gates"]}
+    assert recorded["output SQNR >= 200 dB"] == -1 and len(recorded) == 2
+    assert sorted(c.get("name") for c in root.iter("testcase")) == sorted(recorded)
+    assert all(g["text"] in result["verdict"] for g in result["gates"])
     assert result["verdict"] in capsys.readouterr().out  # the line printed is the message
     assert md.read_text().startswith("## qdebug verify: FAIL")
 

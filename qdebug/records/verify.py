@@ -61,6 +61,18 @@ class VariantResult:
 
 
 @dataclass(frozen=True)
+class GateRecord:
+    """One gate verify judged, as it judged it: what CI outputs (``--junit``) read, never re-judge."""
+
+    name: str
+    """What it checks, with its target: ``top1 recovery >= 90%``, ``output SQNR >= 20 dB``."""
+    side: int
+    """1 passed, -1 failed (beyond the noise when intervals were given), 0 undecided (its interval straddles)."""
+    text: str
+    """Its part of the verdict line."""
+
+
+@dataclass(frozen=True)
 class VerifyResult:
     """The verify report (``verify.json``)."""
 
@@ -119,6 +131,8 @@ class VerifyResult:
     """The per-sample drill-down (:mod:`qdebug.records.samples`): FP32's, static's and selective's result per
     evaluation sample, the flips of each, and the selective model's worst flips measured tensor by tensor;
     ``None`` in files written before it."""
+    gates: tuple[GateRecord, ...] = ()
+    """Each gate as :func:`qdebug.gates.assess` judged it (empty in files written before it)."""
 
     def variant(self, name: str) -> VariantResult:
         """The ``fp32``/``static``/``selective`` column."""

@@ -6,18 +6,27 @@ the user's), pair tensors through the graph, stream the layer-wise capture,
 score the task metric on un-instrumented sessions and write the report.
 
 ``_analyze`` runs those stages in order, one helper each: ``_prepared`` (the
-shared prelude, with the evaluation data opened early), ``_quantized_model``,
-``_pairing``, the capture (:func:`qdebug.analysis.measure_layers`) and its
-records, ``_report_notes``, ``_task_metric`` and :func:`assemble_report`, which
+shared prelude, with the evaluation data opened early), then ``_method_report``:
+``_quantized_model``, ``_pairing``, the capture (:func:`qdebug.analysis.measure_layers`)
+and its records, ``_report_notes``, ``_task_metric`` and :func:`assemble_report`, which
 any command reporting on a quantized model's layers can share. Every note a
 stage writes comes from :mod:`qdebug.analysis.notes` unless it is about this
 command's own inputs (a user's model, its pairing).
+
+:func:`analyze_methods` (``analyze --method a,b,c``) runs the prelude once and
+``_method_report`` once per calibration method, with what the methods compute alike
+shared between them (``_Shared``): the evaluator's FP32 outputs and the FP32 side of
+the capture. On the 800-node chain of docs/benchmarks.md a method's time is mostly its
+own capture (two thirds: opening the sessions of its merged FP32 + QDQ models), then
+its calibration, quantization and scoring; what the reference's reductions add to the
+merged models is what sharing saves (21.6 s -> 17.5 s for three methods).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import onnx
@@ -38,6 +47,7 @@ from qdebug.analysis import (
     structure_notes,
     weight_records,
 )
+from qdebug.analysis.reference import SharedReference
 from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, data_notes, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
@@ -53,9 +63,18 @@ from qdebug.graph.load import load_model
 from qdebug.graph.match import Pairing, is_qdq_model, pair_models
 from qdebug.graph.match_dynamic import pair_dynamic
 from qdebug.graph.ops import INTEGER_KERNEL_OPS
-from qdebug.prepare import AnalyzeOptions, Prepared, assemble_report, model_info, prepare  # noqa: F401 -- re-exported
+from qdebug.prepare import (  # noqa: F401 -- AnalyzeOptions, assemble_report re-exported
+    AnalyzeOptions,
+    Prepared,
+    assemble_report,
+    calibrated,
+    in_workdir,
+    method_settings,
+    model_info,
+    prepare,
+)
 from qdebug.progress import Progress, no_progress
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quantize import QuantSpec, float16_exclusions, quantize_static_model
 from qdebug.records import (
     AnalysisConfig,
     ModelInfo,
@@ -96,11 +115,27 @@ def analyze(
     out = Path(output)
     check_writable(out)
     workdir = artifacts_dir(out)
+    _check_spared(out, workdir, model, calib, eval_data, quantized)
+    with removed_on_failure(workdir, [out], [model, calib, eval_data, quantized]):
+        return _analyze(model, calib, eval_data, quantized, out, workdir, options, progress)
+
+
+def _check_spared(
+    out: Path,
+    workdir: Path,
+    model: str | Path,
+    calib: str | Path,
+    eval_data: str | Path | None,
+    quantized: str | Path | None,
+    which: str = "the ",
+) -> None:
+    """Refuse a report, normalized or quantized model path that is one of the inputs (``which`` names the
+    report: "the minmax " for one of :func:`analyze_methods`)."""
     check_outputs_spare_inputs(
         {
-            "the report": out,
-            "the normalized model": workdir / "normalized.onnx",
-            "the quantized model": workdir / "quantized.onnx" if quantized is None else None,
+            f"{which}report": out,
+            f"{which}normalized model": workdir / "normalized.onnx",
+            f"{which}quantized model": workdir / "quantized.onnx" if quantized is None else None,
         },
         {
             "the model": model,
@@ -109,8 +144,98 @@ def analyze(
             "the quantized model": quantized,
         },
     )
-    with removed_on_failure(workdir, [out], [model, calib, eval_data, quantized]):
-        return _analyze(model, calib, eval_data, quantized, out, workdir, options, progress)
+
+
+def analyze_methods(
+    model: str | Path,
+    calib: str | Path,
+    outputs: Mapping[str, str | Path],
+    *,
+    eval_data: str | Path | None = None,
+    quantized: str | Path | None = None,
+    options: AnalyzeOptions | None = None,
+    progress: Progress = no_progress,
+    announce: Callable[[str], None] | None = None,
+    shared_stages: Callable[[str], None] | None = None,
+) -> tuple[Report, ...]:
+    """:func:`analyze` for each calibration method of ``outputs`` (method -> its report path), in one run.
+
+    What every method computes alike is computed once: the prelude (load, normalize, open the data and
+    its checks), the FP32 outputs of the evaluation data (one :class:`~qdebug.evaluate.Evaluator`, which
+    scores each method's model), and the FP32 side of the graph engine's capture (recorded by the first
+    method's capture, read back by the others': :mod:`qdebug.analysis.reference`). Each report is the one
+    :func:`analyze` writes for that method alone -- the same numbers and notes -- except for its time
+    stamp and paths; each method still calibrates (cached), quantizes, captures its model, scores it and
+    writes its report and ``<stem>_files/``. A failure leaves the reports of the methods already done
+    whole and nothing of the method that failed (:func:`qdebug.files.removed_on_failure`).
+
+    ``announce`` gets a line as each method starts and as its report is written; ``shared_stages`` one
+    per stage the methods share, as it runs once (progress: the CLI leaves it out with ``-q``).
+    """
+    options = options or AnalyzeOptions()
+    say = announce or _silent
+    once = shared_stages or _silent
+    outs = {m: Path(o) for m, o in outputs.items()}
+    inputs = (model, calib, eval_data, quantized)
+    for method, out in outs.items():
+        check_writable(out)
+        _check_spared(out, artifacts_dir(out), model, calib, eval_data, quantized, f"the {method} ")
+    shared: _Shared | None = None
+    reports = []
+    for i, (method, out) in enumerate(outs.items(), 1):
+        opts = dataclasses.replace(options, method=method)
+        workdir = artifacts_dir(out)
+        say(f"method {method} ({i}/{len(outs)})")
+        with removed_on_failure(workdir, [out], list(inputs)):
+            if shared is None:
+                prep, eval_set = _prepared(model, calib, eval_data, quantized, workdir, opts, progress, ranges=False)
+                shared = _Shared(prep, eval_set, SharedReference() if len(outs) > 1 else None)
+                once(f"shared by the {len(outs)} methods, run once: the model loaded and normalized, the data opened")
+            prep = _for_method(shared.prep, opts, workdir, quantized, progress)
+            report = _method_report(shared, prep, *inputs, out, workdir, opts, progress, once)
+        reports.append(report)
+        say(f"report written to {out}")
+    return tuple(reports)
+
+
+def _silent(line: str) -> None:
+    """The default ``announce``: say nothing."""
+
+
+class _Shared:
+    """What the methods of one :func:`analyze_methods` run share, filled in as the first method runs.
+
+    Mutable on purpose: the evaluator is made when the first method is scored (where :func:`analyze`
+    makes it, so that errors come in the same order), and ``reference`` fills during the first capture.
+    """
+
+    def __init__(self, prep: Prepared, eval_set: DataSet | None, reference: SharedReference | None = None) -> None:
+        self.prep = prep
+        self.eval_set = eval_set
+        self.reference = reference
+        self._evaluator: Evaluator | None = None
+
+    def evaluator(self, config: SessionConfig, metric: str | None) -> tuple[Evaluator, bool]:
+        """The evaluator over the evaluation data (its FP32 outputs computed on the first call), and
+        whether this call made it."""
+        made = self._evaluator is None
+        if self._evaluator is None:
+            assert self.eval_set is not None
+            self._evaluator = Evaluator(self.prep.normalized, self.eval_set, config, metric)
+        return self._evaluator, made
+
+
+def _for_method(
+    prep: Prepared, options: AnalyzeOptions, workdir: Path, quantized: str | Path | None, progress: Progress
+) -> Prepared:
+    """The shared prelude made one method's: its normalized model in its ``workdir``, its settings, and
+    (unless the quantized model is given) its calibration."""
+    prep = in_workdir(prep, workdir)
+    settings = method_settings(options, prep.normalized)
+    if quantized is not None:
+        return dataclasses.replace(prep, settings=settings)
+    float16_exclusions(prep.normalized)  # refuse an all-float16 model before calibrating
+    return calibrated(prep, settings, options, progress)
 
 
 def _analyze(
@@ -123,14 +248,36 @@ def _analyze(
     options: AnalyzeOptions,
     progress: Progress,
 ) -> Report:
-    """The body of :func:`analyze` (which cleans up after it on failure), one stage per line."""
-    config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
+    """The body of :func:`analyze` (which cleans up after it on failure): the prelude, then the rest."""
     prep, eval_set = _prepared(model, calib, eval_data, quantized, workdir, options, progress)
+    shared = _Shared(prep, eval_set)
+    return _method_report(shared, prep, model, calib, eval_data, quantized, out, workdir, options, progress)
+
+
+def _method_report(
+    shared: _Shared,
+    prep: Prepared,
+    model: str | Path,
+    calib: str | Path,
+    eval_data: str | Path | None,
+    quantized: str | Path | None,
+    out: Path,
+    workdir: Path,
+    options: AnalyzeOptions,
+    progress: Progress,
+    once: Callable[[str], None] = _silent,
+) -> Report:
+    """One method's report from its prepared model (``prep``, calibrated) and what is ``shared``, one stage
+    per line; written to ``out``."""
+    config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
+    eval_set = shared.eval_set
     notes = list(prep.notes)
     notes.extend(data_notes(prep.calib, eval_set, prep.normalized))
     qproto, qinfo, settings = _quantized_model(prep, model, quantized, options, workdir, notes)
     pairing, dyn_nodes = _pairing(prep, qproto, model, quantized, notes)
     ranges = prep.ranges.minmax() if prep.ranges is not None else {}
+    reference = shared.reference
+    replayed = reference.replayed if reference is not None else 0
     layers = measure_layers(
         prep.normalized,
         qproto,
@@ -142,13 +289,16 @@ def _analyze(
         engine=options.engine,
         # a dynamic model quantizes at run time: no Q/DQ pairs, no fake-quant view
         fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
+        shared=reference,
     )
+    if reference is not None:
+        once(_capture_line(reference, replayed))
     notes.extend(capture_notes(layers, options.engine, eval_given=eval_data is not None))
     qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
     notes.extend(_report_notes(prep.normalized, qproto, layers, nodes, qnodes, weights))
-    task, result, evaluator = _task_metric(prep, eval_set, layers, nodes, qproto, config, options, dyn_nodes, notes)
+    task, result, evaluator = _task_metric(shared, layers, nodes, qproto, config, options, dyn_nodes, notes, once)
     variant = "quantized" if quantized is not None else "static"  # the user's model may not be static
     per_sample = _per_sample(prep, eval_set, evaluator, (variant, result), qproto, pairing, config, options, notes)
     report = assemble_report(
@@ -169,6 +319,15 @@ def _analyze(
     return report
 
 
+def _capture_line(reference: SharedReference, replayed_before: int) -> str:
+    """What the capture just did with the FP32 side shared by the methods (a ``shared_stages`` line)."""
+    if reference.replayed > replayed_before:
+        return "capture: its FP32 side read back from the first method's capture, not computed again"
+    if reference.complete and reference.replayed == 0:
+        return "shared by the methods, run once: the FP32 side of the capture (the reference's reductions), recorded"
+    return "capture: its FP32 side measured again (not the recorded one, or not on the graph engine)"
+
+
 def _prepared(
     model: str | Path,
     calib: str | Path,
@@ -177,10 +336,13 @@ def _prepared(
     workdir: Path,
     options: AnalyzeOptions,
     progress: Progress,
+    *,
+    ranges: bool = True,
 ) -> tuple[Prepared, DataSet | None]:
     """The shared prelude, and the evaluation data opened inside it: before calibration (headers and first
     item checked), so that bad evaluation data is found before calibration, the fake-quant view and the
-    whole capture have run."""
+    whole capture have run. ``ranges=False``: without the calibration (:func:`analyze_methods` calibrates
+    per method)."""
     opened: list[DataSet] = []
 
     def open_eval(normalized: onnx.ModelProto) -> None:
@@ -189,7 +351,7 @@ def _prepared(
             opened.append(open_data(eval_data, specs, batch_size=options.batch_size, what="evaluation data"))
 
     prep = prepare(
-        model, calib, workdir, options, need_ranges=quantized is None, progress=progress, check=open_eval
+        model, calib, workdir, options, need_ranges=ranges and quantized is None, progress=progress, check=open_eval
     )
     return prep, opened[0] if opened else None
 
@@ -310,8 +472,7 @@ def _report_notes(
 
 
 def _task_metric(
-    prep: Prepared,
-    eval_set: DataSet | None,
+    shared: _Shared,
     layers: LayerErrors,
     nodes: tuple[NodeRecord, ...],
     qproto: onnx.ModelProto,
@@ -319,20 +480,24 @@ def _task_metric(
     options: AnalyzeOptions,
     dyn_nodes: set[str] | None,
     notes: list[str],
+    once: Callable[[str], None] = _silent,
 ) -> tuple[TaskMetric, EvalResult, Evaluator]:
     """The task metric of the deployed model (and of its fake-quant view), with the evaluation's notes, and
     the evaluator that scored it.
 
-    With evaluation data, both are scored on un-instrumented sessions over all of it; without, on the
-    outputs the capture already saw on the calibration data.
+    With evaluation data, both are scored on un-instrumented sessions over all of it, against FP32 outputs
+    computed once for every method of the run (``shared``); without, on the outputs the capture already
+    saw on the calibration data.
     """
-    if eval_set is not None:
-        evaluator = Evaluator(prep.normalized, eval_set, config, options.metric)
+    if shared.eval_set is not None:
+        evaluator, made = shared.evaluator(config, options.metric)
+        if made and shared.reference is not None:
+            once(f"shared by the methods, run once: the FP32 outputs of the {evaluator.samples} evaluation samples")
         notes.extend(eval_range_notes(evaluator, layers.tensors, nodes))
         fake_quant = options.fakequant_samples != 0 and dyn_nodes is None
         task, result = _scored_on_eval(evaluator, qproto, fake_quant)
     else:
-        evaluator, task, result = _scored_on_capture(layers, prep.calib, options.metric)
+        evaluator, task, result = _scored_on_capture(layers, shared.prep.calib, options.metric)
     scope = metric_scope_note(evaluator)
     if scope:
         notes.append(scope)

@@ -228,14 +228,29 @@ def prepare(
     ``check`` sees the normalized model before any data is read: a proposal
     naming nodes the model lacks is refused before calibration, not after.
     """
+    prep = prelude(model_path, calib, workdir, options, check=check)
+    if not need_ranges:
+        return prep
+    float16_exclusions(prep.normalized)  # refuse an all-float16 model before calibrating
+    return calibrated(prep, prep.settings, options, progress)
+
+
+def prelude(
+    model_path: str | Path,
+    calib: str | Path,
+    workdir: Path,
+    options: AnalyzeOptions,
+    *,
+    check: Callable[[onnx.ModelProto], None] | None = None,
+) -> Prepared:
+    """:func:`prepare` up to calibration: what every calibration method of one model and data shares
+    (``analyze --method a,b,c`` runs it once). The result has no ranges; :func:`calibrated` adds them."""
     check_providers(options.providers)
     settings = options.quant.resolve()  # a bad config is refused before the model is read
     loaded = load_model(model_path)
     _refuse_quantized_base(loaded.proto, model_path)
     norm = normalize(loaded, upgrade_opset=settings.upgrade_opset, inline_constant_if=settings.inline_constant_if)
-    if isinstance(options.quant.config, LoadedConfig) and options.quant.config.function != "quantize_static":
-        settings = options.quant.resolve(norm.proto)  # get_qdq_config picks the op types of this model
-    check_node_names(settings, norm.proto)
+    settings = _on_model(options, norm.proto, settings)
     if check is not None:
         check(norm.proto)
     normalized_path = workdir / "normalized.onnx"
@@ -244,28 +259,56 @@ def prepare(
     del loaded  # the normalized model is what the rest works on: not two copies of the weights
     specs = model_input_specs(norm.proto, options.batch_axes)
     data = open_data(calib, specs, batch_size=options.batch_size, max_samples=options.max_samples)
-    ranges = None
-    if need_ranges:
-        float16_exclusions(norm.proto)  # refuse an all-float16 model before calibrating
-        count = [0]
+    return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, None, settings)
 
-        def on_batch(n: int) -> None:
-            count[0] += n
-            progress("calibrate", count[0], data.n_samples)
 
-        ranges = calibrate(
-            normalized_path,
-            sha256_file(normalized_path),
-            data,
-            settings.method,
-            use_cache=options.use_cache,
-            on_batch=on_batch,
-            providers=options.providers,
-            large=is_large(norm.proto),
-            op_types=settings.op_types or None,
-            calib_options=calibration_options(settings),
-        )
-    return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, ranges, settings)
+def method_settings(options: AnalyzeOptions, normalized: onnx.ModelProto) -> QuantSettings:
+    """The settings ``options`` resolve to on the normalized model (node names checked), as :func:`prelude`
+    resolves them: what one method of ``analyze --method a,b,c`` builds with."""
+    return _on_model(options, normalized, options.quant.resolve())
+
+
+def _on_model(options: AnalyzeOptions, normalized: onnx.ModelProto, settings: QuantSettings) -> QuantSettings:
+    """``settings`` completed on the normalized model: a ``get_qdq_config`` config picks the op types of this
+    model; the node names they name must be in it."""
+    if isinstance(options.quant.config, LoadedConfig) and options.quant.config.function != "quantize_static":
+        settings = options.quant.resolve(normalized)
+    check_node_names(settings, normalized)
+    return settings
+
+
+def calibrated(
+    prep: Prepared, settings: QuantSettings, options: AnalyzeOptions, progress: Progress = no_progress
+) -> Prepared:
+    """``prep`` with the ranges of ``settings``' calibration method over its data (cached), and ``settings``."""
+    count = [0]
+
+    def on_batch(n: int) -> None:
+        count[0] += n
+        progress("calibrate", count[0], prep.calib.n_samples)
+
+    ranges = calibrate(
+        prep.normalized_path,
+        sha256_file(prep.normalized_path),
+        prep.calib,
+        settings.method,
+        use_cache=options.use_cache,
+        on_batch=on_batch,
+        providers=options.providers,
+        large=is_large(prep.normalized),
+        op_types=settings.op_types or None,
+        calib_options=calibration_options(settings),
+    )
+    return dataclasses.replace(prep, ranges=ranges, settings=settings)
+
+
+def in_workdir(prep: Prepared, workdir: Path) -> Prepared:
+    """``prep`` with its normalized model saved to ``workdir`` as well: each report of ``analyze --method
+    a,b,c`` keeps its own ``<stem>_files/normalized.onnx``, byte for byte the one a run of its own writes."""
+    path = workdir / "normalized.onnx"
+    if path != prep.normalized_path:
+        save_model(prep.normalized, path)
+    return dataclasses.replace(prep, normalized_path=path)
 
 
 def _refuse_quantized_base(proto: onnx.ModelProto, path: str | Path) -> None:

@@ -12,7 +12,7 @@ The layers, each allowed to import only the ones below it::
     commands     pipeline (analyze)   propose/   verify   bench/
     prelude      prepare
     engine       analysis/  evaluate  quantize  calibrate  capture  data  metrics  graph/
-    light        records/  report_io  files  snippet  progress  formatting  errors  graph/ops
+    light        records/  report_io  files  snippet  progress  formatting  errors  graph/ops  ci_outputs  diff
 
 The light layer loads neither onnx nor onnxruntime: the TUI and the CLI printers are built on it. The
 subprocess probe of that lives in ``tests/test_tui.py``
@@ -44,6 +44,7 @@ LIGHT = (
     "qdebug.errors",
     "qdebug.graph.ops",
     "qdebug.ci_outputs",
+    "qdebug.diff",  # two reports paired and compared: pure over records (the TUI's comparison column reads it)
 )
 COMMANDS = ("qdebug.pipeline", "qdebug.propose", "qdebug.verify", "qdebug.bench")
 MEASURING_CHILD = "qdebug.bench_child"

@@ -34,6 +34,7 @@ import onnx
 
 from qdebug.analysis.build import _TensorAcc
 from qdebug.analysis.numpy_engine import Arrays, _NumpyPath
+from qdebug.analysis.reference import ReferenceMismatch, SharedReference
 from qdebug.capture import (
     SessionConfig,
     make_session,
@@ -151,10 +152,22 @@ class _GraphPath:
         *,
         fakequant: bool = True,
         axes: Axes | None = None,
+        shared: SharedReference | None = None,
     ) -> None:
         self.scored = scored
         self.config = config
         self._files: dict[str, Path] = {}
+        self.in_axes: Axes = dict(axes) if axes is not None else batch_axes(model_input_specs(fp32))
+        """Each input's batch axis (the data's): what a batch is cut and counted on."""
+        out_axes = _chunk_axes(fp32, qdq, self.in_axes)
+        self.out_axes: dict[str, int] = out_axes or {}
+        """Each graph output's batch axis, where chunks of a batch are joined back (:func:`_chunk_axes`)."""
+        self.splittable = out_axes is not None
+        self.shared = shared
+        """The FP32 side recorded by another capture or for the next ones (:mod:`.reference`), or None."""
+        self.sharing: str | None = None
+        """``"record"``, ``"replay"`` or None: what this capture does with ``shared`` (set by ``_build``)."""
+        self._shared_key = SharedReference.key([p.fp32 for p in scored], fakequant, self.in_axes, out_axes)
         # the optimized models' weights go to files here, next to the merged models that refer to them
         # (ORT maps them while a session lives: where a mapped file cannot be deleted, cleanup must not fail)
         self._dir = tempfile.TemporaryDirectory(prefix="qdebug-capture-", ignore_cleanup_errors=True)
@@ -173,14 +186,12 @@ class _GraphPath:
         does not depend on how far the pipeline has read when it is loaded)."""
         self._pending: dict[tuple[str, str], tuple[list, list]] = {}
         self._range: dict[str, tuple[float, float]] = {}
-        self.in_axes: Axes = dict(axes) if axes is not None else batch_axes(model_input_specs(fp32))
-        """Each input's batch axis (the data's): what a batch is cut and counted on."""
-        out_axes = _chunk_axes(fp32, qdq, self.in_axes)
-        self.out_axes: dict[str, int] = out_axes or {}
-        """Each graph output's batch axis, where chunks of a batch are joined back (:func:`_chunk_axes`)."""
-        self.splittable = out_axes is not None
         self.workers = capture_workers(config)
-        """Runs in flight at once; settled after the first run (:meth:`_settle`)."""
+        """Runs in flight at once; settled after the first run (:meth:`_settle`). A capture replaying
+        another's FP32 side starts from the number that one settled on: the same first run settles it
+        the same way, and its first session need not be reopened."""
+        if self.sharing == "replay" and shared is not None and shared.workers is not None:
+            self.workers = min(self.workers, shared.workers)
         self._settled = False
         self._pool: ThreadPoolExecutor | None = None
 
@@ -207,6 +218,7 @@ class _GraphPath:
             else None
         )
         self.preoptimized = fo is not None and qo is not None
+        self.sharing = self._sharing(fp32)
         ref_model = fo if self.preoptimized else fp32
         types = (elem_types(fp32), _with_dq_types(qdq, elem_types(qdq)))
         keep = ([o.name for o in fp32.graph.output], [o.name for o in qdq.graph.output])
@@ -215,8 +227,9 @@ class _GraphPath:
         build = {"ref_types": types[0], "cand_types": types[1], "keep_outputs": keep}
         # both merged models go to files and their protos (and the optimized models) are dropped before any
         # session exists: ORT's copy is then the only one at the peak (60-90 MB less on the BERT model)
-        main = build_reduction_model(ref_model, qo if self.preoptimized else qdq, specs, **build)
-        self.main_model: ReductionModel = self._stash(main, "main.onnx")
+        reference = self.sharing != "replay"
+        main = build_reduction_model(ref_model, qo if self.preoptimized else qdq, specs, reference=reference, **build)
+        self.main_model: ReductionModel = self._replaying(self._stash(main, "main.onnx"), "main")
         del main, qo
         self.fq_model: ReductionModel | None = None
         if fakequant:
@@ -232,10 +245,56 @@ class _GraphPath:
             )
             # the fake-quant view: the same FP32 side against the QDQ model with ORT's QDQ handling off
             fq_model = build_reduction_model(
-                ref_model, fq or qdq, fq_specs, ref_stats=False, with_samples=False, **build
+                ref_model, fq or qdq, fq_specs, ref_stats=False, with_samples=False, reference=reference, **build
             )
             del fq
-            self.fq_model = self._stash(fq_model, "fakequant.onnx")
+            self.fq_model = self._replaying(self._stash(fq_model, "fakequant.onnx"), "fakequant")
+
+    def _sharing(self, fp32: onnx.ModelProto) -> str | None:
+        """Replay ``shared`` when it holds this capture's FP32 side, else record it; neither without it, or
+        when the sides are not optimized beforehand (the merged models then run ORT's optimizer, whose
+        fusions could differ once the reference's reductions are gone: :mod:`.reference`)."""
+        if self.shared is None or not self.preoptimized:
+            return None
+        if self.shared.usable(fp32, self._shared_key):
+            self.shared.start_replay()
+            return "replay"
+        self.shared.start_recording(fp32, self._shared_key)
+        return "record"
+
+    def _replaying(self, model: ReductionModel, name: str) -> ReductionModel:
+        """A merged model built without the reference's reductions, read as if it had them: its ``ref``
+        pairs and their subsamples are the recorded ones (merged into each run's outputs by :meth:`_shared_out`)."""
+        if self.sharing != "replay":
+            return model
+        assert self.shared is not None
+        recorded = self.shared.replayed_keys(name)
+        if recorded is None:
+            raise ReferenceMismatch(name)
+        keys, names = recorded
+        samples = {k: dict(v) for k, v in model.samples.items()}
+        for key, sample in names.items():
+            samples.setdefault(key, {})["r"] = sample
+        return dataclasses.replace(model, keys={**model.keys, "ref": keys}, samples=samples)
+
+    def _shared_out(self, name: str, model: ReductionModel, feeds: Arrays, out: Arrays) -> Arrays:
+        """One run's outputs, with the recorded reference outputs when replaying; recorded when recording."""
+        if self.sharing == "replay":
+            assert self.shared is not None
+            return {**out, **self.shared.replay(name, feeds)}
+        if self.sharing == "record":
+            assert self.shared is not None
+            self.shared.record(name, feeds, out, model.keys["ref"], model.samples)
+        return out
+
+    def finish_sharing(self) -> None:
+        """The capture finished: a recording may now be read back; a replay must have read every chunk."""
+        if self.sharing == "record":
+            assert self.shared is not None
+            self.shared.finish_recording(self.workers)
+        elif self.sharing == "replay":
+            assert self.shared is not None
+            self.shared.finish_replay()
 
     def _stash(self, model: ReductionModel, name: str) -> ReductionModel:
         """Write a merged model to this capture's scratch directory; return it without its proto."""
@@ -465,6 +524,7 @@ class _GraphPath:
         skipped: dict[str, str],
         head: bool = False,
     ) -> tuple[Arrays, Arrays]:
+        out = self._shared_out("main", self.main_model, feeds, out)
         st = self.main_model.stats(out)
         bad = []
         for p in self.scored:
@@ -502,6 +562,7 @@ class _GraphPath:
     def _use_fakequant(
         self, feeds: Arrays, out: Arrays, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath
     ) -> tuple[Arrays, Arrays]:
+        out = self._shared_out("fakequant", self.fq_model, feeds, out)
         st = self.fq_model.stats(out)
         bad = []
         for p in self.scored:

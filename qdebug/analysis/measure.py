@@ -32,6 +32,7 @@ import onnx
 from qdebug.analysis.build import _tensor_records, _TensorAcc
 from qdebug.analysis.graph_engine import _FLOAT_TYPES, _GraphPath
 from qdebug.analysis.numpy_engine import _NumpyPath, local_fake_quant
+from qdebug.analysis.reference import ReferenceMismatch, SharedReference
 from qdebug.capture import SessionConfig, Tap, release_freed_memory
 from qdebug.data import Batch, DataSet, batch_axes, take_rows
 from qdebug.data.store import ArrayStore
@@ -122,6 +123,7 @@ def measure_layers(
     *,
     engine: str = "auto",
     fakequant_samples: int | None = DEFAULT_FAKEQUANT_SAMPLES,
+    shared: SharedReference | None = None,
 ) -> LayerErrors:
     """Stream ``data`` through the models and accumulate every tensor's error.
 
@@ -131,7 +133,33 @@ def measure_layers(
     both models share an opset and every paired tensor has a known float type.
     ``fakequant_samples`` limits the fake-quant view to the first batches
     covering that many samples (``None``: every sample; ``0``: none).
+    ``shared``: the FP32 side of the graph engine's reductions, recorded by this capture for the next
+    captures of the same FP32 model and data, or read back from an earlier one (:mod:`.reference`):
+    the same numbers either way; a capture whose FP32 side turns out not to be the recorded one is
+    measured again in full.
     """
+    args = (fp32, qdq, pairing, data, config, ranges, progress, engine, fakequant_samples)
+    try:
+        return _measure(*args, shared)
+    except ReferenceMismatch:
+        assert shared is not None
+        shared.refuse()
+        return _measure(*args, None)
+
+
+def _measure(
+    fp32: onnx.ModelProto,
+    qdq: onnx.ModelProto,
+    pairing: Pairing,
+    data: DataSet,
+    config: SessionConfig,
+    ranges: dict[str, tuple[float, float]] | None,
+    progress: Progress | None,
+    engine: str,
+    fakequant_samples: int | None,
+    shared: SharedReference | None,
+) -> LayerErrors:
+    """The body of :func:`measure_layers`, with the FP32 side shared through ``shared`` (or not: None)."""
     ranges = ranges or {}
     accs = {p.fp32: _TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
     types = elem_types(fp32)
@@ -149,7 +177,7 @@ def measure_layers(
     numpy_path = _NumpyPath(fp32, qdq, scored, local, config)
     fakequant = fakequant_samples is None or fakequant_samples > 0
     path: _NumpyPath | _GraphPath = (
-        _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant, axes=batch_axes(data.specs))
+        _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant, axes=batch_axes(data.specs), shared=shared)
         if use_graph
         else numpy_path
     )
@@ -157,6 +185,8 @@ def measure_layers(
         outputs, samples, gap, fq_done, first_sqnr = _stream(
             path, numpy_path, data, accs, skipped, qdq, config, progress, fakequant, fakequant_samples
         )
+        if isinstance(path, _GraphPath):
+            path.finish_sharing()
     finally:  # sessions, capture workers and stashed models go on failure and Ctrl-C too
         if isinstance(path, _GraphPath):
             path.close()

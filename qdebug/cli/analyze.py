@@ -111,13 +111,14 @@ def method_output(output: str | Path, method: str) -> Path:
 
 
 def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
-    """One analysis per calibration method, each its own report (``<stem>.<method>.json``), then the
-    comparison of all of them tensor by tensor (``qdebug diff`` of those reports)."""
+    """One report per calibration method (``<stem>.<method>.json``) from one run whose common stages run
+    once (:func:`qdebug.pipeline.analyze_methods`), then the comparison of all of them tensor by tensor
+    (``qdebug diff`` of those reports)."""
     from qdebug import ci_outputs
     from qdebug.diff import compare_many
     from qdebug.errors import ExitCode, QDebugError
     from qdebug.files import check_outputs_spare_inputs
-    from qdebug.pipeline import analyze
+    from qdebug.pipeline import analyze_methods
 
     if args.csv or args.calib_percentile is not None:
         flag = "--csv" if args.csv else "--calib-percentile"
@@ -131,24 +132,22 @@ def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     check_outputs_spare_inputs({f"the {m} report": str(o) for m, o in outputs.items()}, inputs)
     written = tuple(map(str, outputs.values()))
     ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.quantized), written)
-    reports = []
-    for i, method in enumerate(methods, 1):
-        one = argparse.Namespace(**{**vars(args), "method": method})
-        options = dataclasses.replace(
-            analyze_options(one),
-            engine=args.engine,
-            fakequant_samples=_fakequant_samples(args.fakequant_samples),
-            flip_details=args.flip_details,
+    one = argparse.Namespace(**{**vars(args), "method": methods[0]})
+    options = dataclasses.replace(
+        analyze_options(one),
+        engine=args.engine,
+        fakequant_samples=_fakequant_samples(args.fakequant_samples),
+        flip_details=args.flip_details,
+    )
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with stderr_progress(not args.quiet) as progress:
+        reports = analyze_methods(
+            args.model, args.calib, outputs, eval_data=args.eval, quantized=args.quantized, options=options,
+            progress=progress, announce=say, shared_stages=None if args.quiet else say,
         )
-        print(f"method {method} ({i}/{len(methods)})", file=sys.stderr)
-        with stderr_progress(not args.quiet) as progress:
-            report = analyze(
-                args.model, args.calib, eval_data=args.eval, quantized=args.quantized,
-                output=outputs[method], options=options, progress=progress,
-            )
-        reports.append(report)
-        print(f"report written to {outputs[method]}", file=sys.stderr)
-    comparison = compare_many(reports, [str(o) for o in outputs.values()])
+    comparison = compare_many(list(reports), [str(o) for o in outputs.values()])
     print_comparison(comparison, args.top, wide=args.wide)
     ci_outputs.write_ci_outputs(args, comparison, top=args.top)
     return 0

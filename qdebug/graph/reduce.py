@@ -322,22 +322,26 @@ class _Reductions:
         b = self.b
         return b.op("Slice", [b.op("Reshape", [value, self.minus1], "flat"), self.zero, self.big, self.zero, step], "s")
 
-    def add(self, p: PairSpec, ref_stats: bool, with_samples: bool) -> None:
-        """One pair's reductions: the reference's own statistics, its error against the candidate and
-        against its local fake-quant, and the subsamples of each."""
+    def add(self, p: PairSpec, ref_stats: bool, with_samples: bool, reference: bool = True) -> None:
+        """One pair's reductions: the reference's own statistics (``reference``), its error against the
+        candidate and against its local fake-quant, and the subsamples of each."""
         b = self.b
         first = len(b.nodes)
+        if not reference and p.cand is None and p.local is None:  # nothing left to compute for this pair
+            self.groups.append([])
+            return
         rv = self.as_float(p.ref, "r")
-        size = b.op("Size", [rv], "size")
-        stats = {
-            "count": b.op("Cast", [size], "count", to=TensorProto.FLOAT),
-            "ref2": b.op("ReduceSumSquare", [rv], "ref2", keepdims=0),
-        }
-        if ref_stats:
-            stats["rmin"] = b.op("ReduceMin", [rv], "rmin", keepdims=0)
-            stats["rmax"] = b.op("ReduceMax", [rv], "rmax", keepdims=0)
-            stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
-        self.emit("ref", p.key, stats)
+        size = b.op("Size", [rv], "size") if reference or with_samples else ""
+        if reference:
+            stats = {
+                "count": b.op("Cast", [size], "count", to=TensorProto.FLOAT),
+                "ref2": b.op("ReduceSumSquare", [rv], "ref2", keepdims=0),
+            }
+            if ref_stats:
+                stats["rmin"] = b.op("ReduceMin", [rv], "rmin", keepdims=0)
+                stats["rmax"] = b.op("ReduceMax", [rv], "rmax", keepdims=0)
+                stats["rsum"] = b.op("ReduceSum", [rv], "rsum", keepdims=0)
+            self.emit("ref", p.key, stats)
         # every (size // target + 1)-th element: at least 1 and at most ``target`` elements; Add, not Max,
         # because Max takes no int64 before opset 12. Each side is sampled right after its reductions, so
         # the candidate is freed before the local error's tensors exist (the live set is smaller).
@@ -357,7 +361,7 @@ class _Reductions:
             self.emit("local", p.key, self.compare(rv, fq))
             if step is not None:
                 self.samples[p.key]["l"] = self.sample(fq, step)
-        if step is not None:
+        if step is not None and reference:
             self.samples[p.key]["r"] = self.sample(rv, step)
         self.groups.append(b.nodes[first:])
 
@@ -388,6 +392,7 @@ def build_reduction_model(
     ref_types: Mapping[str, int] | None = None,
     cand_types: Mapping[str, int] | None = None,
     keep_outputs: tuple[Sequence[str], Sequence[str]] | None = None,
+    reference: bool = True,
 ) -> ReductionModel:
     """Merge ``ref`` and ``cand`` and add the reductions for ``pairs`` (see module docstring).
 
@@ -398,12 +403,16 @@ def build_reduction_model(
     ``qdbg/subsample`` input). ``keep_outputs`` names the (reference,
     candidate) graph outputs to keep (default: all); instrumented models pass
     their original outputs so the tensors they expose are not copied out.
+    ``reference=False`` leaves out the reference's own reductions (the ``ref`` group) and its subsamples:
+    a caller that already has them from a run of the same reference over the same inputs (another
+    method's capture, :class:`~qdebug.analysis.reference.SharedReference`) pays only for the
+    comparisons; the reference graph still runs, as each comparison reads its tensors.
     """
     r = _prefixed(ref, "r/")
     c = _prefixed(cand, "c/")
     red = _Reductions(ref, cand, ref_types or elem_types(ref), cand_types or elem_types(cand))
     for p in pairs:
-        red.add(p, ref_stats, with_samples)
+        red.add(p, ref_stats, with_samples, reference)
     tail_start = len(red.b.nodes)
     outputs = red.stacked_outputs()
     if keep_outputs is None:

@@ -3,9 +3,11 @@
 The "large graphs" model of docs/benchmarks.md (8-node residual blocks on ``[B, 16]``, from
 ``bench_quantize.make_chain``), 32 calibration and 64 evaluation samples. Each command runs as a child
 process (``python -m qdebug``): analyze with ``--no-cache`` (calibration included), then propose on its
-report. Reported: wall time and peak RSS of each child, and for propose the seconds spent re-quantizing
-(the cumulative time of ``qdebug.quantize.quantize_static_model``, read from a cProfile of the child: the
-profiler slows Python a little, the share is of the profiled wall time) as a share of its wall time.
+report. Reported: wall time and peak RSS of each child, and for propose the seconds spent re-quantizing --
+every call of ``qdebug.quantize.quantize_static_model`` and ``quantize_dynamic_model`` (the frontier's dynamic
+variant), timed inside the child by a wrapper installed before qdebug's other modules import them (:data:`RUNNER`;
+no profiler: cProfile had slowed ORT's pure-Python quantizer about 2.5x more than the rest) -- as a share of
+its wall time.
 
 Targets (issue 18 part 1): at 3,200 nodes analyze <= 90 s and propose's re-quantization <= 10 % of its wall
 time; growth from 800 to 3,200 nodes no worse than linear.
@@ -19,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
-import pstats
 import resource
 import subprocess
 import sys
@@ -35,16 +37,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_quantize import chain_data, make_chain  # noqa: E402
 
+RUNNER = """
+import atexit, json, sys, time
+import qdebug.quantize as q
+spent = {"static": 0.0, "dynamic": 0.0, "static_calls": 0, "dynamic_calls": 0}
+def timed(kind, fn):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[kind] += time.perf_counter() - start
+            spent[kind + "_calls"] += 1
+    return wrapper
+q.quantize_static_model = timed("static", q.quantize_static_model)
+q.quantize_dynamic_model = timed("dynamic", q.quantize_dynamic_model)
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(spent)))
+from qdebug.cli.main import entry
+sys.argv[0] = "qdebug"
+entry()
+"""
+"""The child of a timed propose: qdebug's CLI with the two quantization entry points wrapped (the first
+argument: where to write the seconds spent in them)."""
 
-def _child(argv: list[str], cwd: Path, profile: Path | None = None) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS MiB, exit code) of ``python -m qdebug argv`` (under cProfile into ``profile``)."""
+
+def _child(argv: list[str], cwd: Path, timing: Path | None = None) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MiB, exit code) of ``python -m qdebug argv`` (``timing``: through
+    :data:`RUNNER`, which writes the quantizations' seconds there)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
-    proc = subprocess.run(
-        [sys.executable, *prof, "-m", "qdebug", *argv], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    how = ["-c", RUNNER, str(timing)] if timing else ["-m", "qdebug"]
+    proc = subprocess.run([sys.executable, *how, *argv], cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode not in (0, 6):
         print(proc.stderr[-2000:], file=sys.stderr)
@@ -74,7 +99,7 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
         tmp,
     )
     proposal = tmp / f"proposal{nodes}.json"
-    profile = tmp / "propose.prof"
+    timing = tmp / "quantize.json"
     p_wall, p_rss, p_rc = _child(
         [
             "propose",
@@ -93,20 +118,10 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
             "-q",
         ],
         tmp,
-        profile,
+        timing,
     )
-    quantize = 0.0
     trials = json.loads(proposal.read_text())["evaluations"] if proposal.is_file() else 0
-    if profile.is_file():
-        stats = pstats.Stats(str(profile))
-        quantize = max(
-            (
-                v[3]
-                for (path, _, name), v in stats.stats.items()  # type: ignore[attr-defined]
-                if name == "quantize_static_model" and path.endswith("quantize.py")
-            ),
-            default=0.0,
-        )
+    spent = json.loads(timing.read_text()) if timing.is_file() else {}
     return {
         "nodes": nodes,
         "analyze_s": a_wall,
@@ -116,7 +131,9 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
         "propose_rss": p_rss,
         "propose_rc": p_rc,
         "trials": trials,
-        "quantize_s": quantize,
+        "static_s": spent.get("static", math.nan),
+        "static_calls": spent.get("static_calls", 0),
+        "dynamic_s": spent.get("dynamic", math.nan),
     }
 
 
@@ -132,14 +149,16 @@ def main() -> int:
         print(rows[-1], file=sys.stderr)
     machine = platform.processor() or platform.machine()
     print(f"machine: {machine}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print("\n| nodes | analyze wall | analyze peak RSS | propose wall (profiled) | evaluations | re-quantization "
-          "| share of propose |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| nodes | analyze wall | analyze peak RSS | propose wall | evaluations | static quantizations "
+          "| dynamic | re-quantization share of propose |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        share = r["quantize_s"] / r["propose_s"] if r["propose_s"] else float("nan")
+        spent = r["static_s"] + r["dynamic_s"]
+        share = spent / r["propose_s"] if r["propose_s"] else float("nan")
         print(
             f"| {r['nodes']:,} | {r['analyze_s']:.1f} s | {r['analyze_rss']:.0f} MiB | {r['propose_s']:.1f} s "
-            f"| {r['trials']} | {r['quantize_s']:.1f} s | {100 * share:.1f} % |"
+            f"| {r['trials']} | {r['static_calls']}: {r['static_s']:.2f} s | {r['dynamic_s']:.2f} s "
+            f"| {100 * share:.1f} % |"
         )
     return 0
 

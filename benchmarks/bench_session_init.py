@@ -1,0 +1,132 @@
+"""Benchmark: ONNX Runtime's own session start-up against the node count -- the part of analyze's growth
+qdebug cannot remove.
+
+analyze at 800 -> 3,200 nodes grows by more than the 4x of the graph (docs/benchmarks.md, "large graphs"),
+and its profile puts most of the excess in ``InferenceSession.__init__`` (``initialize_session``, ORT's
+C++), for every session it opens: the instrumented capture models, the fake-quant view, the evaluator's.
+This measures that call alone on the generated chain (``bench_quantize.make_chain``) and its static QDQ
+model, with ORT's graph optimizations on (what qdebug runs) and off: if the growth is superlinear with the
+optimizations off too, it is in ORT's graph construction and resolution, not in a fusion qdebug could skip.
+A second table strips it further: bare chains of N ``Add`` nodes (or ``QuantizeLinear``/``DequantizeLinear``
+pairs), each with its own scalar initializer, on ``[1, 16]``, optimizations off.
+
+Usage:
+  python benchmarks/bench_session_init.py --sizes 800,1600,3200 [--runs 3]
+Writes a markdown table to stdout (copied into docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_quantize import chain_data, make_chain  # noqa: E402
+
+from qdebug.prepare import AnalyzeOptions, prepare  # noqa: E402
+from qdebug.quantize import QuantSpec, quantize_static_model  # noqa: E402
+
+
+def _start(path: Path, optimized: bool, runs: int) -> float:
+    """Median seconds of ``InferenceSession(path)`` on the CPU provider (memory pattern off, as qdebug's
+    capture sessions run)."""
+    times = []
+    for _ in range(runs):
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.enable_mem_pattern = False
+        if not optimized:
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        start = time.perf_counter()
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bare_chain(n: int, qdq: bool) -> bytes:
+    """``n`` Add nodes (``qdq``: Q/DQ pairs) in a chain on ``[1, 16]``, each with its own initializers."""
+    nodes, inits, prev = [], [], "x"
+    for i in range(n):
+        inits.append(numpy_helper.from_array(np.array(1.0 + i * 1e-6, np.float32), f"c{i}"))
+        if qdq:
+            inits.append(numpy_helper.from_array(np.array(128, np.uint8), f"z{i}"))
+            nodes.append(helper.make_node("QuantizeLinear", [prev, f"c{i}", f"z{i}"], [f"q{i}"], name=f"q{i}"))
+            nodes.append(helper.make_node("DequantizeLinear", [f"q{i}", f"c{i}", f"z{i}"], [f"y{i}"], name=f"d{i}"))
+        else:
+            nodes.append(helper.make_node("Add", [prev, f"c{i}"], [f"y{i}"], name=f"n{i}"))
+        prev = f"y{i}"
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 16])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _start_bytes(data: bytes, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.enable_mem_pattern = False
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        start = time.perf_counter()
+        ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(nodes: int, tmp: Path, runs: int) -> dict:
+    fp32 = tmp / f"chain{nodes}.onnx"
+    onnx.save(make_chain(nodes // 8), fp32)
+    prep = prepare(fp32, chain_data(tmp / "calib.npz", 8), tmp / f"w{nodes}", AnalyzeOptions(use_cache=False))
+    qdq = tmp / f"qdq{nodes}.onnx"
+    model = quantize_static_model(prep.normalized, prep.ranges, QuantSpec(), qdq)
+    row = {"nodes": nodes, "qdq_nodes": len(model.graph.node)}
+    for label, path in (("fp32", fp32), ("qdq", qdq)):
+        row[f"{label}_opt"] = _start(path, True, runs)
+        row[f"{label}_noopt"] = _start(path, False, runs)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="800,1600,3200")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [measure(n, Path(tmp), args.runs) for n in sizes]
+    print(f"machine: {platform.machine()}, {platform.python_version()}, onnxruntime {ort.__version__}\n")
+    print("| nodes | QDQ nodes | FP32 start, optimized | FP32, optimizations off | QDQ start, optimized | QDQ, off |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['nodes']:,} | {r['qdq_nodes']:,} | {r['fp32_opt']:.3f} s | {r['fp32_noopt']:.3f} s "
+              f"| {r['qdq_opt']:.3f} s | {r['qdq_noopt']:.3f} s |")  # fmt: skip
+    first, last = rows[0], rows[-1]
+    grow = last["nodes"] / first["nodes"]
+    print(f"\ngrowth {first['nodes']:,} -> {last['nodes']:,} nodes ({grow:.0f}x): " + ", ".join(
+        f"{k} {last[k] / first[k]:.1f}x" for k in ("fp32_opt", "fp32_noopt", "qdq_opt", "qdq_noopt")))  # fmt: skip
+    bare = [2000, 4000, 8000]
+    print("\n| bare chain, optimizations off | " + " | ".join(f"{n:,} nodes" for n in bare) + " | growth for 4x |")
+    print("|---|" + "---:|" * (len(bare) + 1))
+    for label, qdq in (("Add + its own scalar", False), ("Q/DQ pair + own scale, zero point", True)):
+        times = [_start_bytes(bare_chain(n if not qdq else n // 2, qdq), args.runs) for n in bare]
+        cells = " | ".join(f"{t:.3f} s" for t in times)
+        print(f"| {label} | {cells} | {times[-1] / times[0]:.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -39,7 +39,7 @@ from qdebug.records.diff import (
     node_label,
 )
 from qdebug.records.samples import SampleSection
-from qdebug.records.verify import VerifyResult
+from qdebug.records.verify import VerifyResult, fmt_binary_size
 
 MARKDOWN_HELP = (
     "also write the summary as Markdown tables to FILE (a pull-request comment, $GITHUB_STEP_SUMMARY: "
@@ -231,10 +231,10 @@ def _verify_rows(result: VerifyResult) -> list[tuple[str, ...]]:
                          for v in cols)),  # fmt: skip
         ("tensor overrides", *(str(v.tensor_overrides) for v in cols)),
         ("Q/DQ pairs", *(str(v.qdq_pairs) for v in cols)),
-        ("size", *(fmt_size(v.size_bytes) for v in cols)),
+        ("size", *(fmt_binary_size(v.size_bytes) for v in cols)),  # KiB, as verify's own table prints them
     ]
     if any(_float_weights(v) != "-" for v in cols):
-        rows.append(("float weights", *(_float_weights(v) for v in cols)))
+        rows.append(("float weights", *(_float_weights(v, fmt_binary_size) for v in cols)))
     if all(v.timing is not None for v in cols):
         rows += [
             ("latency p50 ms", *(f"{v.timing.p50_ms:.3f}" for v in cols if v.timing)),
@@ -244,12 +244,13 @@ def _verify_rows(result: VerifyResult) -> list[tuple[str, ...]]:
     return rows
 
 
-def _float_weights(v: object) -> str:
-    """The variant's float weights and their share of its weights (``-``: not in this file)."""
+def _float_weights(v: object, size=fmt_size) -> str:
+    """The variant's float weights and their share of its weights (``-``: not in this file); ``size`` formats
+    the bytes (bench's kB, verify's KiB)."""
     floats, total = getattr(v, "float_weight_bytes", None), getattr(v, "weight_bytes", None)
     if floats is None or not total:
         return "-"
-    return f"{fmt_size(floats)} ({floats / total:.0%})" if floats else "none"
+    return f"{size(floats)} ({floats / total:.0%})" if floats else "none"
 
 
 def verify_markdown(result: VerifyResult) -> str:

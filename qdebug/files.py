@@ -44,7 +44,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except OSError as e:
         raise QDebugError(
             f"cannot write to {directory}: {e.strerror}",
-            "choose a writable output path with -o",
+            "choose an output path in a directory you can write to",
             ExitCode.OUTPUT,
         ) from None
     try:

@@ -105,6 +105,10 @@ class Judgement:
     """Each gate's name, side and text: what ``--junit`` writes, one test case each."""
 
 
+SIDES = {1: "passed", -1: "failed", 0: "undecided"}
+"""How a gate went, in the verdict line when the gates went different ways ("FAIL: undecided: ...; failed: ...")."""
+
+
 @dataclass(frozen=True)
 class _Gate:
     name: str
@@ -165,7 +169,8 @@ def assess(
         gates.append(_recovery_gate(metric, fp32, static, selective, min_recovery, noise))
     if target_sqnr is not None:
         gates.append(_sqnr_gate(selective_sqnr, target_sqnr, noise))
-    parts = "; ".join(g.text for g in gates)
+    mixed = len({g.side for g in gates}) > 1  # each part then says which way it went
+    parts = "; ".join(f"{SIDES[g.side]}: {g.text}" if mixed else g.text for g in gates)
     records = tuple(GateRecord(g.name, g.side, g.text) for g in gates)
     if any(g.side < 0 for g in gates):
         return Judgement(recovered, False, True, "FAIL: " + parts, gates=records)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 import os
 import re
@@ -231,3 +232,20 @@ def test_exact_input_reads_as_the_cli_summary_says_it(run):
     for n in nodes:
         assert (ci_outputs._introduced(n) == "(exact input)") == from_exact_input(n), n.name
     assert ci_outputs._introduced(nodes[-1]) == "(exact input)"
+
+
+def test_a_verdict_whose_gates_went_different_ways_labels_each_part():
+    """An undecided drop gate next to a failed SQNR gate: 'FAIL: 0.60 <= 1 allowed' alone had read as nonsense."""
+    from qdebug.gates import assess
+    from qdebug.noise import Interval, PairedNoise
+
+    noise = PairedNoise(
+        0.95, 2000, 500, 500,
+        drop=Interval(0.6, 0.0, 1.4, 0.95), sqnr=Interval(18.6, 18.0, 19.2, 0.95), sqnr_units=500,
+    )  # fmt: skip
+    j = assess("top1", 0.98, 0.834, 0.974, 18.6, 0.9, 30.0, 1.0, noise=noise)
+    assert not j.met and j.decided and j.verdict.startswith("FAIL: undecided: the selective model is 0.60 points")
+    assert "; failed: output SQNR 18.6 dB < 30.0 dB" in j.verdict
+    assert [(g.name, g.side) for g in j.gates] == [("top1 drop vs FP32 <= 1 points", 0), ("output SQNR >= 30 dB", -1)]
+    agree = assess("top1", 0.98, 0.834, 0.974, 18.6, 0.9, 10.0, 1.0, noise=dataclasses.replace(noise, drop=None))
+    assert agree.verdict.startswith("PASS: the selective model") and "passed:" not in agree.verdict

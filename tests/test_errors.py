@@ -790,3 +790,14 @@ def test_a_closed_stdout_is_not_an_internal_error(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
     assert out.is_file()
+
+
+def test_every_exit_code_is_in_the_help():
+    """``qdebug <command> --help`` lists every documented exit code (8, verify's undecided, had been left out)."""
+    import re
+
+    from qdebug.cli.main import EPILOG
+    from qdebug.errors import ExitCode
+
+    listed = {int(n) for n in re.findall(r"(?:^|\s)(\d+)\s+\S", EPILOG)}
+    assert {int(c) for c in ExitCode} <= listed, sorted({int(c) for c in ExitCode} - listed)

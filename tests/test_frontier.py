@@ -76,3 +76,16 @@ def test_a_missed_target_names_what_each_measured_alternative_reaches():
     line = missed_verdict(points)
     assert line.startswith("no configuration found meets the target; measured: dynamic (dynamic) 0.7 at 8 ms;")
     assert "static (static) 0.5 at 6 ms" in line and "keep the model FP32" in line
+
+
+def test_a_missed_target_without_fp32_allowed_says_to_allow_it_and_formats_the_metric():
+    """``--allow calib-flipped`` alone misses: the advice had been "the error may be spread over the whole model",
+    and the numbers raw fractions (0.98) where every other line prints 98.00%."""
+    from qdebug.propose.frontier import missed_verdict
+
+    points = [_point("fp32", 10.0), _point("static", 6.0, met=False, metric=0.834), _point("proposal", 9.0, False),
+              _point("dynamic", 8.0, met=True, metric=0.98)]  # fmt: skip
+    line = missed_verdict(points, ("calib-flipped",), "top1")
+    assert "dynamic (dynamic) 98.00% meets it at 8 ms" in line and "static (static) 83.40%" in line
+    assert "add fp32 (e.g. --allow fp32,calib-flipped)" in line and "spread over the whole model" not in line
+    assert "--allow fp32,int16" not in missed_verdict(points, ("fp32", "int16"), "top1")

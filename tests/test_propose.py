@@ -10,6 +10,7 @@ nodes than a naive top-k-by-local-SQNR baseline and at most
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -133,6 +134,36 @@ def test_proposal_records_reasons_snippet_and_cost(proposed):
         assert repr(name) in proposal.snippet
     compile(proposal.snippet, "snippet", "exec")
     assert proposal.method == "minmax" and proposal.activation_type == "QUInt8"
+
+
+def test_proposal_records_the_answers_drop_interval(transformer, proposed):
+    """The paired-bootstrap interval of FP32 minus the answer, as the evaluator gives it for the selective model
+    scored directly (it had been left nan in every proposal)."""
+    from qdebug.capture import SessionConfig
+    from qdebug.data import model_input_specs, open_data
+    from qdebug.evaluate import Evaluator
+
+    model, _, evaluation, _, report = transformer
+    out, proposal = proposed
+    low, high = proposal.drop_interval
+    drop = 100 * (proposal.fp32_metric - proposal.expected_metric)
+    assert math.isfinite(low) and math.isfinite(high) and low - 1e-9 <= drop <= high + 1e-9
+    normalized = onnx.load(report.normalized_model)
+    ev = Evaluator(normalized, open_data(evaluation, model_input_specs(normalized)), SessionConfig(), "top1")
+    direct = ev.drop_interval(ev.score(onnx.load(proposal.quantized_model)))
+    assert direct == pytest.approx(proposal.drop_interval, abs=1e-9)
+
+
+def test_a_target_met_on_the_point_estimate_only_is_said():
+    from qdebug.propose.run import _interval_notes
+
+    target = Target("top1", "drop", 0.89, 0.90, 0.001)
+    met = Trial("final", (), (), False, 0.895, 30.0, True, 0, 0.0, 0.0)
+    (note,) = _interval_notes(target, met, (0.0, 1.4), 500)  # 0.5 points, allowed 1, interval up to 1.4
+    assert "point estimate" in note and "exit 8" in note and "evaluation samples would decide it" in note
+    assert _interval_notes(target, met, (0.1, 0.9), 500) == ()  # decided: the whole interval within the target
+    missed = dataclasses.replace(met, value=0.85, met=False)
+    assert _interval_notes(target, missed, (3.0, 7.0), 500) == ()  # a miss says so elsewhere
 
 
 def test_snippet_reproduces_the_selective_model(transformer, proposed, tmp_path, monkeypatch):

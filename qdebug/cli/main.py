@@ -30,6 +30,7 @@ EPILOG = """exit codes:
   2  bad command-line usage                7  cannot write an output
   3  missing/unreadable input file       130  interrupted (Ctrl-C)
   4  model not supported as given        143  terminated (SIGTERM)
+  8  verify: undecided -- the evaluation set is too small to tell the target from the noise
 """
 
 

@@ -256,11 +256,11 @@ def print_summary(result, wide: bool = False) -> None:
 
 
 def _overrides_text(overrides) -> str:
-    """``16-bit tensors: 2`` and the per-node fixes (clipped ranges, one node's per-channel or 7-bit
-    weights) counted apart."""
+    """``16-bit tensors: 2`` and the other overrides (clipped or widened ranges, one node's per-channel or
+    7-bit weights: INT8 kept) counted apart."""
     int16 = sum(1 for o in overrides if o.quant_type in ("QUInt16", "QInt16"))
     fixes = len(overrides) - int16
-    return f"16-bit tensors: {int16}" + (f"; per-node fixes (INT8 kept): {fixes}" if fixes else "")
+    return f"16-bit tensors: {int16}" + (f"; range/weight overrides (INT8 kept): {fixes}" if fixes else "")
 
 
 def _frontier_table(console, frontier, metric: str) -> None:

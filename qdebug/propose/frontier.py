@@ -20,6 +20,7 @@ import onnx
 
 from qdebug.errors import QDebugError
 from qdebug.evaluate import EvalResult, Evaluator
+from qdebug.formatting import fmt_metric
 from qdebug.parallel import Pool, score_all
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
@@ -155,7 +156,7 @@ def _changed(label: str, trial: Trial | None) -> str:
     if trial.overrides:
         parts.append(f"{len(trial.overrides)} tensor(s) 16-bit")
     if trial.fixes:
-        parts.append(f"{len(trial.fixes)} per-node fix(es)")
+        parts.append(f"{len(trial.fixes)} range/weight override(s)")
     return " + ".join(parts) + (", per-channel weights" if trial.per_channel else "")
 
 
@@ -182,8 +183,8 @@ def speed_verdict(points: Sequence[FrontierPoint]) -> tuple[list[str], bool]:
     if static.p95_ms >= (1 - SPEED_MARGIN) * fp32.p50_ms:
         lines.append(
             f"full static INT8 is not faster than FP32 here beyond the timing noise (p50 {static.p50_ms:.3g} vs "
-            f"{fp32.p50_ms:.3g} ms): on this CPU and provider quantization buys little or no speed (check its "
-            "int8 support, e.g. VNNI); the proposal is judged on accuracy alone"
+            f"{fp32.p50_ms:.3g} ms): on this CPU and provider static INT8 kernels buy little or no speed (check "
+            "its int8 support, e.g. VNNI); the proposal is judged on accuracy alone"
         )
     elif answer.p50_ms > (1 + SPEED_MARGIN) * fp32.p95_ms:
         slow = True
@@ -219,20 +220,30 @@ def _best_option(points: Sequence[FrontierPoint], fp32: FrontierPoint) -> str:
     return "keep the model FP32"
 
 
-def missed_verdict(points: Sequence[FrontierPoint]) -> str:
+def missed_verdict(points: Sequence[FrontierPoint], allow: Sequence[str] = ("fp32",), metric: str = "") -> str:
     """One line for an answer that misses the target: what each measured alternative reaches and costs, so
-    the user can pick one (16-bit, dynamic, a looser target, or FP32) instead of a proposal that fails."""
+    the user can pick one (16-bit, dynamic, a looser target, or FP32) instead of a proposal that fails. The
+    advice starts from what ``allow`` left out: a search not allowed to keep nodes FP32 is told so first.
+    ``metric`` formats the numbers (``83.40%`` for an accuracy; else as measured)."""
     by = {p.label: p for p in points}
     fp32 = by.get("fp32")
     options = [p for p in points if p.label not in ("fp32", "proposal")]
     if fp32 is None or not options:
         return ""
+    shown = (lambda v: fmt_metric(metric, v)) if metric else (lambda v: f"{v:.4g}")
     parts = [
-        f"{p.label} ({p.changed}) {p.metric:.4g}{' meets it' if p.met else ''} at {p.p50_ms:.3g} ms"
+        f"{p.label} ({p.changed}) {shown(p.metric)}{' meets it' if p.met else ''} at {p.p50_ms:.3g} ms"
         for p in sorted(options, key=lambda p: -p.metric if math.isfinite(p.metric) else math.inf)
     ]
-    return (
-        f"no configuration found meets the target; measured: {'; '.join(parts)}; FP32 {fp32.p50_ms:.3g} ms. "
-        "The error may be spread over the whole model: try --allow fp32,int16 (16-bit activations), a looser "
-        "target, or keep the model FP32"
-    )
+    if "fp32" not in allow:
+        advice = (
+            f"--allow {','.join(allow)} kept every node quantized: add fp32 (e.g. --allow fp32,{','.join(allow)}) "
+            "to let the search keep the nodes that need it FP32"
+        )
+    else:
+        advice = (
+            "The error may be spread over the whole model: try "
+            + ("--allow fp32,int16 (16-bit activations), " if "int16" not in allow else "")
+            + "a looser target, or keep the model FP32"
+        )
+    return f"no configuration found meets the target; measured: {'; '.join(parts)}; FP32 {fp32.p50_ms:.3g} ms. {advice}"

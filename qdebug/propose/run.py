@@ -14,6 +14,7 @@ re-ranking capture (:func:`_reranker`), the strategies
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import tempfile
 import time
@@ -36,8 +37,10 @@ from qdebug.files import (
     removed_on_failure,
     sha256_file,
 )
+from qdebug.formatting import ACCURACY_METRICS
 from qdebug.graph.load import save_model
 from qdebug.graph.match import pair_models, qdq_settings
+from qdebug.noise import DEFAULT_CONFIDENCE, Interval, samples_to_decide
 from qdebug.parallel import Pool, check_request, open_pool
 from qdebug.prepare import AnalyzeOptions, Prepared, prepare
 from qdebug.progress import Progress, no_progress
@@ -256,10 +259,11 @@ def _propose(
         search, prep, evaluator, final, selective, options, progress, rescore=screen is not None, pool=pool,
         dynamic=dynamic,
     )  # fmt: skip
+    interval = _answer_interval(search, evaluator, selective, pool)
     seconds = time.perf_counter() - start
     sel_path = selective_model_path(output) if output is not None else None
     proposal = _proposal_record(report, model_path, prep, calib_src, search, plan, spec, final, seconds, sel_path)
-    proposal = dataclasses.replace(proposal, frontier=frontier)
+    proposal = dataclasses.replace(proposal, frontier=frontier, drop_interval=interval)
     if output is not None and sel_path is not None:
         save_model(selective, sel_path)
         atomic_write_text(output, dumps(proposal))
@@ -282,10 +286,46 @@ def _propose(
             *([flipped_note] if flipped_note else leak_notes(final.fixes, flipped)),
             *screen_notes,
             *search.skips,
+            *_interval_notes(target, final, interval, evaluator.samples),
             *speed_notes,
             *(pool.notes if pool is not None else ()),
         ),
         no_speedup=no_speedup,
+    )
+
+
+def _answer_interval(
+    search: Search, evaluator: Evaluator, selective: onnx.ModelProto, pool: Pool | None
+) -> tuple[float, float]:
+    """The answer's paired-bootstrap drop interval on every evaluation sample (``Evaluator.drop_interval``):
+    from its own score when the search kept it with its per-sample numbers, else scored once more."""
+    if not math.isfinite(evaluator.fp32_value):
+        return (math.nan, math.nan)
+    digest = hashlib.sha256(selective.SerializeToString(deterministic=True)).hexdigest()
+    result = search.results.get(digest)
+    if result is None or result.samples != evaluator.samples or search.evaluator is not evaluator:
+        result = pool.score(evaluator, selective) if pool is not None else evaluator.score(selective)
+    return evaluator.drop_interval(result)
+
+
+def _interval_notes(target: Target, final: Trial, interval: tuple[float, float], samples: int) -> tuple[str, ...]:
+    """Said when the answer meets a drop target on its point estimate only: its interval reaches past the
+    allowed drop, so ``qdebug verify`` on this evaluation set may call it undecided (exit 8)."""
+    low, high = interval
+    if target.kind != "drop" or not final.met or not (math.isfinite(low) and math.isfinite(high)):
+        return ()
+    scale = 100.0 if target.metric in ACCURACY_METRICS else 1.0
+    allowed = scale * (target.fp32 - target.threshold)
+    drop = scale * (target.fp32 - final.value)
+    if high <= allowed + 1e-9:
+        return ()
+    unit = " points" if scale == 100.0 else ""
+    needed = samples_to_decide(Interval(drop, low, high, DEFAULT_CONFIDENCE), allowed, samples)
+    more = f"; about {needed:,} evaluation samples would decide it ({samples:,} now)" if needed else ""
+    return (
+        f"the answer meets the target on its point estimate (a drop of {drop:.2f}{unit}), but its "
+        f"{100 * DEFAULT_CONFIDENCE:g}% interval [{low:.2f}, {high:.2f}]{unit} reaches past the {allowed:g}{unit} "
+        f"allowed: qdebug verify on this evaluation set may call it undecided (exit 8){more}",
     )
 
 
@@ -308,7 +348,8 @@ def _speed(
         dynamic=dynamic,
     )  # fmt: skip
     if not (final.met and search.fits(final)):
-        return frontier, [*notes, missed_verdict(frontier)] if frontier else notes, ""
+        missed = missed_verdict(frontier, options.allow, search.target.metric if search.target.kind == "drop" else "")
+        return frontier, [*notes, missed] if frontier else notes, ""
     lines, slow = speed_verdict(frontier)
     mostly = _mostly_fp32(final, len(search.structure.excludable))
     if not slow:

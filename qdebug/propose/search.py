@@ -134,6 +134,9 @@ def _unstarted(entry: _Ahead) -> bool:
     return entry.ticket is None or entry.ticket.state == "dropped"
 
 
+RESULTS_KEPT = 8
+"""Scores :attr:`Search.results` keeps with their per-sample numbers (a few numbers per sample each)."""
+
 BUILT_BYTES = 256 * 2**20
 """Serialized variants :meth:`Search.build` keeps for being asked again (on a 3,200-node graph each
 re-quantization costs about 2 s; a model over this size is not kept)."""
@@ -191,6 +194,9 @@ class Search:
         """Variants built and handed to the pool before they were asked for (:meth:`prefetch`), by asked
         configuration: nothing of the trace or the budget, only work done early."""
         self.built: OrderedDict[tuple, tuple[QuantSpec, bytes]] = OrderedDict()
+        self.results: OrderedDict[str, EvalResult] = OrderedDict()
+        """The last scores with their per-sample numbers, by model digest: the answer's drop interval is read
+        from its own (no evaluation again) when the search scored it on the whole set."""
         """Variants built, by what was asked (serialized, at most :data:`BUILT_BYTES` in all, the most recent
         kept): the answer, static and the frontier's points are built again after the search."""
         self.hinted: OrderedDict[tuple, bool] = OrderedDict()
@@ -455,11 +461,20 @@ class Search:
             eval_seconds=result.seconds,
             fixes=key[3],
         )
+        self._record(trial, key, digest, result)
+        return trial
+
+    def _record(self, trial: Trial, key: tuple, digest: str, result: EvalResult) -> None:
+        """A new trial in the trace, the caches and the progress line; its score kept when it has per-sample
+        numbers (scored here, not numbers only): the answer's interval is read from it."""
         self.trials.append(trial)
         self.cache[key] = trial
         self.by_model[digest] = trial
+        if result.values is not None:
+            self.results[digest] = result
+            while len(self.results) > RESULTS_KEPT:
+                self.results.popitem(last=False)
         self.progress(f"search{DETAIL}{self.status(trial)}", len(self.trials), self.budget)
-        return trial
 
     def _score(self, model: onnx.ModelProto | None, ahead: _Ahead | None) -> EvalResult:
         """The candidate's score: the one started by :meth:`prefetch`, else one asked of the pool (or of the

@@ -40,6 +40,7 @@ from qdebug.records import NodeRecord, Report, TensorRecord
 from qdebug.records.diff import (
     COMPARISON_KIND,
     DIFF_SCHEMA_VERSION,
+    SAME_DB,  # defined with the records (the TUI and the tables read it), imported from here too
     Comparison,
     DiffReport,
     NodeChange,
@@ -49,11 +50,10 @@ from qdebug.records.diff import (
     TaskSide,
     TensorBest,
     TensorChange,
+    negligible_noise,
+    negligible_sqnr,
 )
 from qdebug.report_io import load_record, load_report
-
-SAME_DB = 0.1
-"""A change of at most this many dB counts as ``same`` (the tables print one decimal)."""
 
 SETTINGS = (
     "method",
@@ -254,13 +254,26 @@ def _linear(db: float) -> float:
         return math.inf
 
 
-def verdict(added_delta: float, accumulated_delta: float) -> str:
+def verdict(
+    added_delta: float,
+    accumulated_delta: float,
+    added: tuple[float, float] | None = None,
+    accumulated: tuple[float, float] | None = None,
+) -> str:
     """``worse``/``better``/``same`` by the added-noise delta (up is worse), else by the accumulated SQNR
-    delta (up is better) when the added noise is undefined; ``unscored`` when neither is defined."""
-    for d, up_is_worse in ((added_delta, True), (accumulated_delta, False)):
+    delta (up is better) when the added noise is undefined; ``unscored`` when neither is defined.
+
+    ``added``, ``accumulated``: both sides' values (A, B). Where both are negligible -- added noise at or
+    below -60 dB, an SQNR at or above 60 (:data:`~qdebug.records.diff.NEGLIGIBLE_NOISE_DB`) -- the delta
+    is ``same`` whatever its size: -inf -> -155.6 dB of added noise is float rounding, not a +inf change."""
+    sides = (
+        (added_delta, True, added is not None and negligible_noise(*added)),
+        (accumulated_delta, False, accumulated is not None and negligible_sqnr(*accumulated)),
+    )
+    for d, up_is_worse, negligible in sides:
         if math.isnan(d):
             continue
-        if abs(d) <= SAME_DB:
+        if negligible or abs(d) <= SAME_DB:
             return "same"
         return "worse" if (d > 0) == up_is_worse else "better"
     return "unscored"
@@ -291,7 +304,12 @@ def _node_change(na: NodeRecord, nb: NodeRecord, how: str) -> NodeChange:
         kl_b=nb.kl,
         kl_delta=delta(nb.kl, na.kl),
         noise_change=delta(_linear(nb.added_noise_db), _linear(na.added_noise_db)),
-        verdict=verdict(added, acc),
+        verdict=verdict(
+            added,
+            acc,
+            (na.added_noise_db, nb.added_noise_db),
+            (na.accumulated_sqnr_db, nb.accumulated_sqnr_db),
+        ),
         quantized_a=na.quantized,
         quantized_b=nb.quantized,
     )
@@ -464,14 +482,22 @@ def _labels(reports: Sequence[Report], paths: Sequence[str]) -> tuple[str, ...]:
     return tuple(names) if len(set(names)) == len(names) else tuple(str(p) for p in paths)
 
 
-def _best(values: Sequence[float]) -> tuple[int, float]:
-    """Index of the highest number (ties: the first; -1 when none is a number) and its margin over the
-    second highest (nan with fewer than two numbers)."""
+def _best(values: Sequence[float]) -> tuple[int, float, tuple[int, ...]]:
+    """``(best, margin, leaders)``: the index of the highest number (ties: the first; -1 when none is a
+    number), the indices within :data:`SAME_DB` of it (in report order), and the best's margin over the
+    highest number outside them; where all lead, over the second highest (nan with fewer than two numbers).
+    ``inf`` ties ``inf`` (an exact tensor in two reports)."""
     scored = sorted(((v, -i) for i, v in enumerate(values) if not math.isnan(v)), reverse=True)
     if not scored:
-        return -1, math.nan
-    margin = delta(scored[0][0], scored[1][0]) if len(scored) > 1 else math.nan
-    return -scored[0][1], margin
+        return -1, math.nan, ()
+    top = scored[0][0]
+    leaders = tuple(sorted(-i for v, i in scored if v == top or top - v <= SAME_DB))
+    rest = [v for v, i in scored if -i not in leaders]
+    if rest:
+        margin = delta(top, rest[0])
+    else:
+        margin = delta(top, scored[1][0]) if len(scored) > 1 else math.nan
+    return -scored[0][1], margin, leaders
 
 
 def compare_many(reports: Sequence[Report], paths: Sequence[str]) -> Comparison:
@@ -489,13 +515,17 @@ def compare_many(reports: Sequence[Report], paths: Sequence[str]) -> Comparison:
         if any(t is None for t in row):
             continue
         local = tuple(_sqnr(t.local) for t in row)  # type: ignore[union-attr]
-        best, margin = _best(local)
+        best, margin, leaders = _best(local)
         if best < 0:
             continue  # quantized in none of them
         acc = tuple(_sqnr(t.accumulated) for t in row)  # type: ignore[union-attr]
-        rows.append(TensorBest(name, local, acc, best, margin))
-    rows.sort(key=lambda r: -(r.margin_db if math.isfinite(r.margin_db) else -1.0))
-    wins = tuple(sum(1 for r in rows if r.best == i and r.margin_db != 0) for i in range(len(reports)))
+        rows.append(TensorBest(name, local, acc, best, margin, leaders))
+    n = len(reports)
+    # ties last (their margin is within SAME_DB), then the biggest margin first
+    rows.sort(key=lambda r: (r.tied(n), -(r.margin_db if math.isfinite(r.margin_db) else -1.0)))
+    won = [r for r in rows if not r.tied(n)]
+    wins = tuple(sum(1 for r in won if i in r.leaders) for i in range(n))
+    shared = tuple(sum(1 for r in won if i in r.leaders and len(r.leaders) > 1) for i in range(n))
     notes = []
     unpaired = len(first.tensors) - len(paired) + sum(1 for row in paired.values() if any(t is None for t in row))
     if unpaired:
@@ -514,6 +544,8 @@ def compare_many(reports: Sequence[Report], paths: Sequence[str]) -> Comparison:
         tensors=tuple(rows),
         wins=wins,
         notes=tuple(notes),
+        ties=len(rows) - len(won),
+        shared=shared,
     )
 
 

@@ -206,6 +206,10 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
     invalid JSON, another schema version or a file of another kind.
     """
     path = Path(path)
+    if path.is_dir():  # "file not found" for a folder that is there had sent users looking for a typo
+        raise QDebugError(
+            f"{path} is a directory, not a {kind} file", f"pass the {kind} itself ({_writer(kind)})", ExitCode.INPUT
+        )
     if not path.is_file():
         raise QDebugError(f"{kind} file not found: {path}", f"check the path of the {kind}", ExitCode.INPUT)
     try:
@@ -226,7 +230,7 @@ def load_record(cls: type[T], path: str | Path, kind: str, schema_version: int =
     if found is not None and found != _KINDS.get(kind, kind):
         raise QDebugError(
             f"{path} is a qdebug {found} file, not a {kind}",
-            f"pass the {kind} (qdebug writes one per command: analyze, propose, verify, bench)",
+            f"pass the {kind} ({_writer(kind)})",
             ExitCode.INPUT,
         )
     if data.get("schema_version") != schema_version:
@@ -296,6 +300,23 @@ _MIGRATIONS: dict[str, dict[int, Callable[[dict], dict]]] = {
 
 _KINDS = {"bench result": "bench"}
 """Names used in messages -> the ``kind`` field the files carry."""
+
+_WRITERS = {
+    "report": "qdebug analyze",
+    "proposal": "qdebug propose",
+    "verify": "qdebug verify",
+    "bench": "qdebug bench",
+    "diff": "qdebug diff A.json B.json --json",
+    "comparison": "qdebug diff of three or more reports, --json",
+}
+"""The ``kind`` of each qdebug file -> the command that writes it, for the hints: "pass the report (qdebug
+writes one per command: analyze, propose, verify, bench)" had read as if any of those four files would do."""
+
+
+def _writer(kind: str) -> str:
+    """``the file qdebug analyze writes`` for a report, and so on for each kind of file qdebug writes."""
+    command = _WRITERS.get(_KINDS.get(kind, kind))
+    return f"the file {command} writes" if command else f"a qdebug {kind} file"
 
 
 def _kind_of(data: dict) -> str | None:

@@ -22,7 +22,7 @@ from qdebug.records import (
     Report,
     TensorRecord,
 )
-from qdebug.records.diff import DIFF_SCHEMA_VERSION, DiffReport
+from qdebug.records.diff import DIFF_SCHEMA_VERSION, DiffReport, OutputChange
 from qdebug.report_io import dumps, load_report
 from tests.conftest import strict_json
 from tests.models import small_cnn, small_data
@@ -292,3 +292,103 @@ def test_analyze_with_several_methods_writes_one_report_each_and_names_the_best_
     from qdebug.report_io import load_record
 
     assert isinstance(load_record(Comparison, out, "comparison", DIFF_SCHEMA_VERSION), Comparison)
+
+
+# --------------------------------------------------------------------------- ties and negligible changes
+
+
+def _locals(values: dict[str, float], method: str) -> Report:
+    """A three-node chain whose tensors have the given local SQNR (others 40 dB), calibrated by ``method``."""
+    import dataclasses
+
+    spec = [("a", "a", "Relu", ["x"], ["t"]), ("b", "b", "Relu", ["t"], ["u"]), ("c", "c", "Relu", ["u"], ["y"])]
+    r = _report(spec)
+    tensors = tuple(
+        dataclasses.replace(t, local=dataclasses.replace(t.local, sqnr_db=values[t.name]))
+        if t.name in values else t
+        for t in r.tensors
+    )
+    return dataclasses.replace(r, tensors=tensors, config=dataclasses.replace(r.config, method=method))
+
+
+def test_a_margin_under_same_db_is_a_tie_and_joint_leaders_both_win():
+    """The demo's three methods: percentile "best on 67 of 71" though only 4 tensors had a margin of 0.1 dB,
+    and minmax "best on 0" though it and entropy (tied) beat percentile by 0.72 dB on the input. A margin of
+    at most SAME_DB is a tie (counted as such), and reports tied at the top above the others all win."""
+    from qdebug.diff import SAME_DB, compare_many
+    from qdebug.records.diff import comparison_header, comparison_rows
+
+    assert SAME_DB == 0.1
+    minmax = _locals({"t": 40.05, "u": 56.5, "y": 38.3}, "minmax")
+    entropy = _locals({"t": 40.02, "u": 56.5, "y": 38.3}, "entropy")
+    percentile = _locals({"t": 40.0, "u": 55.78, "y": 38.6}, "percentile")
+    c = compare_many([minmax, entropy, percentile], ["r.minmax.json", "r.entropy.json", "r.percentile.json"])
+    by = {t.name: t for t in c.tensors}
+    assert by["t"].tied(3) and by["t"].leaders == (0, 1, 2) and by["t"].margin_db == pytest.approx(0.03)
+    assert by["u"].leaders == (0, 1) and by["u"].margin_db == pytest.approx(0.72) and not by["u"].tied(3)
+    assert by["y"].leaders == (2,) and by["y"].best == 2 and by["y"].margin_db == pytest.approx(0.3)
+    assert c.wins == (1, 1, 1) and c.shared == (1, 1, 0) and c.ties == 1
+    assert [t.name for t in c.tensors][-1] == "t"  # ties last
+    header = comparison_header(c)
+    assert header[0] == "minmax: best on 1 of 3 tensors, 1 of them shared (r.minmax.json)"
+    assert header[2] == "percentile: best on 1 of 3 tensors (r.percentile.json)"
+    assert header[3] == "tied on 1 of 3 tensors (every local SQNR within 0.1 dB of the best)"
+    rows = {r[0]: r[1] for r in comparison_rows(c, 0)}
+    assert rows == {"u": "minmax, entropy", "y": "percentile", "t": "tied"}
+    # exact in two (inf and inf tie), 50 dB in the third: both exact ones lead
+    exact = compare_many([_locals({"u": math.inf}, "minmax"), _locals({"u": math.inf}, "entropy"),
+                          _locals({"u": 50.0}, "percentile")], ["1", "2", "3"])  # fmt: skip
+    assert {t.name: t for t in exact.tensors}["u"].leaders == (0, 1)
+
+
+def test_an_older_comparison_file_still_reads(tmp_path):
+    """Files written before ``leaders``/``ties``/``shared``: they read, a 0 margin is a tie, a win its best's."""
+    from qdebug.diff import compare_many
+    from qdebug.records.diff import Comparison, comparison_header, comparison_rows
+    from qdebug.report_io import load_record
+
+    c = compare_many([_locals({"y": 41.0}, "minmax"), _locals({}, "entropy"), _locals({}, "percentile")],
+                     ["1", "2", "3"])  # fmt: skip
+    data = strict_json(dumps(c))
+    del data["ties"], data["shared"]
+    for t in data["tensors"]:
+        del t["leaders"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_record(Comparison, tmp_path / "old.json", "comparison", DIFF_SCHEMA_VERSION)
+    assert old.ties == 0 and old.shared == () and old.wins == c.wins
+    assert {r[0]: r[1] for r in comparison_rows(old, 0)}["y"] == "minmax"
+    assert comparison_header(old)[0] == "minmax: best on 1 of 3 tensors (1)"
+
+
+def test_changes_between_negligible_noise_levels_are_the_same():
+    """The demo's diff called layer0/attn/scale_mul "worse" for added noise -inf -> -155.6 dB (float rounding;
+    ΔAdd +inf in the TUI) and gelu_div (-80.6 -> -82.5) "better". Below -60 dB both sides are negligible."""
+    from qdebug.records.diff import NEGLIGIBLE_NOISE_DB
+
+    assert NEGLIGIBLE_NOISE_DB == -60.0
+    assert verdict(math.inf, 0.0, (-math.inf, -155.6)) == "same"
+    assert verdict(-math.inf, 0.0, (-152.1, -math.inf)) == "same"
+    assert verdict(-1.9, 0.0, (-80.6, -82.5)) == "same"
+    assert verdict(math.inf, 0.0, (-math.inf, -40.0)) == "worse"  # exact to INT8 noise: a real change
+    assert verdict(2.3, 0.0, (-60.7, -58.4)) == "worse"  # one side above the floor
+    assert verdict(math.nan, -5.0, None, (130.0, 125.0)) == "same"  # SQNRs above 60 dB: the same line
+    assert verdict(math.nan, -5.0, None, (45.0, 40.0)) == "worse"
+    spec = [("a", "a", "Relu", ["x"], ["t"]), ("b", "b", "Relu", ["t"], ["y"])]
+    diff = compare(_report(spec, added={"a": -math.inf, "b": -30.0}), _report(spec, added={"a": -155.6, "b": -31.0}))
+    by = {n.name_b: (n, cells) for n, cells in diff.table_rows()}
+    assert by["a"][0].verdict == "same" and by["a"][1][2] == "~0"  # the Δ cell, not +inf
+    assert by["a"][0].added_noise_delta_db == math.inf  # the record keeps the number
+    assert by["b"][0].verdict == "better" and by["b"][1][2] == "-1.0"
+    assert diff.counts() == {"worse": 0, "better": 1, "same": 1, "unscored": 0}
+
+
+def test_a_small_output_delta_keeps_its_sign():
+    """``output logits: SQNR A 5.4 dB, B 5.3 dB (0.0)`` hid a delta of -0.04."""
+    from qdebug.records.diff import fmt_delta
+
+    assert fmt_delta(-0.04, fine=True) == "-0.04" and fmt_delta(0.004, fine=True) == "+0.004"
+    assert fmt_delta(0.0, fine=True) == "0.0" and fmt_delta(-0.04) == "0.0" and fmt_delta(1.26, fine=True) == "+1.3"
+    spec = [("a", "a", "Relu", ["x"], ["y"])]
+    diff = compare(_report(spec), _report(spec))
+    diff = type(diff)(**{**diff.__dict__, "outputs": (OutputChange("y", "y", 5.41, 5.37, 5.37 - 5.41),)})
+    assert "output y: SQNR A 5.4 dB, B 5.4 dB (-0.04)" in diff.header_lines()

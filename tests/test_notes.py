@@ -376,3 +376,61 @@ def test_eval_range_note_ignores_an_overshoot_that_rounds_like_any_value(analyze
     assert notes(top + 0.4 * rec.quant.scale) == []
     (note,) = notes(2 * top)
     assert "on 1 of 4 samples" in note
+
+
+def test_eval_range_note_advises_only_on_a_material_overshoot(analyzed):
+    """The demo's logits overshot their calibrated range by 1.6 quantization steps on 8 of 500 samples and the
+    note advised keeping the Gemm FP32, which changed no prediction: an overshoot under EVAL_OVERSHOOT_STEPS
+    steps clips about as much as rounding costs, and gets no note. Six steps still do, with the advice."""
+    from types import SimpleNamespace
+
+    from qdebug.analysis import eval_range_notes
+    from qdebug.analysis.notes import EVAL_OVERSHOOT_STEPS
+
+    report, _, _ = analyzed["boxes"]
+    rec = report.tensor("detections")
+    scale = rec.quant.scale
+    top = max((255 - rec.quant.zero_point) * scale, rec.summary.max)
+
+    def notes(steps: float, samples: int = 2) -> list[str]:
+        batch = {"detections": np.full((8, 7), 1.0, np.float32)}
+        batch["detections"][:samples, 0] = top + steps * scale
+        ev = SimpleNamespace(output_names=["detections"], reference=[batch], sizes=[8], samples=8)
+        return eval_range_notes(ev, report.tensors, report.nodes)
+
+    assert EVAL_OVERSHOOT_STEPS == 4.0
+    assert notes(1.6) == [] and notes(3.5, samples=8) == []  # every sample, still a small clip
+    (note,) = notes(6.0)
+    assert "on 2 of 8 samples" in note and "up to 6 quantization steps past the range" in note
+    assert note.endswith("keep head/concat FP32")
+
+
+def test_eval_range_note_on_class_scores_needs_a_changed_prediction(analyzed):
+    """Where the metric reads the argmax of the output (top1_agreement on scores), a clip that changes no
+    sample's class costs it nothing: the demo's logits overshot their range by 14 steps at the bottom (the
+    least likely classes) and keeping the Gemm FP32, as the note advised, changed no prediction. A clip that
+    merges the two top scores of a sample changes its class and is still named."""
+    from types import SimpleNamespace
+
+    from qdebug.analysis import eval_range_notes
+
+    report, _, _ = analyzed["boxes"]
+    rec = report.tensor("detections")
+    scale = rec.quant.scale
+    lo = min((0 - rec.quant.zero_point) * scale, rec.summary.min)
+    hi = max((255 - rec.quant.zero_point) * scale, rec.summary.max)
+
+    def notes(**at: float) -> list[str]:
+        batch = {"detections": np.full((8, 7), 1.0, np.float32)}
+        for col, value in at.items():
+            batch["detections"][0, int(col[1:])] = value
+        ev = SimpleNamespace(
+            output_names=["detections"], reference=[batch], sizes=[8], samples=8,
+            metric_name="top1_agreement", _indices=False,
+        )
+        return eval_range_notes(ev, report.tensors, report.nodes)
+
+    assert notes(c0=lo - 20 * scale) == []  # far below, on a class no argmax reads
+    assert notes(c2=hi + 20 * scale) == []  # far above, still the sample's class after the clip
+    (note,) = notes(c2=hi + 1 * scale, c3=hi + 20 * scale)  # both clip to hi: class 3 becomes class 2
+    assert "on 1 of 8 samples" in note and note.endswith("keep head/concat FP32")

@@ -1348,17 +1348,21 @@ def test_large_report_sorts_filters_and_marks_rows_in_place():
                 arrows = [str(c.label) for c in table.columns.values() if str(c.label)[-1] in "▲▼"]
                 assert arrows == [column(model.sort_key).label + ("▼" if model.descending else "▲")]
 
-            selected = screen.selected
-            for key in [*"12345678", "8"]:  # every column, then X reversed
+            for key in [*"12345678", "8"]:  # every column, then X reversed: each from its top
                 await pilot.press(key)
                 await pilot.pause()
                 check()
-                assert screen.selected == table.current == selected
+                assert screen.selected == table.current == table_order(app)[0] and table.scroll_y == 0
+            selected = screen.selected
             await pilot.press("x")  # sorted by X: the excluded node moves, its mark and colour change
             await pilot.pause()
             check()
             assert model.is_excluded(selected) and table.get_row(selected)[-1].plain == "✗"
-            await pilot.press("5", "x")  # back to Added; include it again in place
+            assert screen.selected == table.current == selected  # an exclusion is no sort: the cursor follows
+            await pilot.press("5")  # back to Added, from its top; include the node again in place
+            await pilot.pause()
+            screen.select_node(selected)
+            await pilot.press("x")
             await pilot.pause()
             check()
             assert not model.excluded and table.get_row(selected)[-1].plain == ""

@@ -60,6 +60,17 @@ def _changes(a: Path, b: Path) -> dict[str, NodeChange]:
     return {c.name_b: c for c in compare(load_report(a), load_report(b), str(a), str(b)).nodes}
 
 
+def _shown(c: NodeChange, field: str) -> tuple[str, float]:
+    """(cell text, sort value) of a delta, by hand: between two negligible values -- added noise both at or
+    below -60 dB, SQNRs both at or above 60 -- ``~0`` sorting as 0 (bn2 goes from -104.8 dB to -inf)."""
+    d = getattr(c, field)
+    a, b = (c.added_noise_a_db, c.added_noise_b_db) if field == "added_noise_delta_db" else (
+        -c.accumulated_sqnr_a_db, -c.accumulated_sqnr_b_db)
+    if d != 0 and not math.isnan(d) and a <= -60 and b <= -60:
+        return "~0", 0.0
+    return fmt_change(d), d
+
+
 def _expected_order(model: LayerModel, values: dict[str, float], descending: bool) -> list[str]:
     """The TUI's numeric order: finite values by direction, then infinities, then nan; ties topological."""
     names = [n.name for n in model.report.nodes]
@@ -89,15 +100,15 @@ def test_model_columns_values_and_sort(reports):
     assert set(changes) == {n.name for n in report.nodes}  # same model, two methods: every node pairs
     for n in report.nodes:
         c = changes[n.name]
-        assert model.cell_text("added_delta", n) == fmt_change(c.added_noise_delta_db)
-        assert model.cell_text("accumulated_delta", n) == fmt_change(c.accumulated_sqnr_delta_db)
+        assert model.cell_text("added_delta", n) == _shown(c, "added_noise_delta_db")[0]
+        assert model.cell_text("accumulated_delta", n) == _shown(c, "accumulated_sqnr_delta_db")[0]
         assert model.cell_text("added", n) == plain.cell_text("added", n)
     # sorting: worst first by default (added noise up, accumulated SQNR down), again: reversed
     for key, field, descending in (
         ("added_delta", "added_noise_delta_db", True),
         ("accumulated_delta", "accumulated_sqnr_delta_db", False),
     ):
-        values = {name: getattr(c, field) for name, c in changes.items()}
+        values = {name: _shown(c, field)[1] for name, c in changes.items()}
         model.set_sort(key)
         assert model.descending is descending
         assert [n.name for n in model.rows()] == _expected_order(model, values, descending)
@@ -151,6 +162,32 @@ def test_cells_are_coloured_by_the_verdict_threshold(reports):
     assert CHANGE_STYLES["worse"] == "bold red"
 
 
+def test_a_change_between_negligible_noise_levels_is_dim_and_sorts_as_none(reports):
+    """The demo's scale_mul went from added noise -inf to -155.6 dB (float rounding) and the TUI showed ΔAdd
+    +inf, red, sorted first as the worst change. Both sides at or below -60 dB: ``~0``, dim, sorted as 0.
+    The small CNN's bn2 goes from -104.8 dB to -inf on its own; conv2 is forced to -inf -> -155.6."""
+    report = load_report(reports["b"])
+    diff = load_baseline(report, str(reports["b"]), reports["a"]).diff
+    forced = {"added_noise_a_db": -math.inf, "added_noise_b_db": -155.6, "added_noise_delta_db": math.inf}
+    nodes = tuple(dataclasses.replace(c, **forced) if c.name_b == "conv2" else c for c in diff.nodes)
+    model = LayerModel(report, baseline=Baseline(dataclasses.replace(diff, nodes=nodes)))
+    keys = model.column_keys()
+    assert model.change("bn2").added_noise_b_db == -math.inf < model.change("bn2").added_noise_a_db < -60
+    for name in ("conv2", "bn2"):
+        assert math.isinf(model.change(name).added_noise_delta_db)  # the record keeps the number
+        assert model.cell_text("added_delta", report.node(name)) == "~0"
+        assert model.delta("added_delta", report.node(name)) == 0.0
+        cells = row_cells(report.node(name), False, None, model)
+        assert str(cells[keys.index("added_delta")].style) == "dim"
+    model.set_sort("added_delta")  # worst first: a real change leads, not conv2's +inf
+    order = [n.name for n in model.rows()]
+    assert order[0] != "conv2" and model.delta("added_delta", report.node(order[0])) > 0.1
+    from qdebug.tui.widgets import node_detail_text
+
+    text = node_detail_text(model, report.node("conv2"), 80).plain  # the detail says the same
+    assert "-inf → -155.6 dB (~0)" in text and "+inf" not in text
+
+
 def test_compare_module_imports_no_textual_or_onnx():
     code = (
         "import sys, qdebug.tui.compare, qdebug.tui.model; "
@@ -189,11 +226,17 @@ def test_the_table_shows_and_sorts_by_the_comparison_columns(reports):
             assert table.virtual_size.width <= table.scrollable_content_region.width  # fits at 120 columns
             assert _cell(table, known.name_b, "added_delta") == fmt_change(known.added_noise_delta_db)
             assert _cell(table, known.name_b, "accumulated_delta") == fmt_change(known.accumulated_sqnr_delta_db)
-            values = {name: c.added_noise_delta_db for name, c in changes.items()}
+            values = {name: _shown(c, "added_noise_delta_db")[1] for name, c in changes.items()}
+            last = _expected_order(app.model, values, True)[-1]
+            app.main_screen.select_node(last)  # the node ΔAdd puts last is selected
+            await pilot.pause()
             await pilot.press("9")  # ΔAdd, worst (most added noise) first
             await pilot.pause()
             order = [str(r.key.value) for r in table.ordered_rows]
             assert app.model.sort_key == "added_delta" and order == _expected_order(app.model, values, True)
+            # a sort shows its top: the cursor (and the detail) on the first row, not on the node it left
+            assert app.main_screen.selected == table.current == order[0] != last and table.scroll_y == 0
+            assert app.main_screen.query_one(NodeDetail).node == order[0]
             assert str(table.columns[table.ordered_columns[-2].key].label) == "ΔAdd▼"
             await pilot.press("9")  # again: reversed
             await pilot.pause()
@@ -201,7 +244,7 @@ def test_the_table_shows_and_sorts_by_the_comparison_columns(reports):
             assert order == _expected_order(app.model, values, False)
             await pilot.press("0")  # ΔAcc, worst (SQNR down) first
             await pilot.pause()
-            acc = {name: c.accumulated_sqnr_delta_db for name, c in changes.items()}
+            acc = {name: _shown(c, "accumulated_sqnr_delta_db")[1] for name, c in changes.items()}
             assert [str(r.key.value) for r in table.ordered_rows] == _expected_order(app.model, acc, False)
             # the detail shows the baseline's numbers and the verdict; the header what it compares against
             app.main_screen.select_node(known.name_b)
@@ -304,10 +347,23 @@ def test_cli_bad_against_files_are_one_line_exit_3(reports, tmp_path, capsys):
     diff = tmp_path / "diff.json"
     assert main(["diff", str(reports["a"]), b, "--json", str(diff)]) == 0
     capsys.readouterr()
-    assert main(["tui", b, "--against", str(diff)]) == 3  # a diff is no report
-    _one_line_error(capsys, "--against", "diff file, not a report")
+    assert main(["tui", b, "--against", str(diff)]) == 3  # a diff is no report: it is opened by itself
+    _one_line_error(capsys, "--against", "is a qdebug diff, not a report", f"open it as `qdebug tui {diff}`")
     assert main(["tui", str(diff), "--against", str(reports["a"])]) == 2  # a diff names its baseline already
     _one_line_error(capsys, "names its baseline")
+    # a proposal is no report either, and only analyze's report is one (the hint had listed every command)
+    proposal = tmp_path / "p.json"
+    assert main(["propose", str(reports["a"]), "-o", str(proposal), "-q"]) in (0, 6)
+    capsys.readouterr()
+    assert main(["tui", b, "--against", str(proposal)]) == 3
+    _one_line_error(capsys, "--against", "proposal file, not a report", "the file qdebug analyze writes")
+    comparison = tmp_path / "cmp.json"
+    assert main(["diff", str(reports["a"]), b, str(reports["a"]), "--json", str(comparison)]) == 0
+    capsys.readouterr()
+    assert main(["tui", b, "--against", str(comparison)]) == 3
+    _one_line_error(capsys, "--against", "comparison of several reports", "one of the reports it compares")
+    assert main(["tui", b, "--against", str(tmp_path)]) == 3  # a folder: said so, not "not found"
+    _one_line_error(capsys, "--against", f"{tmp_path} is a directory, not a report file")
 
 
 def test_cli_a_stale_or_orphaned_diff_file_is_refused(reports, tmp_path, capsys):

@@ -65,6 +65,8 @@ __all__ = [
     "COLLAPSE_INTRODUCED_DB",
     "COLLAPSE_MARGIN_DB",
     "CONCAT_RANGE_RATIO",
+    "EVAL_OVERSHOOT_SHARE",
+    "EVAL_OVERSHOOT_STEPS",
     "FLOAT_SIZE_SHARE",
     "FLOAT_WEIGHTS_START",
     "FLOAT_WEIGHT_SHARE",
@@ -405,6 +407,36 @@ def instrumentation_notes(layers: LayerErrors) -> list[str]:
     ]
 
 
+EVAL_OVERSHOOT_STEPS = 4.0
+"""An evaluation overshoot past the calibrated range matters from this many quantization steps of the
+tensor's own scale: a value clipped by ``k`` steps is off by ``k`` steps, against the half step every value
+may round by, so below 4 the few clipped values carry errors of the same order as the rounding that all
+values carry (and the output's measured error already holds that rounding). Not the bar for a top1 metric
+on logits: see :func:`eval_range_notes`."""
+
+EVAL_OVERSHOOT_SHARE = 0.01
+"""... and by at least this share of the representable range: 4 steps of an int16 scale are 0.006% of the
+range, which clipping cannot make matter (for 8-bit types the 4 steps, 1.6% of the range, decide)."""
+
+
+def _clip_changes_no_class(evaluator: Evaluator, name: str, lo: float, hi: float) -> bool:
+    """True where the task metric reads a class from output ``name`` (the argmax of a ``[batch, classes]``
+    scores output, top1 or top1_agreement) and clipping FP32's own values to ``[lo, hi]`` changes no
+    sample's class: the clip costs that metric nothing. False where it changes one, or where the metric reads
+    no class from ``name`` (an SQNR, exact_match, a custom metric, another output): nothing to judge it by."""
+    if getattr(evaluator, "metric_name", None) not in ("top1", "top1_agreement"):
+        return False
+    if getattr(evaluator, "_indices", True) or evaluator.output_names[0] != name:
+        return False
+    for batch in evaluator.reference:
+        arr = batch[name]
+        if arr.ndim != 2:
+            return False
+        if not np.array_equal(np.argmax(arr, axis=1), np.argmax(np.clip(arr, lo, hi), axis=1)):
+            return False
+    return True
+
+
 def eval_range_notes(
     evaluator: Evaluator,
     tensors: Sequence[TensorRecord],
@@ -417,7 +449,15 @@ def eval_range_notes(
     error was 20x, and nothing said why; the report's per-tensor numbers are measured on calibration data).
 
     Only beyond half a quantization step past the outermost level: up to there a value rounds to that level
-    with no more error than any value inside the range (a last-digit overshoot is no clipping).
+    with no more error than any value inside the range (a last-digit overshoot is no clipping). And only
+    where the farthest value overshoots materially, by :data:`EVAL_OVERSHOOT_STEPS` steps of the tensor's
+    scale and :data:`EVAL_OVERSHOOT_SHARE` of its range: a smaller clip costs about what rounding costs, and
+    its advice (recalibrate, or keep the producer FP32) would change nothing. The note says how many steps
+    the values overshoot by. Where the task metric reads a class from the output (top1, top1_agreement on a
+    scores output), clipping FP32's own values to the range must also change a prediction: the bundled
+    demo's logits overshoot by 1.6 steps at the top and 14 at the bottom, on the least likely classes, which
+    no argmax reads; the note told the user to keep the Gemm FP32, and doing so changed nothing (top1 83.4%
+    and 81 flipped samples either way).
     """
     by_name = {t.name: t for t in tensors}
     node_of = {n.name: n for n in nodes}
@@ -446,27 +486,34 @@ def eval_range_notes(
             continue
         lo = min((info.min - rec.quant.zero_point) * rec.quant.scale, rec.summary.min)
         hi = max((info.max - rec.quant.zero_point) * rec.quant.scale, rec.summary.max)
-        half = rec.quant.scale / 2
-        outside = far = 0
+        scale = rec.quant.scale
+        material = max(EVAL_OVERSHOOT_STEPS * scale, EVAL_OVERSHOOT_SHARE * (hi - lo))
+        outside = far = overshoot = 0
         for batch, size in zip(evaluator.reference, evaluator.sizes, strict=True):
             arr = batch[name]
             if arr.dtype.kind != "f" or arr.size == 0:
                 continue
-            beyond = (arr < lo - half) | (arr > hi + half)
+            beyond = (arr < lo - scale / 2) | (arr > hi + scale / 2)
             if not beyond.any():
                 continue
-            far = max(far, float(np.max(np.abs(arr[beyond]))))
+            values = arr[beyond].astype(np.float64)
+            far = max(far, float(np.max(np.abs(values))))
+            overshoot = max(overshoot, float(np.max(np.maximum(lo - values, values - hi))))
             if arr.ndim and arr.shape[0] == size:  # batch-major: count the samples
                 outside += int(beyond.reshape(size, -1).any(axis=1).sum())
             else:  # no batch axis to read samples from (a fixed batch reshaped away): the whole batch
                 outside += size
-        if outside:
-            found.append((outside, name, lo, hi, far, computing(rec.producer)))
+        if not outside or overshoot < material:  # a smaller clip costs what rounding costs: no advice to give
+            continue
+        if _clip_changes_no_class(evaluator, name, lo, hi):
+            continue
+        found.append((outside, name, lo, hi, far, overshoot / scale, computing(rec.producer)))
     found.sort(key=lambda f: -f[0])
     return [
         f"evaluation data drives output {name!r} outside its calibrated range [{lo:.4g}, {hi:.4g}] on "
-        f"{n} of {evaluator.samples} samples (|value| up to {far:.4g}): quantization clips those values, "
-        "and the report's per-tensor numbers, measured on the calibration data, do not show it; calibrate "
-        f"on data that covers the evaluation range, or keep {producer or 'its producer'} FP32"
-        for n, name, lo, hi, far, producer in found[:limit]
+        f"{n} of {evaluator.samples} samples (|value| up to {far:.4g}; up to {steps:.0f} quantization steps "
+        "past the range): quantization clips those values, and the report's per-tensor numbers, measured on "
+        "the calibration data, do not show it; calibrate on data that covers the evaluation range, or keep "
+        f"{producer or 'its producer'} FP32"
+        for n, name, lo, hi, far, steps, producer in found[:limit]
     ]

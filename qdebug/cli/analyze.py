@@ -149,6 +149,7 @@ def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
         )
     comparison = compare_many(list(reports), [str(o) for o in outputs.values()])
     print_comparison(comparison, args.top, wide=args.wide)
+    print_method_notes(dict(zip(methods, reports, strict=True)))
     ci_outputs.write_ci_outputs(args, comparison, top=args.top)
     return 0
 
@@ -218,6 +219,33 @@ def print_comparison(result, top: int = 10, wide: bool = False) -> None:
         console.print(table)
     for note in result.notes:
         console.print(f"note: {note}")
+
+
+def method_notes(reports: dict) -> list[str]:
+    """Each method's notes as printed lines, labelled by method: a note every method carries once, as
+    ``note (every method): ...``, first; then the others in each method's order, a note two of three carry
+    under both names (``note (minmax, entropy): ...``), once. ``--method a,b,c`` had printed no note at all,
+    although each report holds its own (the entropy-calibration note the README promises among them)."""
+    owners: dict[str, list[str]] = {}
+    for method, report in reports.items():
+        for note in dict.fromkeys(report.notes):
+            owners.setdefault(note, []).append(method)
+    every = [n for n, m in owners.items() if len(m) == len(reports)]
+    lines = [f"note (every method): {n}" for n in every] if len(reports) > 1 else [f"note: {n}" for n in every]
+    for method in reports:
+        for note, held in owners.items():
+            if held[0] == method and len(held) < len(reports):
+                lines.append(f"note ({', '.join(held)}): {note}")
+    return lines
+
+
+def print_method_notes(reports: dict) -> None:
+    """:func:`method_notes` on stdout, under the comparison (names and notes as they are, never markup)."""
+    from rich.console import Console
+
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 120)
+    for line in method_notes(reports):
+        console.print(line)
 
 
 def rank_nodes(report) -> list:

@@ -21,6 +21,31 @@ DIFF_SCHEMA_VERSION = 1
 VERDICTS = ("worse", "better", "same", "unscored")
 """What :attr:`NodeChange.verdict` may say."""
 
+SAME_DB = 0.1
+"""A change of at most this many dB counts as ``same`` (the tables print one decimal); re-exported as
+:data:`qdebug.diff.SAME_DB`. The comparison of several reports uses it too: a tensor whose best local SQNR
+beats the runner-up's by no more than this is a tie (:class:`TensorBest`)."""
+
+NEGLIGIBLE_NOISE_DB = -60.0
+"""Added noise at or below this (noise a millionth of the signal's energy) is negligible: a change between
+two such values is ``same``, however many dB it spans. INT8 rounding adds -30 to -50 dB (a full-range
+uniform 8-bit signal reaches about -50); -60 dB is ten times less noise than the best 8-bit step can add,
+so below it no quantization step is involved, only float rounding: float32 round-off sits near -140 dB, and
+a node whose output was exact (-inf) and now carries -155.6 dB of it had been called ``worse`` (ΔAdd +inf
+in the TUI), one going from -80.6 to -82.5 dB ``better``. The analysis notes draw the same line
+(:data:`qdebug.analysis.notes.NEGLIGIBLE_SQNR_DB`)."""
+
+
+def negligible_noise(a_db: float, b_db: float) -> bool:
+    """Whether both sides' added noise is at or below :data:`NEGLIGIBLE_NOISE_DB` (``-inf`` included): their
+    difference is float rounding, not a change (``False`` when either is undefined)."""
+    return a_db <= NEGLIGIBLE_NOISE_DB and b_db <= NEGLIGIBLE_NOISE_DB
+
+
+def negligible_sqnr(a_db: float, b_db: float) -> bool:
+    """The same line for an SQNR: both sides at or above ``-NEGLIGIBLE_NOISE_DB`` (60 dB; ``inf`` included)."""
+    return a_db >= -NEGLIGIBLE_NOISE_DB and b_db >= -NEGLIGIBLE_NOISE_DB
+
 
 @dataclass(frozen=True)
 class ReportSide:
@@ -106,8 +131,9 @@ class NodeChange:
     A; positive is worse. A 4 dB change at -100 dB is 1e-10 here, a 1 dB change at -10 dB 0.026: the
     nodes whose change matters come first. ``nan`` when either side's added noise is undefined."""
     verdict: str
-    """One of :data:`VERDICTS`: by the added-noise delta (more than :data:`qdebug.diff.SAME_DB` either way),
-    else by the accumulated SQNR delta when the added noise is undefined; ``unscored`` when neither is."""
+    """One of :data:`VERDICTS`: by the added-noise delta (more than :data:`SAME_DB` either way; ``same``
+    where both sides are below :data:`NEGLIGIBLE_NOISE_DB`), else by the accumulated SQNR delta when the
+    added noise is undefined; ``unscored`` when neither is."""
     quantized_a: bool = True
     quantized_b: bool = True
 
@@ -187,7 +213,7 @@ class DiffReport:
         lines += [t for t in (self.task_line(),) if t]
         lines += [
             f"output {o.name_b}: SQNR A {fmt_db(o.sqnr_a_db)} dB, B {fmt_db(o.sqnr_b_db)} dB "
-            f"({fmt_delta(o.delta_db)})"
+            f"({fmt_delta(o.delta_db, fine=True)})"
             for o in self.outputs
         ]
         c = self.counts()
@@ -217,7 +243,7 @@ class DiffReport:
         if a is not None and b is not None and a.name == b.name:
             share = a.name in ACCURACY_METRICS
             d = (b.quantized - a.quantized) * (100 if share else 1)
-            parts.append(f"quantized B - A {fmt_delta(d, 2)}{' points' if share else ''}")
+            parts.append(f"quantized B - A {fmt_delta(d, 2, fine=True)}{' points' if share else ''}")
         return f"{name}: " + "; ".join(parts)
 
     def table_rows(self, top: int = 0) -> list[tuple[NodeChange, tuple[str, ...]]]:
@@ -236,15 +262,42 @@ def node_label(n: NodeChange) -> str:
     return n.name_b if n.name_a == n.name_b else f"{n.name_a} -> {n.name_b}"
 
 
-def fmt_delta(x: float, digits: int = 1) -> str:
-    """A signed change: ``+1.2``, ``-0.4``, ``0.0``, ``+inf``; ``-`` when undefined."""
+def fmt_delta(x: float, digits: int = 1, fine: bool = False) -> str:
+    """A signed change: ``+1.2``, ``-0.4``, ``0.0``, ``+inf``; ``-`` when undefined. ``fine``: a change that
+    rounds to 0 at ``digits`` but is not 0 keeps its sign and two significant digits (``-0.04``), for a
+    line that states one delta (an output's SQNR ``5.4 dB, B 5.3 dB (0.0)`` had hidden -0.04)."""
     if math.isnan(x):
         return "-"
     if math.isinf(x):
         return "+inf" if x > 0 else "-inf"
     if round(x, digits) == 0:
-        return f"{0:.{digits}f}"
+        return f"{x:+.2g}" if fine and x != 0 else f"{0:.{digits}f}"
     return f"{x:+.{digits}f}"
+
+
+NEGLIGIBLE_TEXT = "~0"
+"""A delta cell between two negligible values (:func:`negligible_change`): ``-inf -> -155.6`` dB of added
+noise is no ``+inf`` change."""
+
+
+def negligible_change(n: NodeChange, field: str) -> bool:
+    """Whether delta ``field`` of ``n`` (``added_noise_delta_db``, ``accumulated_sqnr_delta_db``,
+    ``local_sqnr_delta_db``) changes between two negligible values (:func:`negligible_noise`,
+    :func:`negligible_sqnr`): float rounding, not a change."""
+    if field == "added_noise_delta_db":
+        return negligible_noise(n.added_noise_a_db, n.added_noise_b_db)
+    if field == "accumulated_sqnr_delta_db":
+        return negligible_sqnr(n.accumulated_sqnr_a_db, n.accumulated_sqnr_b_db)
+    if field == "local_sqnr_delta_db":
+        return negligible_sqnr(n.local_sqnr_a_db, n.local_sqnr_b_db)
+    return False
+
+
+def delta_text(n: NodeChange, field: str) -> str:
+    """A delta cell of ``n``: :data:`NEGLIGIBLE_TEXT` where it changes between two negligible values (not
+    ``+inf`` for -inf -> -155.6 dB of added noise), else :func:`fmt_delta`."""
+    d = getattr(n, field)
+    return NEGLIGIBLE_TEXT if d != 0 and not math.isnan(d) and negligible_change(n, field) else fmt_delta(d)
 
 
 def _kl_delta(x: float) -> str:
@@ -259,10 +312,10 @@ def _cells(n: NodeChange) -> tuple[str, ...]:
     return (
         n.op_type,
         f"{fmt_db(n.added_noise_a_db)} -> {fmt_db(n.added_noise_b_db)}",
-        fmt_delta(n.added_noise_delta_db),
+        delta_text(n, "added_noise_delta_db"),
         f"{fmt_db(n.accumulated_sqnr_a_db)} -> {fmt_db(n.accumulated_sqnr_b_db)}",
-        fmt_delta(n.accumulated_sqnr_delta_db),
-        fmt_delta(n.local_sqnr_delta_db),
+        delta_text(n, "accumulated_sqnr_delta_db"),
+        delta_text(n, "local_sqnr_delta_db"),
         _kl_delta(n.kl_delta),
         n.verdict,
     )
@@ -290,7 +343,24 @@ class TensorBest:
     """The report whose own quantization of this tensor is closest to FP32 (highest local SQNR; ties: the
     first); -1 when the tensor is not quantized in any."""
     margin_db: float
-    """Best local SQNR minus the second best (0 on a tie, nan with fewer than two numbers)."""
+    """Best local SQNR minus the best outside :attr:`leaders` (the runner-up); where every report leads (a
+    tie), best minus second best, at most :data:`SAME_DB`; nan with fewer than two numbers."""
+    leaders: tuple[int, ...] = ()
+    """The reports whose local SQNR is within :data:`SAME_DB` of the best (``best`` among them): minmax and
+    entropy tied at the top, 0.72 dB above percentile, lead together (the comparison had given the tensor a
+    margin of 0 and counted it for no one). Empty in files written before the field: then ``best`` alone,
+    where ``margin_db`` is not 0."""
+
+    def leading(self) -> tuple[int, ...]:
+        """:attr:`leaders`, or for an older file ``(best,)`` (none on its 0-margin ties)."""
+        if self.leaders:
+            return self.leaders
+        return (self.best,) if self.best >= 0 and self.margin_db != 0 else ()
+
+    def tied(self, reports: int) -> bool:
+        """Whether every one of ``reports`` reports leads: no report quantizes this tensor measurably best."""
+        lead = self.leading()
+        return len(lead) == reports or (not lead and self.margin_db == 0)
 
 
 @dataclass(frozen=True)
@@ -310,8 +380,14 @@ class Comparison:
     tensors: tuple[TensorBest, ...]
     """Tensors paired in every report, biggest margin first."""
     wins: tuple[int, ...]
-    """Per report: the tensors it quantizes best."""
+    """Per report: the tensors it quantizes best, by more than :data:`SAME_DB` over the runner-up; a tensor
+    two reports lead together counts for both (:attr:`TensorBest.leaders`), a tie of all for none."""
     notes: tuple[str, ...] = ()
+    ties: int = 0
+    """Tensors every report leads (within :data:`SAME_DB` of each other): no method wins them. 0 in files
+    written before the field."""
+    shared: tuple[int, ...] = ()
+    """Per report: how many of its :attr:`wins` it shares with another report (empty in older files)."""
 
     def best_task(self) -> int:
         """The report with the highest quantized task metric (-1 without one)."""
@@ -332,7 +408,13 @@ def comparison_header(c: Comparison) -> list[str]:
         if task is not None and math.isfinite(task.quantized):
             best = " (best)" if i == best_task else ""
             metric = f"{task.name} {fmt_metric(task.name, task.quantized)}{best}, "
-        lines.append(f"{label}: {metric}best on {c.wins[i]} of {len(c.tensors)} tensors ({side.path})")
+        shared = c.shared[i] if i < len(c.shared) else 0
+        also = f", {shared} of them shared" if shared else ""
+        lines.append(f"{label}: {metric}best on {c.wins[i]} of {len(c.tensors)} tensors{also} ({side.path})")
+    if c.ties:
+        lines.append(
+            f"tied on {c.ties} of {len(c.tensors)} tensors (every local SQNR within {SAME_DB:g} dB of the best)"
+        )
     return lines
 
 
@@ -343,7 +425,9 @@ def comparison_rows(c: Comparison, top: int = 10) -> list[tuple[str, ...]]:
     def many(values: tuple[float, ...]) -> str:
         return " / ".join(fmt_db(v) for v in values)
 
-    return [
-        (t.name, c.labels[t.best], fmt_db(t.margin_db), many(t.local_sqnr_db), many(t.accumulated_sqnr_db))
-        for t in rows
-    ]
+    def best(t: TensorBest) -> str:
+        if t.tied(len(c.labels)):
+            return "tied"
+        return ", ".join(c.labels[i] for i in t.leading()) or c.labels[t.best]
+
+    return [(t.name, best(t), fmt_db(t.margin_db), many(t.local_sqnr_db), many(t.accumulated_sqnr_db)) for t in rows]

@@ -20,7 +20,14 @@ from pathlib import Path
 from qdebug.diff import SAME_DB, compare, load_diff
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.records import Report
-from qdebug.records.diff import DiffReport, NodeChange, fmt_delta
+from qdebug.records.diff import (
+    COMPARISON_KIND,
+    NEGLIGIBLE_TEXT,
+    DiffReport,
+    NodeChange,
+    fmt_delta,
+    negligible_change,
+)
 from qdebug.report_io import load_report
 
 
@@ -92,12 +99,29 @@ def fmt_change(x: float) -> str:
 
 def judge(delta: float, up_is_worse: bool) -> str:
     """``worse``, ``better`` or ``same`` for one delta, by the diff verdict's threshold (:data:`SAME_DB`);
-    ``""`` when undefined (nan: a side has no number)."""
+    ``""`` when undefined (nan: a side has no number). A change between negligible values is judged on
+    :func:`change_value` (0: ``same``), as the diff's verdict judges it."""
     if math.isnan(delta):
         return ""
     if abs(delta) <= SAME_DB:
         return "same"
     return "worse" if (delta > 0) == up_is_worse else "better"
+
+
+def change_value(change: NodeChange, field: str) -> float:
+    """The delta ``field`` of ``change`` as the table sorts and colours it: 0 where it changes between two
+    negligible values (-inf -> -155.6 dB of added noise had sorted first as +inf, "worst")."""
+    d = getattr(change, field)
+    return 0.0 if not math.isnan(d) and negligible_change(change, field) else d
+
+
+def change_text(change: NodeChange, field: str) -> str:
+    """The delta cell of ``change``: :data:`~qdebug.records.diff.NEGLIGIBLE_TEXT` (``~0``) between two
+    negligible values that differ, else :func:`fmt_change` (``qdebug diff`` prints the same)."""
+    d = getattr(change, field)
+    if d != 0 and not math.isnan(d) and negligible_change(change, field):
+        return NEGLIGIBLE_TEXT
+    return fmt_change(d)
 
 
 def baseline_from_reports(shown: Report, shown_path: str, baseline: Report, baseline_path: str) -> Baseline:
@@ -107,7 +131,23 @@ def baseline_from_reports(shown: Report, shown_path: str, baseline: Report, base
 
 def load_baseline(shown: Report, shown_path: str, against: str | Path) -> Baseline:
     """Load the ``--against`` report and compare ``shown`` with it; a file that is not a report is a one-line
-    :class:`QDebugError` naming the flag (exit code :attr:`ExitCode.INPUT`)."""
+    :class:`QDebugError` naming the flag (exit code :attr:`ExitCode.INPUT`). Only an analysis report is a
+    baseline: a diff file is opened by itself (``qdebug tui diff.json``), a comparison of several reports
+    holds no one baseline."""
+    kind = file_kind(against) if Path(against).is_file() else None
+    if kind == "diff":
+        raise QDebugError(
+            f"--against: {against} is a qdebug diff, not a report: it holds both reports' numbers already",
+            f"open it as `qdebug tui {against}` (its B against its A), or pass --against the report qdebug "
+            "analyze wrote",
+            ExitCode.INPUT,
+        )
+    if kind == COMPARISON_KIND:
+        raise QDebugError(
+            f"--against: {against} is a comparison of several reports, not one report",
+            "pass --against one of the reports it compares (qdebug analyze --method a,b writes one per method)",
+            ExitCode.INPUT,
+        )
     try:
         baseline = load_report(against)
     except QDebugError as e:

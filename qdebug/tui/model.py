@@ -41,7 +41,7 @@ from qdebug.records import (
     WeightRecord,
 )
 from qdebug.snippet import quantize_snippet
-from qdebug.tui.compare import Baseline, fmt_change, judge
+from qdebug.tui.compare import Baseline, change_text, change_value, judge
 from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported: the findings' old home
     Finding,
     _excludable,
@@ -500,18 +500,21 @@ class LayerModel:
         return self.baseline.change(name) if self.baseline is not None else None
 
     def delta(self, key: str, node: NodeRecord) -> float:
-        """The node's value in comparison column ``key`` (``nan``: unpaired, or a side is undefined)."""
+        """The node's value in comparison column ``key`` (``nan``: unpaired, or a side is undefined), as the
+        table sorts it: 0 between two negligible values (:func:`~qdebug.tui.compare.change_value`)."""
         change = self.change(node.name)
-        return math.nan if change is None else getattr(change, DELTA_FIELDS[key][0])
+        return math.nan if change is None else change_value(change, DELTA_FIELDS[key][0])
 
     def judgement(self, key: str, node: NodeRecord) -> str:
         """``worse``/``better``/``same`` of the node's delta in column ``key``; ``""`` when it has none."""
         return judge(self.delta(key, node), DELTA_FIELDS[key][1])
 
     def cell_text(self, key: str, node: NodeRecord) -> str:
-        """Node ``node``'s text in numeric column ``key``: blank in a comparison column when unpaired."""
+        """Node ``node``'s text in numeric column ``key``: blank in a comparison column when unpaired, ``~0``
+        between two negligible values (:func:`~qdebug.tui.compare.change_text`)."""
         if key in DELTA_FIELDS:
-            return "" if self.change(node.name) is None else fmt_change(self.delta(key, node))
+            change = self.change(node.name)
+            return "" if change is None else change_text(change, DELTA_FIELDS[key][0])
         return CELL_TEXT[key](node)
 
     def extra_cells(self) -> tuple[tuple[Column, Callable[[NodeRecord], str]], ...]:

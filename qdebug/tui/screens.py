@@ -65,7 +65,7 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("f: x space", "exclude the finding's nodes (again: include them)"),
     ("s", "sort by the next column"),
     ("r", "reverse the sort"),
-    (f"1 … {len(COLUMNS)}", "sort by that column (again: reverse), or click it"),
+    (f"1 … {len(COLUMNS)}", "sort by that column, from its top (again: reverse), or click it"),
     ("/", "fuzzy-filter by name (enter / esc: back to table)"),
     ("o", "cycle the op-type filter"),
     ("e", "export the exclusion set as a proposal JSON"),
@@ -374,7 +374,18 @@ class MainScreen(Screen):
     def action_sort(self, key: str) -> None:
         """Sort by column ``key`` (the current column again: reverse)."""
         self.model.set_sort(key)
+        self._resorted()
+
+    def _resorted(self) -> None:
+        """Show the new order from its top, the cursor on the first row: a sort is asked for to see what
+        comes first (9, ΔAdd, had kept the cursor on the selected node far down, the new top off screen).
+        A refresh for another reason (a filter, an exclusion while sorted by X) keeps the selection."""
+        rows = self.model.rows()
+        if rows:
+            self.selected = rows[0].name
         self.refresh_table()
+        if rows:
+            self._show(rows[0].name)  # the cursor may not move (the first row already had it): no event
 
     def action_sort_column(self, index: int) -> None:
         """Sort by the table's column ``index`` (0-based; the keys 9 and 0 reach the comparison columns)."""
@@ -385,12 +396,12 @@ class MainScreen(Screen):
     def action_cycle_sort(self) -> None:
         """Sort by the next column."""
         self.model.cycle_sort()
-        self.refresh_table()
+        self._resorted()
 
     def action_reverse_sort(self) -> None:
         """Reverse the sort direction."""
         self.model.set_sort(self.model.sort_key, not self.model.descending)
-        self.refresh_table()
+        self._resorted()
 
     def action_focus_filter(self) -> None:
         """Focus the name filter."""

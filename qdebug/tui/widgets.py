@@ -26,7 +26,7 @@ from textual.widgets.option_list import Option
 from qdebug.formatting import shorten
 from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
-from qdebug.tui.compare import Baseline, fmt_change, judge
+from qdebug.tui.compare import Baseline, change_text, change_value, judge
 from qdebug.tui.model import (
     CELL_TEXT,
     COLUMN_KEYS,
@@ -656,14 +656,14 @@ def _baseline_block(t: Text, model: LayerModel, n: NodeRecord) -> None:
         return
     t.append(c.verdict + "\n", style=_VERDICT_STYLES.get(c.verdict, ""))
     rows = (
-        ("added noise", c.added_noise_a_db, c.added_noise_b_db, c.added_noise_delta_db, True),
-        ("accum SQNR ", c.accumulated_sqnr_a_db, c.accumulated_sqnr_b_db, c.accumulated_sqnr_delta_db, False),
-        ("local SQNR ", c.local_sqnr_a_db, c.local_sqnr_b_db, c.local_sqnr_delta_db, False),
+        ("added noise", c.added_noise_a_db, c.added_noise_b_db, "added_noise_delta_db", True),
+        ("accum SQNR ", c.accumulated_sqnr_a_db, c.accumulated_sqnr_b_db, "accumulated_sqnr_delta_db", False),
+        ("local SQNR ", c.local_sqnr_a_db, c.local_sqnr_b_db, "local_sqnr_delta_db", False),
     )
-    for label, a, b, d, up_is_worse in rows:
+    for label, a, b, field, up_is_worse in rows:  # ~0, dim, between two negligible values (not +inf, red)
         t.append(f" {label} ", style="dim")
         t.append(f"{fmt_db(a)} → {fmt_db(b)} dB ")
-        t.append(f"({fmt_change(d)})\n", style=CHANGE_STYLES[judge(d, up_is_worse)])
+        t.append(f"({change_text(c, field)})\n", style=CHANGE_STYLES[judge(change_value(c, field), up_is_worse)])
     t.append(" KL ", style="dim")
     t.append(f"{fmt_num(c.kl_a)} → {fmt_num(c.kl_b)}\n")
     if c.name_a != c.name_b:

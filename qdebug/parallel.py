@@ -588,6 +588,7 @@ def _run_task(task: Task, payload: tuple[str, int]) -> EvalResult | QDebugError:
         with open(path, "rb") as f:
             _WORKER["evaluators"] = _load_evaluators(f.read(), _WORKER.get("threads", 1))
         _WORKER["version"] = version
+        _SHARDS.clear()  # cut from the evaluators just let go: a new one may get a freed one's id
     return _score_task(_WORKER["evaluators"], task)
 
 
@@ -612,17 +613,19 @@ def _numbers(r: EvalResult) -> EvalResult:
     return EvalResult(r.metric, r.value, r.fp32_value, r.outputs, r.samples, r.seconds)
 
 
-_SHARDS: dict[tuple[int, int], list[Evaluator]] = {}
-"""A local worker's shards, per (evaluator id, k): cut once per evaluator it loaded."""
+_SHARDS: dict[tuple[int, int], tuple[Evaluator, list[Evaluator]]] = {}
+"""A local worker's shards, per (evaluator id, k), with the evaluator they were cut from (held, so that its id
+is not reused while the entry lives): cut once per evaluator it loaded, cleared with each new evaluator list."""
 
 
 def _shard_of(evaluator: Evaluator, i: int, k: int) -> Evaluator:
     key = (id(evaluator), k)
-    if key not in _SHARDS:
+    entry = _SHARDS.get(key)
+    if entry is None or entry[0] is not evaluator:
         if len(_SHARDS) > 16:
             _SHARDS.clear()
-        _SHARDS[key] = evaluator.shards(k)
-    return _SHARDS[key][i]
+        entry = _SHARDS[key] = (evaluator, evaluator.shards(k))
+    return entry[1][i]
 
 
 def _context() -> Any:

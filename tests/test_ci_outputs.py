@@ -135,6 +135,54 @@ def test_gates_mirror_the_verdict_and_never_contradict_it(tmp_path):
     assert check_junit(path).get("failures") == "1"
 
 
+def test_recorded_gates_are_read_as_judged_not_re_judged(tmp_path):
+    """A record holding its gates gives them as verify judged them: names, sides and texts, even where its
+    numbers alone would be judged otherwise (here: an SQNR gate the record has no target for)."""
+    from qdebug.records.verify import GateRecord
+
+    recorded = (
+        GateRecord("top1 recovery >= 90%", -1, "recovered 87.5% (as judged)"),
+        GateRecord("output SQNR >= 25 dB", 1, "output SQNR 30.0 dB >= 25.0 dB target"),
+    )
+    gates = ci_outputs.verify_gates(_verify_record(gates=recorded))
+    assert [(g.name, g.passed, g.decided, g.detail) for g in gates] == [
+        ("top1 recovery >= 90%", False, True, "recovered 87.5% (as judged)"),
+        ("output SQNR >= 25 dB", True, True, "output SQNR 30.0 dB >= 25.0 dB target"),
+    ]
+
+
+def test_an_undecided_gate_is_recorded_and_read_back_undecided(tmp_path):
+    """A gate whose interval straddles its target: assess records it on side 0, and CI outputs show it
+    neither passed nor failed (a skipped JUnit case, no failure)."""
+    from qdebug.gates import assess
+    from qdebug.noise import Interval, PairedNoise
+
+    noise = PairedNoise(0.95, 1000, 10, 10, recovery=Interval(0.875, 0.6, 1.1, 0.95))
+    j = assess("top1", 0.9, 0.5, 0.85, 30.0, 0.9, None, noise=noise)
+    assert not j.met and not j.decided
+    assert [(g.name, g.side) for g in j.gates] == [("top1 recovery >= 90%", 0)]
+    record = _verify_record(met=False, decided=False, verdict=j.verdict, gates=j.gates, confidence=0.95)
+    (gate,) = ci_outputs.verify_gates(record)
+    assert (gate.name, gate.passed, gate.decided) == ("top1 recovery >= 90%", False, False)
+    path = tmp_path / "j.xml"
+    ci_outputs.write_junit(path, ci_outputs.verify_junit(record))
+    root = check_junit(path)
+    assert root.get("failures") == "0" and len(list(root.iter("skipped"))) == 1
+
+
+@pytest.mark.parametrize("target_drop", [None, 10.0])
+def test_recorded_gates_have_the_names_and_order_old_records_are_re_judged_with(target_drop):
+    """CI servers track a JUnit case by its name: a gate verify records is named, and ordered, as the
+    re-judging of a record written before ``gates`` names it (the target gate, then the SQNR gate)."""
+    from qdebug.gates import assess
+
+    drop = math.nan if target_drop is None else target_drop
+    j = assess("top1", 0.9, 0.5, 0.85, 30.0, 0.9, 25.0, target_drop)
+    old = _verify_record(target_sqnr_db=25.0, target_drop=drop, met=j.met, verdict=j.verdict)
+    assert [g.name for g in j.gates] == [g.name for g in ci_outputs.verify_gates(old)]
+    assert j.gates[-1].name == "output SQNR >= 25 dB"
+
+
 def _has_table(text: str) -> bool:
     """A GitHub-flavoured Markdown table: a header row, its separator row, a body row."""
     lines = text.splitlines()

@@ -535,3 +535,66 @@ def test_a_changed_quantize_dynamic_falls_back_for_the_dynamic_path_only(tmp_pat
         quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "d.onnx")
     assert (tmp_path / "d.onnx").read_bytes() == plain
     assert not indexed_runs
+
+
+def test_a_changed_calibrator_function_leaves_the_quantizer_and_dynamic_quantizer_fast(monkeypatch):
+    """Each path falls back on the sources it relies on only: a changed ``augment_graph`` concerns the
+    calibrator, not the static or dynamic quantizer."""
+    changed = dict(fast_quantize.VERIFIED_SOURCES, **{"MinMaxCalibrater.augment_graph": "0" * 16})
+    monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
+    monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+    assert fast_quantize.fast_path_problem("quantizer") is None
+    assert fast_quantize.fast_path_problem("dynamic quantizer") is None
+    assert "MinMaxCalibrater.augment_graph" in (fast_quantize.fast_path_problem("calibrator") or "")
+
+
+def test_a_dynamic_index_out_of_step_is_caught_and_the_model_rebuilt_on_the_plain_path(tmp_path, monkeypatch):
+    """Something changing the graph behind the dynamic quantizer's index (here: a wrapper around one of
+    ORT's steps renaming a weight in place, and its readers) is found by the check: the model is written
+    again by ORT's own ``quantize_dynamic``, with a note, and is what it writes."""
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+
+    from qdebug.quantize import quantize_dynamic_model
+
+    onnx.save(bench_quantize.make_chain(3), tmp_path / "m.onnx")
+    original = ONNXQuantizer._dequantize_outputs
+
+    def behind_the_index(self):
+        original(self)
+        weight = self.model.model.graph.initializer[0]  # not the last: the list looks untouched to the tripwire
+        old, weight.name = weight.name, weight.name + "_moved"  # direct writes: no ONNXModel method sees them
+        for node in self.new_nodes:
+            node.input[:] = [weight.name if i == old else i for i in node.input]
+
+    monkeypatch.setattr(ONNXQuantizer, "_dequantize_outputs", behind_the_index)
+    with fast_quantize.plain_path():
+        quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "plain.onnx")
+    with pytest.warns(fast_quantize.SlowQuantizerWarning, match="dynamic quantizer.*fell out of step"):
+        quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "d.onnx")
+    assert (tmp_path / "d.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+    assert "initializer list changed" in fast_quantize.notes()[0]
+
+
+def test_an_opset_9_model_is_upgraded_alike_by_the_dynamic_fast_path(tmp_path):
+    """``quantize_dynamic`` upgrades a model below opset 10 to 11 before quantizing (ORT's quantizer refuses
+    it otherwise): the fast path's replay of its body does the same, byte for byte."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Relu", ["h"], ["y"], name="relu"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(rng.normal(size=(8, 4)).astype(np.float32), "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), tmp_path / "m.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast, plain = _dynamic_both(tmp_path / "m.onnx", tmp_path, {})
+    assert isinstance(fast, bytes), fast
+    assert fast == plain
+    assert [o.version for o in onnx.load_from_string(fast).opset_import if o.domain in ("", "ai.onnx")] == [11]

@@ -191,6 +191,55 @@ def test_a_capture_whose_data_is_not_the_recorded_one_is_measured_in_full(tmp_pa
     assert elsewhere.tensors != first.tensors
 
 
+def test_a_capture_of_another_model_tensors_or_data_length_is_measured_in_full(tmp_path):
+    """The reference is read back only for the recorded FP32 proto, the recorded scored tensors and as
+    many chunks: a capture of an FP32 model with other weights (same tensor names), of fewer tensors, or of
+    more or fewer samples than recorded gives the numbers of a capture without sharing."""
+    import dataclasses
+
+    from onnx import numpy_helper
+
+    base = fixture_path("transformer")
+    report = _report(tmp_path)
+    fp32 = onnx.load(report.normalized_model)
+    qdq = onnx.load(report.quantized_model.path)
+    pairing = pair_models(fp32, qdq)
+    specs = model_input_specs(fp32)
+    config = SessionConfig()
+
+    def measured(model, pairs, samples: int, shared: SharedReference | None):
+        data = open_data(base / "calib.npz", specs, batch_size=16, max_samples=samples)
+        return measure_layers(model, qdq, pairs, data, config, fakequant_samples=16, shared=shared).tensors
+
+    def recorded() -> SharedReference:
+        shared = SharedReference()
+        measured(fp32, pairing, 32, shared)
+        assert shared.complete
+        return shared
+
+    other = onnx.ModelProto()
+    other.CopyFrom(fp32)
+    weight = next(i for i in other.graph.initializer if len(i.dims) == 2)
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
+    fewer_tensors = dataclasses.replace(pairing, tensors=pairing.tensors[::2])
+    for model, pairs, samples in ((other, pairing, 32), (fp32, fewer_tensors, 32), (fp32, pairing, 48)):
+        shared = recorded()
+        assert measured(model, pairs, samples, shared) == measured(model, pairs, samples, None)
+        assert shared.replayed == 0
+    shared = recorded()
+    assert measured(fp32, pairing, 16, shared) == measured(fp32, pairing, 16, None)
+    assert (shared.replayed, shared.refused) == (0, 1)  # one chunk of the two recorded: not read back
+
+
+def test_an_unwritable_report_of_a_later_method_fails_before_any_work(tmp_path):
+    """Every method's report path is checked first: the second one's being a directory fails at once,
+    leaving no report of the first method either."""
+    (tmp_path / "r.entropy.json").mkdir()
+    args = _transformer_args("--method", "minmax,entropy", "-o", str(tmp_path / "r.json"))
+    assert main(args) == ExitCode.OUTPUT
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.entropy.json"]
+
+
 def test_a_method_that_fails_leaves_the_reports_before_it_whole_and_nothing_of_its_own(tmp_path, monkeypatch):
     """As when each method ran on its own: the reports written before the failure stay, whole; the failing
     method leaves neither its report nor its ``_files/``; the next methods do not run."""

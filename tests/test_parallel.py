@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -306,3 +307,173 @@ def test_on_ray_a_sharded_candidate_is_the_whole_sets_result(tmp_path, monkeypat
         assert pool.scored == 2
     _same_result(merged, whole)
     np.testing.assert_array_equal(ev.sample_results(merged).values, ev.sample_results(whole).values)
+
+
+def _first_shard_fails_case(tmp_path, monkeypatch):
+    """An evaluator over 48 one-number samples in batches of 8 and a candidate that fails on two of them
+    (a Gather whose index is the sample), one in each half of the set, with different messages."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdebug.capture import SessionConfig
+    from qdebug.data import model_input_specs, open_data
+    from qdebug.evaluate import Evaluator
+
+    monkeypatch.setenv("QDEBUG_SPILL_MB", "0")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])
+    one = numpy_helper.from_array(np.ones(1, np.float32), "one")
+    fp32 = helper.make_model(
+        helper.make_graph([helper.make_node("Mul", ["x", "one"], ["y"])], "g", [x], [y], [one]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    table = numpy_helper.from_array(np.arange(16, dtype=np.float32), "table")
+    nodes = [
+        helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["table", "i"], ["g"], axis=0),  # [N, 1] indices -> [N, 1]
+        helper.make_node("Identity", ["g"], ["y"]),
+    ]
+    candidate = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], [table]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    values = (np.arange(48) % 16).astype(np.float32).reshape(48, 1)
+    values[3], values[42] = 100, 200  # out of the table's bounds: batch 0 (first half), batch 5 (second half)
+    np.savez(tmp_path / "d.npz", x=values)
+    ev = Evaluator(fp32, open_data(tmp_path / "d.npz", model_input_specs(fp32), batch_size=8), SessionConfig())
+    return ev, candidate
+
+
+def test_a_sharded_evaluation_fails_with_the_first_error_of_the_whole_set(tmp_path, monkeypatch):
+    """Shards failing differently: the error is the first one in sample order -- the one-process run's, for
+    any number of workers."""
+    ev, candidate = _first_shard_fails_case(tmp_path, monkeypatch)
+    with pytest.raises(QDebugError) as whole:
+        ev.score(candidate)
+    assert "100" in whole.value.one_line()
+    with Pool([ev], workers=2, shard_samples=16) as pool:
+        out = pool.outcome(pool.submit(ev, candidate))
+        assert pool.scored == 2  # two shards, each failing
+    assert isinstance(out, QDebugError) and out.one_line() == whole.value.one_line()
+
+
+def test_a_sharded_hint_asked_for_is_the_same_evaluation(tmp_path, monkeypatch):
+    """A speculative sharded evaluation requested for real while its shards run: the same ticket, each
+    shard scored once, the whole set's result."""
+    ev, candidate, _ = _sharded_case(tmp_path, monkeypatch)
+    whole = ev.score(candidate)
+    with Pool([ev], workers=2, shard_samples=16) as pool:
+        hint = pool.submit(ev, candidate, speculative=True)
+        asked = pool.submit(ev, candidate)
+        assert asked is hint
+        _same_result(pool.result(asked), whole)
+        assert pool.scored == 2
+
+
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+class _FakeRay:
+    """Ray's API as the pool uses it, all in this process: ``put`` keeps the bytes it is given (what an
+    actor on another machine gets), an actor is an object, a task runs when it is waited for."""
+
+    class exceptions:  # noqa: N801
+        class RayActorError(Exception):
+            pass
+
+    def is_initialized(self):
+        return True
+
+    def cluster_resources(self):
+        return {"CPU": 2}
+
+    def put(self, value):
+        return _Ref(value)
+
+    def get(self, ref):
+        return ref.value
+
+    def remote(self, **_options):
+        def actor_class(cls):
+            def start(*args):
+                actor = cls(*args)
+
+                def call(*a):  # Ray resolves a task's top-level references, not those inside a list
+                    return _Ref(actor.score(*[x.value if isinstance(x, _Ref) else x for x in a]))
+
+                return types.SimpleNamespace(score=types.SimpleNamespace(remote=call))
+
+            return types.SimpleNamespace(remote=start)
+
+        return actor_class
+
+    def wait(self, handles, num_returns, timeout):
+        return handles[:num_returns], handles[num_returns:]
+
+    def kill(self, actor):
+        pass
+
+
+def test_on_ray_every_part_carries_its_data_and_an_actor_loads_the_part_it_is_given(tmp_path, monkeypatch):
+    """Two candidates on two actors, each sharded in two: the second candidate's parts reach the actors the
+    other way round, after this machine's spill files are gone -- each actor scores the part it is handed,
+    from the object store's copy, and both results are the whole set's."""
+    monkeypatch.setitem(sys.modules, "ray", _FakeRay())
+    ev, candidate, _ = _sharded_case(tmp_path, monkeypatch)
+    other = onnx.ModelProto()
+    other.CopyFrom(candidate)
+    scale = next(i for i in other.graph.initializer if i.name.endswith("_scale"))
+    scale.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(scale) * 2, scale.name))
+    want = [ev.score(candidate), ev.score(other)]
+    assert want[0].value != want[1].value
+    with Pool([ev], ray="auto", workers=2, shard_samples=16) as pool:
+        first = pool.score(ev, candidate)
+        ev.reference.close()  # type: ignore[attr-defined]
+        ev.batches.feeds.close()  # type: ignore[attr-defined]
+        second = pool.score(ev, other)
+        assert pool.scored == 4
+    for got, expected in zip((first, second), want, strict=True):
+        _same_result(got, expected)
+        np.testing.assert_array_equal(ev.sample_results(got).values, ev.sample_results(expected).values)
+
+
+def test_a_portable_custom_metric_evaluator_bootstraps_without_this_machines_files(tmp_path, monkeypatch):
+    """A custom metric's evaluator goes to a Ray actor whole (it is not cut): its portable copy's FP32 view
+    (what the bootstrap resamples) is in memory too."""
+    from qdebug.capture import SessionConfig
+    from qdebug.data import model_input_specs, open_data
+    from qdebug.evaluate import Evaluator
+
+    ev, candidate, fp32 = _sharded_case(tmp_path, monkeypatch)
+    metric = tmp_path / "mean_error.py"
+    metric.write_text(
+        "import numpy as np\n\n"
+        "def score(reference, candidate, labels):\n"
+        "    return -float(np.mean([np.abs(r[k] - c[k]).mean() for r, c in zip(reference, candidate) for k in r]))\n"
+    )
+    data = open_data(tmp_path / "d.npz", model_input_specs(fp32), batch_size=8)
+    custom = Evaluator(fp32, data, SessionConfig(), f"{metric}:score")
+    assert custom.shards(2) == [custom]
+    result = custom.score(candidate)
+    want = custom.drop_interval(result)
+    copy = pickle.loads(pickle.dumps(custom.portable()))
+    custom.reference.close()  # type: ignore[attr-defined]
+    custom.batches.feeds.close()  # type: ignore[attr-defined]
+    again = copy.score(candidate)
+    assert again.value == result.value
+    np.testing.assert_allclose(copy.drop_interval(again), want, rtol=1e-9)
+
+
+def test_a_workers_shards_are_never_those_of_another_evaluator_under_the_same_id(tmp_path, monkeypatch):
+    """A worker cuts shards once per evaluator; CPython reuses a freed object's id, so an entry left from an
+    evaluator of an earlier version must not serve a new one that got its id (it had scored a candidate on
+    another evaluator's samples)."""
+    from qdebug import parallel
+
+    ev, _, _ = _sharded_case(tmp_path, monkeypatch)
+    other = ev.shards(3)[0]  # another evaluator (16 samples), standing for the freed one
+    monkeypatch.setattr(parallel, "_SHARDS", {(id(ev), 2): (other, other.shards(2))})
+    part = parallel._shard_of(ev, 0, 2)
+    assert part.samples == ev.samples // 2 and [b.origin for b in part.batches] == [
+        b.origin for b in ev.shards(2)[0].batches
+    ]

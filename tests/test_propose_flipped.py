@@ -23,7 +23,7 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.propose import ProposeOptions, propose
 from qdebug.propose import flipped as flipped_module
 from qdebug.propose.blame import Unit
-from qdebug.propose.flipped import LEAK_NOTE, FlippedRanges, _meaningful
+from qdebug.propose.flipped import LEAK_NOTE, SKIPPED, FlippedRanges, _meaningful, leak_notes
 from qdebug.propose.options import _check_allow
 from qdebug.propose.structure import Structure
 from qdebug.records import TensorOverride
@@ -201,6 +201,10 @@ def test_where_the_saturation_is_the_only_loss_the_whole_model_ranges_are_the_an
     (fix,) = result.proposal.reasons
     assert (fix.node, fix.action) == ("", "calib-flipped") and "for the whole model" in fix.reason
     assert "input" in {o.tensor for o in result.proposal.tensor_overrides}
+    # only ranges the flipped samples widen meaningfully are overridden (a sliver more range costs resolution)
+    calibrated = {name: (lo, hi) for name, lo, hi in load_report(report_path).ranges}
+    for o in result.proposal.tensor_overrides:
+        assert _meaningful(*calibrated[o.tensor], o.rmin, o.rmax), o
     # a whole-model option, so it may go alone (like per-channel); clip alone may not
     out = str(Path(report_path).with_name("alone.json"))
     assert main(["propose", str(report_path), "--allow", "calib-flipped", "--time-runs", "0", "-o", out, "-q"]) == 0
@@ -240,6 +244,25 @@ def test_a_report_without_flips_says_so_and_searches_as_without_the_kind(two_cul
         assert result.proposal.tensor_overrides == plain.tensor_overrides
 
 
+def test_flips_recorded_on_other_data_than_this_runs_evaluation_are_not_used(two_culprits, tmp_path):
+    """The flips are row numbers: of the calibration data (analyze without --eval), or of another file than
+    this run evaluates on, they name other samples -- the kind is skipped, with a note saying why."""
+    _, _, evaluation, report_path = two_culprits
+    report = load_report(report_path)
+    plain = _propose(report_path, None, ("fp32",)).proposal
+    on_calib = tmp_path / "on-calib.json"
+    section = dataclasses.replace(report.per_sample, data="calib")
+    on_calib.write_text(dumps(dataclasses.replace(report, per_sample=section)))
+    result = _propose(on_calib, None, BOTH)
+    assert any(n.startswith("no flipped samples recorded on evaluation data") for n in result.notes), result.notes
+    assert result.proposal.nodes_to_exclude == plain.nodes_to_exclude
+    other = tmp_path / "other_eval.npz"
+    other.write_bytes(Path(evaluation).read_bytes())  # the same rows, but not the file the flips were counted in
+    result = propose(report_path, output=None, eval_data=other, options=ProposeOptions(allow=BOTH, time_runs=0))
+    assert any("not of this run's evaluation data" in n and SKIPPED in n for n in result.notes), result.notes
+    assert all(r.action != "calib-flipped" for r in result.proposal.reasons)
+
+
 def test_a_unit_gets_only_its_own_meaningfully_widened_tensors(two_culprits):
     _, _, _, report_path = two_culprits
     report = load_report(report_path)
@@ -253,9 +276,15 @@ def test_a_unit_gets_only_its_own_meaningfully_widened_tensors(two_culprits):
     assert ranges.fix(head, structure) is None  # neither widened range is one of its tensors
     whole = ranges.whole()
     assert whole is not None and whole.overrides[1] == TensorOverride("ln", rmin=-2.5, rmax=2.5)
+    assert "and 1 more" in whole.why  # two ranges: the first named, one more
     assert FlippedRanges(3, ()).whole() is None
     assert _meaningful(0.0, 1.0, 0.0, 1.2) and not _meaningful(0.0, 1.0, 0.0, 1.05)
     assert not _meaningful(-1.0, 1.0, -1.05, 1.05)  # 5 % wider: clips next to nothing
+    assert not _meaningful(0.5, 1.0, 0.5, 1.08)  # ORT quantizes [0, 1] -> [0, 1.08]: 8 % wider, not 16 %
+    # the answer uses the fix (leak note) as soon as one of its overrides is a widened range
+    int16 = TensorOverride("ln", quant_type="QUInt16")
+    assert leak_notes((int16, *fix.overrides), ranges) == (LEAK_NOTE,)
+    assert leak_notes((int16,), ranges) == () and leak_notes(fix.overrides, None) == ()
 
 
 def test_allow_checks():

@@ -27,8 +27,8 @@ def analyzed(tmp_path_factory):
     return tmp, out
 
 
-def _propose(report, out, monkeypatch) -> tuple[dict, list]:
-    """propose's proposal, and the specs search.build quantized."""
+def _propose(report, out, monkeypatch, target: str = "1") -> tuple[dict, list]:
+    """propose's proposal (``--target-drop target``), and the specs search.build quantized."""
     built = []
     original = quantize.quantize_static_model
 
@@ -37,7 +37,7 @@ def _propose(report, out, monkeypatch) -> tuple[dict, list]:
         return original(model, ranges, spec, *args, **kwargs)
 
     monkeypatch.setattr(search, "quantize_static_model", counted)
-    code = main(["propose", str(report), "--target-drop", "1", "-o", str(out), "-q", "--max-evaluations", "6"])
+    code = main(["propose", str(report), "--target-drop", target, "-o", str(out), "-q", "--max-evaluations", "6"])
     assert code in (0, 6)
     return json.loads(out.read_text()), built
 
@@ -98,3 +98,23 @@ def test_a_changed_model_file_or_other_ranges_are_not_reused(analyzed, tmp_path,
     assert reuse.analyzed_static(other, normalized, ranges, spec) is None
     older = dataclasses.replace(moved, ort_version="1.0.0")
     assert reuse.analyzed_static(older, normalized, ranges, spec) is None
+    given = dataclasses.replace(moved, config=dataclasses.replace(loaded.config, quantized_given=True))
+    assert reuse.analyzed_static(given, normalized, ranges, spec) is None  # the user's --quantized model
+    other_model = tmp_path / "normalized.onnx"
+    other_model.write_bytes(normalized.read_bytes() + b"\0")  # propose's normalized model is not analyze's
+    assert reuse.analyzed_static(moved, other_model, ranges, spec) is None
+    assert reuse.analyzed_static(moved, normalized, ranges, spec) == path.read_bytes()  # each check alone
+
+
+def test_a_static_answer_from_analyzes_model_is_the_proposal_a_fresh_build_gives(analyzed, monkeypatch):
+    """A target the static model meets: the answer is the adopted model itself, and the proposal (its nodes,
+    per-channel setting, snippet and reasons) is the one a fresh quantization gives."""
+    tmp, report = analyzed
+    monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp / "cache"))
+    reused, built = _propose(report, tmp / "s1.json", monkeypatch, target="100")
+    assert _static_builds(built, report) == 0 and reused["nodes_to_exclude"] == []
+    monkeypatch.setattr("qdebug.propose.run.analyzed_static", lambda *a: None)
+    fresh, built = _propose(report, tmp / "s2.json", monkeypatch, target="100")
+    assert _static_builds(built, report) == 1
+    for key in ("nodes_to_exclude", "tensor_overrides", "per_channel", "snippet", "reasons", "expected_metric"):
+        assert reused[key] == fresh[key], key

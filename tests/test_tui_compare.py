@@ -140,6 +140,59 @@ def test_unpaired_nodes_are_blank_and_sort_last(reports):
     assert "1 only here" in baseline.pairing_line()
 
 
+def _edited(source: Path, out: Path, edit) -> Path:
+    """A copy of report ``source`` with ``edit(data)`` applied to its JSON."""
+    data = json.loads(source.read_text())
+    edit(data)
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_a_renamed_node_pairs_by_structure_and_shows_its_deltas(reports, tmp_path):
+    """The baseline calls a node otherwise (same op, same place): it pairs by structure, and the shown
+    report's node has the baseline's counterpart's deltas, under its own name."""
+    report = load_report(reports["b"])
+
+    def rename(data):
+        (node,) = [n for n in data["nodes"] if n["name"] == "conv2"]
+        node.update(name="conv2_old", original_name="conv2_old")
+
+    renamed = _edited(reports["a"], tmp_path / "renamed.json", rename)
+    baseline = load_baseline(report, str(reports["b"]), renamed)
+    model = LayerModel(report, baseline=baseline)
+    change = model.change("conv2")
+    assert change is not None and (change.name_a, change.paired_by) == ("conv2_old", "structure")
+    assert model.cell_text("added_delta", report.node("conv2")) == fmt_change(change.added_noise_delta_db) != ""
+    assert "(1 by structure)" in baseline.pairing_line() and baseline.warning() == ""
+
+
+def test_a_baseline_lacking_a_node_warns_and_counts_each_side(reports, tmp_path):
+    """Same model, a node the baseline does not have: a warning, and the pairing line counts the unpaired
+    nodes on each side (here 1 and 0)."""
+    report = load_report(reports["b"])
+
+    def drop(data):  # the last node (a report's depths must stay 1..n)
+        data["nodes"] = [n for n in data["nodes"] if n["name"] != "fc"]
+
+    fewer = _edited(reports["a"], tmp_path / "fewer.json", drop)
+    baseline = load_baseline(report, str(reports["b"]), fewer)
+    assert baseline.same_model and baseline.change("fc") is None
+    total = len(report.nodes)
+    assert baseline.pairing_line() == f"{total - 1} of {total} nodes paired, 1 only here, 0 only in the baseline"
+    assert "does not pair every node" in baseline.warning()
+
+
+def test_the_tally_counts_each_verdict(reports):
+    report = load_report(reports["b"])
+    diff = load_baseline(report, str(reports["b"]), reports["a"]).diff
+    verdicts = ["worse", "worse", "better"] + ["same"] * (len(diff.nodes) - 3)
+    nodes = tuple(dataclasses.replace(c, verdict=v) for c, v in zip(diff.nodes, verdicts, strict=True))
+    baseline = Baseline(dataclasses.replace(diff, nodes=nodes))
+    assert baseline.tally_line() == f"2 worse, 1 better, {len(nodes) - 3} same"
+    # an undefined delta (a side without a number) is spelled out in the TUI, unlike the diff's "-"
+    assert fmt_change(math.nan) == "nan" and fmt_change(math.inf) == "+inf" and fmt_change(-0.4) == "-0.4"
+
+
 def test_cells_are_coloured_by_the_verdict_threshold(reports):
     """Worse red, better green, within the diff's SAME_DB dim: the deltas forced, the rest as computed."""
     report = load_report(reports["b"])
@@ -381,3 +434,30 @@ def test_cli_a_stale_or_orphaned_diff_file_is_refused(reports, tmp_path, capsys)
     copy.unlink()
     assert main(["tui", str(diff), "--screenshot", str(tmp_path / "s.svg")]) == 3
     _one_line_error(capsys, "not found", "--against")
+    # edited: same model, stamp and node count, but a paired node renamed -- the deltas name what is gone
+    copy.write_text(b.read_text())
+    assert main(["diff", str(a), str(copy), "--json", str(diff)]) == 0
+    data = json.loads(copy.read_text())
+    next(n for n in data["nodes"] if n["name"] == CUT)["name"] = "renamed"
+    copy.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["tui", str(diff), "--screenshot", str(tmp_path / "s.svg")]) == 3
+    _one_line_error(capsys, "changed since")
+
+
+def test_a_diff_with_relative_paths_opens_from_another_folder(reports, tmp_path, monkeypatch):
+    """``qdebug diff a.json b.json --json diff.json`` run in the reports' folder, opened from elsewhere: B is
+    found next to the diff file."""
+    from qdebug.tui.compare import open_diff
+
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    for name in ("a", "b"):
+        (folder / f"{name}.json").write_text(reports[name].read_text())
+    monkeypatch.chdir(folder)
+    assert main(["diff", "a.json", "b.json", "--json", "diff.json"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path, baseline = open_diff(folder / "diff.json")
+    assert Path(path) == folder / "b.json" and baseline.label == "a.json"

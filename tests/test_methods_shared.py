@@ -157,7 +157,9 @@ def test_what_the_methods_share_runs_once(tmp_path, monkeypatch):
         assert main_model[1] == fq_model[1] == 0  # no reference reductions of their own
         assert main_model[2] < 0.8 * first_main[2] and fq_model[2] < first_fq[2]
     assert first_main[1] > 0 and first_fq[1] > 0
-    assert sessions == [1, None, None, None, None, None, None]  # the first fake-quant session reopened, once
+    # the first fake-quant session single-threaded (then reopened with ORT's threads, or kept where that would
+    # cost more than its rows win back: timed), every later session opened once, settled
+    assert sessions in ([1, None, None, None, None, None, None], [1, None, None, None, None, None])
 
 
 def test_a_capture_whose_data_is_not_the_recorded_one_is_measured_in_full(tmp_path):

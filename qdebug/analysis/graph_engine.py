@@ -24,6 +24,7 @@ import dataclasses
 import math
 import os
 import tempfile
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -194,6 +195,14 @@ class _GraphPath:
             self.workers = min(self.workers, shared.workers)
         self._settled = False
         self._pool: ThreadPoolExecutor | None = None
+        self._opened: dict[str, float] = {}
+        """Seconds each session took to open (what reopening it would cost again)."""
+        self._first_seconds = 0.0
+        """The first run's seconds per row (one sample, or the first batch that cannot be cut)."""
+        self.fq_rows: int | None = None
+        """Rows the fake-quant pass runs (None: not known), set by :meth:`fakequant_batches`."""
+        self.reopened = 0
+        """Sessions opened again with ORT's threads after the workers settled on one (tests read it)."""
 
     def _build(
         self,
@@ -307,10 +316,13 @@ class _GraphPath:
         """A session over a stashed merged model (arena on, node order kept, no memory pattern: its first
         run would plan it in time superlinear in the merged model's tens of thousands of nodes)."""
         threads = 1 if self.workers > 1 else None
-        return make_session(
+        start = time.perf_counter()
+        session = make_session(
             self._files[name], self.config, what=what, arena=True, keep_order=True, threads=threads,
             mem_pattern=False, **options,
         )
+        self._opened[name] = time.perf_counter() - start
+        return session
 
     def fq_sess(self):
         """The fake-quant session, created on first use."""
@@ -393,8 +405,11 @@ class _GraphPath:
         accs: dict[str, _TensorAcc],
         numpy_path: _NumpyPath,
         skipped: dict[str, str],
+        rows: int | None = None,
     ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
-        """``(batch, FP32 outputs, fake-quant outputs)`` per batch, in order."""
+        """``(batch, FP32 outputs, fake-quant outputs)`` per batch, in order; ``rows``: how many the batches
+        hold, when known (whether the session is worth reopening once the workers settle)."""
+        self.fq_rows = rows
         self.fq_sess()
         model = self.fq_model
 
@@ -471,7 +486,11 @@ class _GraphPath:
             # one sample measures the model; a batch that cannot be cut runs whole
             rows = 1 if self.splittable else n
             first = take_rows(feeds, 0, rows, self.in_axes) if rows < n else feeds
-            done.append(use(start, first, run(first)))
+            began = time.perf_counter()
+            out = run(first)
+            self._first_seconds = (time.perf_counter() - began) / max(rows, 1)
+            done.append(use(start, first, out))
+            del out
             self._settle(n)
             if rows == n:
                 return done, []
@@ -490,11 +509,27 @@ class _GraphPath:
         else:  # the runs in flight together stay within the memory budget
             workers = min(workers, max(1, IN_FLIGHT_ELEMENTS // per_run))
         if workers == 1 and self.workers > 1:
-            # the open session was made single-threaded for the workers: reopen it with ORT's threads
-            self._main_sess = self._fq_sess = None
+            # the open session was made single-threaded for the workers: reopen it with ORT's threads, unless
+            # what is left for it costs less than opening it again (the fake-quant view of a large graph:
+            # 32 samples, and a 3,200-node graph's session takes 2-3 s to open)
+            keep_fq = self._fq_sess is not None and not self._worth_reopening("fakequant.onnx", n)
+            self.reopened += int(self._fq_sess is not None and not keep_fq) + int(self._main_sess is not None)
+            self._main_sess = None
+            if not keep_fq:
+                self._fq_sess = None
             release_freed_memory()
         self.workers = workers
         self._settled = True
+
+    def _worth_reopening(self, name: str, n: int) -> bool:
+        """Whether ORT's threads could win back more than a second opening of session ``name`` costs on the
+        rows its pass has left: at most half their single-threaded time (two or more threads instead of
+        one). True when the rows left are not known (the main pass: every calibration sample)."""
+        rows = self.fq_rows if name == "fakequant.onnx" else None
+        if rows is None:
+            return True
+        first = 1 if self.splittable else n
+        return 0.5 * self._first_seconds * max(rows - first, 0) > self._opened.get(name, 0.0)
 
     def _piece_rows(self, n: int) -> int:
         """Rows per chunk for a batch of ``n``: at most ``self.chunk``; a multiple of :data:`CHUNK_PIECES`

@@ -272,7 +272,9 @@ def _stream(
     # so the peak is the larger of the two, not their sum
     if fakequant:
         head_batches = _first_samples(data.batches(), fakequant_samples)
-        for batch, ref_out, fq_out in path.fakequant_batches(head_batches, accs, numpy_path, skipped):
+        known = [r for r in (data.n_samples, fakequant_samples) if r is not None]  # None: every sample
+        fq_rows = min(known) if known else None  # at most this many (an upper bound when the data's is unknown)
+        for batch, ref_out, fq_out in path.fakequant_batches(head_batches, accs, numpy_path, skipped, fq_rows):
             outputs.fakequant.append(fq_out)
             outputs.fakequant_reference.append(ref_out)
             outputs.fakequant_sizes.append(batch.size)

@@ -190,8 +190,9 @@ class _NumpyPath:
         accs: dict[str, _TensorAcc],
         numpy_path: _NumpyPath,
         skipped: dict[str, str],
+        rows: int | None = None,
     ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
-        """``(batch, FP32 outputs, fake-quant outputs)`` per batch, in order."""
+        """``(batch, FP32 outputs, fake-quant outputs)`` per batch, in order (``rows``: as the graph path's)."""
         for batch in batches:
             yield (batch, *self.fakequant(batch, accs, numpy_path, skipped))
 

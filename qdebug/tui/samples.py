@@ -76,10 +76,11 @@ class SamplesScreen(Screen[None]):
         """The flipped-samples table."""
         return self.query_one("#flips", DataTable)
 
-    def refresh_rows(self) -> None:
-        """Rebuild the samples table in the model's order, keeping the highlighted sample."""
+    def refresh_rows(self, top: bool = False) -> None:
+        """Rebuild the samples table in the model's order, keeping the highlighted sample (``top``: a new
+        order, the cursor on its first row, as the node table's sort keys do)."""
         table = self.flips
-        keep = self.shown
+        keep = None if top else self.shown
         table.clear()
         rows = self.model.rows()
         for row in rows:
@@ -122,17 +123,17 @@ class SamplesScreen(Screen[None]):
         """A header click on the samples table sorts by that column (again: reverses)."""
         if event.data_table is self.flips and event.column_key.value is not None:
             self.model.set_sort(str(event.column_key.value))
-            self.refresh_rows()
+            self.refresh_rows(top=True)
 
     def action_cycle_sort(self) -> None:
         """Sort by the next column."""
         self.model.cycle_sort()
-        self.refresh_rows()
+        self.refresh_rows(top=True)
 
     def action_reverse_sort(self) -> None:
         """Reverse the order."""
         self.model.descending = not self.model.descending
-        self.refresh_rows()
+        self.refresh_rows(top=True)
 
     def action_close(self) -> None:
         """Back to the node table."""

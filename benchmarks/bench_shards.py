@@ -34,21 +34,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_workers import _evaluation_set, _load, _planted  # noqa: E402
+from bench_workers import _evaluation_set, _load, _planted, candidate_models  # noqa: E402
 
 
 def _models(rec, tmpdir: Path, n: int):
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
 
     prep = prepare(rec.model, rec.calib, tmpdir / "prep", AnalyzeOptions())
-    spec = QuantSpec.of(prep.settings)
-    names = [node.name for node in prep.normalized.graph.node if node.op_type in ("Conv", "Add", "Concat")]
-    models = [quantize_static_model(prep.normalized, prep.ranges, spec, load_check=False)]
-    for name in names[: n - 1]:
-        one = QuantSpec.of(prep.settings, nodes_to_exclude=(name,))
-        models.append(quantize_static_model(prep.normalized, prep.ranges, one, load_check=False))
-    return prep, models
+    return prep, candidate_models(prep, n)
 
 
 def main() -> int:

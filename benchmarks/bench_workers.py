@@ -102,6 +102,15 @@ def _answer(p: dict) -> tuple:
             p["static_metric"], p["expected_metric"], frontier)  # fmt: skip
 
 
+def candidate_models(prep, n: int) -> list:
+    """Full static and ``n - 1`` variants of ``prep``'s model with one Conv/Add/Concat node FP32 each."""
+    from qdebug.quantize import QuantSpec, quantize_static_model
+
+    names = [node.name for node in prep.normalized.graph.node if node.op_type in ("Conv", "Add", "Concat")]
+    specs = [QuantSpec.of(prep.settings)] + [QuantSpec.of(prep.settings, nodes_to_exclude=(m,)) for m in names[: n - 1]]
+    return [quantize_static_model(prep.normalized, prep.ranges, spec, load_check=False) for spec in specs]
+
+
 def _wide_round(rec, evaluation: Path, tmpdir: Path, n: int, runs: int) -> list[tuple[str, float, float, bool]]:
     """Full static and ``n - 1`` one-node-FP32 variants scored as one round: 1 worker, then 2."""
     os.environ["QDEBUG_CACHE_DIR"] = str(tmpdir / "cache")
@@ -110,17 +119,11 @@ def _wide_round(rec, evaluation: Path, tmpdir: Path, n: int, runs: int) -> list[
     from qdebug.evaluate import Evaluator
     from qdebug.parallel import Pool
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
 
     prep = prepare(rec.model, rec.calib, tmpdir / "wide", AnalyzeOptions())
     assert prep.ranges is not None
     evaluator = Evaluator(prep.normalized, open_data(evaluation, prep.calib.specs), SessionConfig(), rec.metric)
-    spec = QuantSpec.of(prep.settings)
-    names = [node.name for node in prep.normalized.graph.node if node.op_type in ("Conv", "Add", "Concat")]
-    models = [quantize_static_model(prep.normalized, prep.ranges, spec, load_check=False)]
-    for name in names[: n - 1]:
-        one = QuantSpec.of(prep.settings, nodes_to_exclude=(name,))
-        models.append(quantize_static_model(prep.normalized, prep.ranges, one, load_check=False))
+    models = candidate_models(prep, n)
     import onnx
 
     warms = []

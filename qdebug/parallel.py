@@ -310,12 +310,10 @@ class Pool:
         if ticket.state == "dropped":
             ticket.state = "queued"
             self._remember(ticket)
-        ticket.speculative = False
-        for part in reversed(ticket.parts):  # promoted last-first: they run first-first
+        for part in ticket.parts:
             if part.state == "dropped":
                 part.state = "queued"
-            if part.state == "queued":
-                self._promote(part)
+        self._promote(ticket)  # every queued part ahead of other work
         outs = [self.outcome(part, idle) for part in ticket.parts]
         errors = [o for o in outs if isinstance(o, QDebugError)]
         merged: EvalResult | QDebugError = errors[0] if errors else ticket.evaluator.merge(outs)
@@ -423,7 +421,7 @@ class Pool:
         """A queued ticket asked for: it goes ahead of every other queued one (a sharded one: its parts)."""
         ticket.speculative = False
         if ticket.parts is not None:
-            for part in reversed(ticket.parts):
+            for part in reversed(ticket.parts):  # promoted last-first: they run first-first
                 if part.state == "queued":
                     self._promote(part)
             return

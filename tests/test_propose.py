@@ -869,3 +869,32 @@ def test_the_snippet_quantizes_the_normalized_model_when_weights_sit_in_constant
     assert main(["propose", str(report), "--target-drop", "0", "-o", str(prop), "-q", "--time-runs", "0"]) in (0, 6)
     p = load_record(Proposal, prop, "proposal")
     assert repr(p.normalized_model) in p.snippet and repr(str(model.resolve())) not in p.snippet
+
+
+def test_the_answers_interval_is_read_from_its_kept_score_and_never_from_a_screening_one():
+    """No second evaluation of the answer when the search kept its score on every sample; a score kept by a
+    screening evaluator (a subset, or the switchable fake-quant session) is not the deployed one: scored again."""
+    from types import SimpleNamespace
+
+    from qdebug.propose.run import _answer_interval
+    from qdebug.propose.search import model_digest
+
+    model = onnx.ModelProto(ir_version=8)
+    kept = SimpleNamespace(samples=10)
+    scored = []
+
+    class Full:
+        fp32_value = 0.9
+
+        def drop_interval(self, result):
+            return (0.0, 1.0) if result is kept else (2.0, 3.0)
+
+        def score(self, m):
+            scored.append(m)
+            return SimpleNamespace(samples=10)
+
+    full, screen = Full(), object()
+    search = SimpleNamespace(results={model_digest(model): (full, kept)})
+    assert _answer_interval(search, full, model, None) == (0.0, 1.0) and not scored
+    search.results[model_digest(model)] = (screen, kept)
+    assert _answer_interval(search, full, model, None) == (2.0, 3.0) and scored == [model]

@@ -18,19 +18,9 @@ from pathlib import Path
 import onnxruntime
 
 from qdebug.calibrate import Ranges
+from qdebug.files import sha256_file
 from qdebug.quantize import QuantSpec
 from qdebug.records import Report
-
-
-def _sha256(path: Path) -> str | None:
-    try:
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
-    except OSError:
-        return None
 
 
 def _same_ranges(report: Report, ranges: Ranges) -> bool:
@@ -49,7 +39,7 @@ def analyzed_static(report: Report, normalized_path: Path, ranges: Ranges, spec:
     analyzed = Path(report.normalized_model)
     if not path.is_file() or not analyzed.is_file() or not _same_ranges(report, ranges):
         return None
-    if _sha256(analyzed) != _sha256(normalized_path):
+    if not normalized_path.is_file() or sha256_file(analyzed) != sha256_file(normalized_path):
         return None
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != report.quantized_model.sha256:

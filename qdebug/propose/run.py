@@ -14,7 +14,6 @@ re-ranking capture (:func:`_reranker`), the strategies
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import tempfile
 import time
@@ -74,6 +73,7 @@ from qdebug.propose.search import (
     _without_per_channel,
     default_budget,
     held_back,
+    model_digest,
 )
 from qdebug.propose.strategy import run_search
 from qdebug.propose.structure import Structure
@@ -257,7 +257,7 @@ def _propose(
     static = search.trials[0]
     frontier, speed_notes, no_speedup = _speed(
         search, prep, evaluator, final, selective, options, progress, rescore=screen is not None, pool=pool,
-        dynamic=dynamic,
+        dynamic=dynamic, allow=allow,
     )  # fmt: skip
     interval = _answer_interval(search, evaluator, selective, pool)
     seconds = time.perf_counter() - start
@@ -301,9 +301,8 @@ def _answer_interval(
     from its own score when the search kept it with its per-sample numbers, else scored once more."""
     if not math.isfinite(evaluator.fp32_value):
         return (math.nan, math.nan)
-    digest = hashlib.sha256(selective.SerializeToString(deterministic=True)).hexdigest()
-    result = search.results.get(digest)
-    if result is None or result.samples != evaluator.samples or search.evaluator is not evaluator:
+    scorer, result = search.results.get(model_digest(selective), (None, None))
+    if result is None or scorer is not evaluator:  # not kept, or a screening evaluator's
         result = pool.score(evaluator, selective) if pool is not None else evaluator.score(selective)
     return evaluator.drop_interval(result)
 
@@ -340,6 +339,7 @@ def _speed(
     rescore: bool = False,
     pool: Pool | None = None,
     dynamic: onnx.ModelProto | QDebugError | None = None,
+    allow: Sequence[str] = ("fp32",),
 ) -> tuple[tuple[FrontierPoint, ...], list[str], str]:
     """The verified frontier, notes on it, and the line saying the answer gives the speed-up back (``""``
     when it does not): it keeps most of the model FP32, or it is timed slower than FP32 beyond the noise."""
@@ -348,7 +348,7 @@ def _speed(
         dynamic=dynamic,
     )  # fmt: skip
     if not (final.met and search.fits(final)):
-        missed = missed_verdict(frontier, options.allow, search.target.metric if search.target.kind == "drop" else "")
+        missed = missed_verdict(frontier, allow, search.target.metric if search.target.kind == "drop" else "")
         return frontier, [*notes, missed] if frontier else notes, ""
     lines, slow = speed_verdict(frontier)
     mostly = _mostly_fp32(final, len(search.structure.excludable))

@@ -95,6 +95,7 @@ def confirm_on_all(
     search.evaluator, search.target = full, target  # everything reported from here on is on all samples
     static = search.trials[0]
     on_all = score_all(pool, full, [search.build((), (), static.per_channel)[1], selective], numbers_only=True)
+    search.keep_result(selective, full, on_all[1])  # the answer's interval is read from it
     search.trials[0] = rescored(static, on_all[0], target)
     confirmed = rescored(final, on_all[1], target)
     notes = (
@@ -111,7 +112,9 @@ def confirm_on_all(
     larger = sorted((t for t in search.trials if t.met and search.fits(t) and _size(t) > size), key=_size)
     for trial in larger[:CONFIRM_TRIES]:
         built, model, _ = search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)
-        checked = rescored(trial, score_all(pool, full, [model], numbers_only=True)[0], target)
+        result = score_all(pool, full, [model], numbers_only=True)[0]
+        search.keep_result(model, full, result)
+        checked = rescored(trial, result, target)
         if checked.met:
             notes.append(
                 f"the screened answer ({size} change(s)) misses the target as deployed (all samples, real "

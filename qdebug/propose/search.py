@@ -134,6 +134,11 @@ def _unstarted(entry: _Ahead) -> bool:
     return entry.ticket is None or entry.ticket.state == "dropped"
 
 
+def model_digest(model: onnx.ModelProto) -> str:
+    """sha256 of a model's deterministic serialization: what identical variants are recognised by."""
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
 RESULTS_KEPT = 8
 """Scores :attr:`Search.results` keeps with their per-sample numbers (a few numbers per sample each)."""
 
@@ -194,7 +199,7 @@ class Search:
         """Variants built and handed to the pool before they were asked for (:meth:`prefetch`), by asked
         configuration: nothing of the trace or the budget, only work done early."""
         self.built: OrderedDict[tuple, tuple[QuantSpec, bytes]] = OrderedDict()
-        self.results: OrderedDict[str, EvalResult] = OrderedDict()
+        self.results: OrderedDict[str, tuple[object, EvalResult]] = OrderedDict()
         """The last scores with their per-sample numbers, by model digest: the answer's drop interval is read
         from its own (no evaluation again) when the search scored it on the whole set."""
         """Variants built, by what was asked (serialized, at most :data:`BUILT_BYTES` in all, the most recent
@@ -423,7 +428,7 @@ class Search:
             digest = ahead.digest
         else:
             assert model is not None
-            digest = hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+            digest = model_digest(model)
         same = self.by_model.get(digest)
         if same is not None:
             trial = dataclasses.replace(
@@ -470,11 +475,19 @@ class Search:
         self.trials.append(trial)
         self.cache[key] = trial
         self.by_model[digest] = trial
+        self._keep(digest, self.evaluator, result)
+        self.progress(f"search{DETAIL}{self.status(trial)}", len(self.trials), self.budget)
+
+    def keep_result(self, model: onnx.ModelProto, scorer: object, result: EvalResult) -> None:
+        """Keep ``scorer``'s score of ``model`` when it has per-sample numbers (scored here, not numbers only):
+        the answer's interval is read from it, not evaluated again."""
+        self._keep(model_digest(model), scorer, result)
+
+    def _keep(self, digest: str, scorer: object, result: EvalResult) -> None:
         if result.values is not None:
-            self.results[digest] = result
+            self.results[digest] = (scorer, result)
             while len(self.results) > RESULTS_KEPT:
                 self.results.popitem(last=False)
-        self.progress(f"search{DETAIL}{self.status(trial)}", len(self.trials), self.budget)
 
     def _score(self, model: onnx.ModelProto | None, ahead: _Ahead | None) -> EvalResult:
         """The candidate's score: the one started by :meth:`prefetch`, else one asked of the pool (or of the

@@ -24,9 +24,10 @@ merged models is what sharing saves (21.6 s -> 17.5 s for three methods).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import onnx
@@ -74,7 +75,7 @@ from qdebug.prepare import (  # noqa: F401 -- AnalyzeOptions, assemble_report re
     prepare,
 )
 from qdebug.progress import Progress, no_progress
-from qdebug.quantize import QuantSpec, float16_exclusions, quantize_static_model
+from qdebug.quantize import QuantSpec, check_quantized_loads, float16_exclusions, quantize_static_model
 from qdebug.records import (
     AnalysisConfig,
     ModelInfo,
@@ -278,19 +279,20 @@ def _method_report(
     ranges = prep.ranges.minmax() if prep.ranges is not None else {}
     reference = shared.reference
     replayed = reference.replayed if reference is not None else 0
-    layers = measure_layers(
-        prep.normalized,
-        qproto,
-        pairing,
-        prep.calib,
-        config,
-        ranges,
-        progress,
-        engine=options.engine,
-        # a dynamic model quantizes at run time: no Q/DQ pairs, no fake-quant view
-        fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
-        shared=reference,
-    )
+    with _quantizer_faults_named(prep, qproto, built=quantized is None):
+        layers = measure_layers(
+            prep.normalized,
+            qproto,
+            pairing,
+            prep.calib,
+            config,
+            ranges,
+            progress,
+            engine=options.engine,
+            # a dynamic model quantizes at run time: no Q/DQ pairs, no fake-quant view
+            fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
+            shared=reference,
+        )
     if reference is not None:
         once(_capture_line(reference, replayed))
     notes.extend(capture_notes(layers, options.engine, eval_given=eval_data is not None))
@@ -317,6 +319,20 @@ def _method_report(
     report = dataclasses.replace(report, per_sample=per_sample)
     save_report(report, out)  # here, not in a stage: tests patch qdebug.pipeline.save_report
     return report
+
+
+@contextlib.contextmanager
+def _quantizer_faults_named(prep: Prepared, qproto: onnx.ModelProto, *, built: bool) -> Iterator[None]:
+    """The capture opens the static model qdebug built first: when ORT cannot load it, say whether that is
+    the quantizer's doing (:func:`check_quantized_loads`), instead of a trial load before the capture -- one
+    session fewer, over the largest model analyze opens more than once (1.3 s of ORT's start-up on the
+    3,200-node benchmark graph, docs/benchmarks.md)."""
+    try:
+        yield
+    except QDebugError as e:
+        if built and e.code == ExitCode.MODEL:
+            check_quantized_loads(prep.normalized, qproto)  # raises the quantizer's fault when it is one
+        raise
 
 
 def _capture_line(reference: SharedReference, replayed_before: int) -> str:
@@ -382,7 +398,10 @@ def _built_model(
     assert prep.ranges is not None
     settings = prep.settings
     quantized_path = workdir / "quantized.onnx"
-    qproto = quantize_static_model(prep.normalized, prep.ranges, QuantSpec.of(settings), quantized_path)
+    # no trial load: the capture opens it next, and names the quantizer's fault if ORT refuses it
+    qproto = quantize_static_model(
+        prep.normalized, prep.ranges, QuantSpec.of(settings), quantized_path, load_check=False
+    )
     notes.extend(
         quantizer_notes(
             prep.normalized,

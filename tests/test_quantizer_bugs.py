@@ -281,3 +281,39 @@ def test_a_candidate_onnx_runtime_cannot_load_is_skipped_after_one_session_not_t
     assert code == ExitCode.TARGET_NOT_MET and "Traceback" not in err, err
     assert "ONNX Runtime could not load" in err
     assert checked and not any(checked)  # every candidate built without the trial load
+
+
+def test_analyze_names_the_quantizer_when_the_capture_cannot_load_its_model(tmp_path, monkeypatch, capsys):
+    """analyze builds its static model without ORT's trial load (the capture opens it first): a model ORT
+    then refuses is still named as the quantizer's fault, with the FP32 model loading."""
+    import qdebug.quantize as quantize
+
+    real = quantize._run_quantizer
+
+    def broken(*args, **kwargs):
+        result = real(*args, **kwargs)
+        conv = next(n for n in result.graph.node if n.op_type == "Conv")
+        conv.op_type = "ConvWithATypo"  # an op no opset has: ORT refuses the model
+        return result
+
+    monkeypatch.setattr(quantize, "_run_quantizer", broken)
+    model, data = shared_bias_cnn(tmp_path)
+    code = main(["analyze", str(model), "--calib", str(data), "-o", str(tmp_path / "r.json"), "-q", "--no-cache"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.MODEL
+    assert "ONNX Runtime's quantizer wrote a model ORT cannot load although the FP32 model loads" in err
+    assert "ConvWithATypo" in err and "nodes_to_exclude" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_analyze_opens_no_trial_session_on_a_model_that_loads(tmp_path, monkeypatch):
+    """The trial load is only the diagnosis of a capture that failed: a model that loads is not opened for it."""
+    import qdebug.quantize as quantize
+
+    trials = []
+    real = quantize._ort_load_error
+    monkeypatch.setattr(quantize, "_ort_load_error", lambda model: trials.append(model) or real(model))
+    model, data = shared_bias_cnn(tmp_path)
+    assert main(["analyze", str(model), "--calib", str(data), "-o", str(tmp_path / "r.json"), "-q", "--no-cache"]) == 0
+    assert trials == []

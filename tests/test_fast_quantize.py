@@ -598,3 +598,34 @@ def test_an_opset_9_model_is_upgraded_alike_by_the_dynamic_fast_path(tmp_path):
     assert isinstance(fast, bytes), fast
     assert fast == plain
     assert [o.version for o in onnx.load_from_string(fast).opset_import if o.domain in ("", "ai.onnx")] == [11]
+
+
+def test_the_collector_is_paused_inside_the_quantizer_and_restored_after(tmp_path, monkeypatch):
+    """ORT's quantizer runs with Python's cyclic collector off (it walked propose's live records every few
+    hundred allocations), and the collector is the caller's again afterwards, also after an error."""
+    import gc
+
+    from qdebug import quantize
+
+    seen = []
+    real = quant_utils.update_opset_version
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quant_utils, "update_opset_version", spy)
+    prep = _prepared(FIXTURES / "cnn" / "model.onnx", FIXTURES / "cnn" / "calib.npz", tmp_path)
+    assert gc.isenabled()
+    quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        with quantize.collector_paused():
+            pass
+        assert not gc.isenabled()  # it was off: left off
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), quantize.collector_paused():
+        raise RuntimeError("quantizer failed")
+    assert gc.isenabled()

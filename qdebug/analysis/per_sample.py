@@ -81,10 +81,12 @@ def measured_pairs(fp32: onnx.ModelProto, pairing: Pairing) -> list[TensorPair]:
     return [p for p in pairing.tensors if p.qdq is not None and p.fp32 not in shaped]
 
 
-def layout(fp32: onnx.ModelProto, pairs: Sequence[TensorPair]) -> TensorLayout:
-    """Names, producers and depths of ``pairs``' FP32 tensors."""
-    index = GraphIndex(fp32)
-    depth = node_depths(fp32)
+def layout(
+    fp32: onnx.ModelProto, pairs: Sequence[TensorPair], graph: tuple[GraphIndex, dict[str, int]] | None = None
+) -> TensorLayout:
+    """Names, producers and depths of ``pairs``' FP32 tensors (``graph``: ``fp32``'s index and node depths,
+    when the caller has them)."""
+    index, depth = graph if graph is not None else (GraphIndex(fp32), node_depths(fp32))
     nodes, depths = [], []
     for p in pairs:
         producer = index.producer.get(p.fp32)
@@ -113,7 +115,8 @@ def sample_tensors(
     """Each of ``samples`` through both models on its own: per tensor its SQNR, the noise its producer
     adds and its clip rate (see the module docstring)."""
     pairs = measured_pairs(fp32, pairing)
-    shape = layout(fp32, pairs)
+    graph = (GraphIndex(fp32), node_depths(fp32))  # once, not per sample: each is a walk of the whole graph
+    shape = layout(fp32, pairs, graph)
     if not samples or not pairs:
         return shape, []
     fq = local_fake_quant(quantized, pairs)
@@ -134,21 +137,24 @@ def sample_tensors(
                 stats[p.fp32] = acc.result()
             clip.append(clip_rate(r, fq[p.fp32]) if ok and p.fp32 in fq else math.nan)
         sqnr = tuple(stats[p.fp32].sqnr_db if p.fp32 in stats else math.nan for p in pairs)
-        added = _added_noise(fp32, pairs, stats)
+        added = _added_noise(fp32, pairs, stats, graph)
         output_sqnr = worst_output_sqnr([ref], [cand], outputs)
         out.append(SampleTensors(sample.index, sqnr, added, tuple(clip), output_sqnr, copies))
         del ref, cand
     return shape, out
 
 
-def _added_noise(fp32: onnx.ModelProto, pairs: Sequence[TensorPair], stats: dict) -> tuple[float, ...]:
+def _added_noise(
+    fp32: onnx.ModelProto, pairs: Sequence[TensorPair], stats: dict, graph: tuple[GraphIndex, dict[str, int]]
+) -> tuple[float, ...]:
     """Per tensor, the noise its producer adds for this sample: :func:`node_records` over the sample's
-    accumulated SQNRs, exactly as the report's ``added_noise_db`` is derived from all samples' ones."""
+    accumulated SQNRs, exactly as the report's ``added_noise_db`` is derived from all samples' ones
+    (``graph``: ``fp32``'s index and node depths, built once for every sample)."""
     records = tuple(
         TensorRecord(p.fp32, None, (), 0, None, None, None, stats[p.fp32], None) for p in pairs if p.fp32 in stats
     )
     by_output = {}
-    for node in node_records(fp32, records, set(), {}):
+    for node in node_records(fp32, records, set(), {}, index=graph[0], depth=graph[1]):
         for o in node.outputs:
             by_output[o] = node.added_noise_db
     return tuple(by_output.get(p.fp32, math.nan) for p in pairs)

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import platform
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,29 +52,35 @@ def timed(kind, fn):
     return wrapper
 q.quantize_static_model = timed("static", q.quantize_static_model)
 q.quantize_dynamic_model = timed("dynamic", q.quantize_dynamic_model)
+spent.update(per_sample=0.0, per_sample_calls=0)
+import qdebug.pipeline as pipeline
+pipeline._per_sample = timed("per_sample", pipeline._per_sample)
 out = sys.argv.pop(1)
 atexit.register(lambda: open(out, "w").write(json.dumps(spent)))
 from qdebug.cli.main import entry
 sys.argv[0] = "qdebug"
 entry()
 """
-"""The child of a timed propose: qdebug's CLI with the two quantization entry points wrapped (the first
-argument: where to write the seconds spent in them)."""
+"""The child of a timed command: qdebug's CLI with the two quantization entry points and analyze's per-sample
+drill-down wrapped (the first argument: where to write the seconds spent in them)."""
 
 
 def _child(argv: list[str], cwd: Path, timing: Path | None = None) -> tuple[float, float, int]:
     """(wall seconds, peak RSS MiB, exit code) of ``python -m qdebug argv`` (``timing``: through
-    :data:`RUNNER`, which writes the quantizations' seconds there)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    :data:`RUNNER`, which writes the quantizations' seconds there). The peak is this child's own
+    (``wait4``), not the largest of every child so far."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     how = ["-c", RUNNER, str(timing)] if timing else ["-m", "qdebug"]
-    proc = subprocess.run([sys.executable, *how, *argv], cwd=cwd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode not in (0, 6):
-        print(proc.stderr[-2000:], file=sys.stderr)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 1024, proc.returncode
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, *how, *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        if proc.returncode not in (0, 6):
+            err.seek(0)
+            print(err.read().decode(errors="replace")[-2000:], file=sys.stderr)
+    return wall, usage.ru_maxrss / 1024, proc.returncode
 
 
 def measure(nodes: int, tmp: Path, budget: int) -> dict:
@@ -83,6 +89,7 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
     calib = chain_data(tmp / "calib.npz", 32)
     evaluation = chain_data(tmp / "eval.npz", 64, seed=3)
     report = tmp / f"report{nodes}.json"
+    a_timing = tmp / "analyze.json"
     a_wall, a_rss, a_rc = _child(
         [
             "analyze",
@@ -97,7 +104,10 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
             "-q",
         ],
         tmp,
+        a_timing,
     )
+    a_spent = json.loads(a_timing.read_text()) if a_timing.is_file() else {}
+    flips = _flips(report)
     proposal = tmp / f"proposal{nodes}.json"
     timing = tmp / "quantize.json"
     p_wall, p_rss, p_rc = _child(
@@ -127,6 +137,8 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
         "analyze_s": a_wall,
         "analyze_rss": a_rss,
         "analyze_rc": a_rc,
+        "per_sample_s": a_spent.get("per_sample", math.nan),
+        "flips": flips,
         "propose_s": p_wall,
         "propose_rss": p_rss,
         "propose_rc": p_rc,
@@ -137,28 +149,59 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
     }
 
 
+def _flips(report: Path) -> int:
+    """How many evaluation samples the report's static model flips (what its per-sample section drills into)."""
+    if not report.is_file():
+        return 0
+    section = json.loads(report.read_text()).get("per_sample") or {}
+    return sum(int(v.get("flipped", 0)) for v in section.get("variants", []))
+
+
+def _median_row(runs: list[dict]) -> dict:
+    """Per key, the median over the runs of one size (the first run's value where it is not a number)."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="800,1600,3200")
     ap.add_argument("--max-evaluations", type=int, default=12)
+    ap.add_argument("--runs", type=int, default=1, help="runs per size, interleaved; medians reported")
     args = ap.parse_args()
-    rows = []
-    for n in [int(s) for s in args.sizes.split(",")]:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(measure(n, Path(tmp), args.max_evaluations))
-        print(rows[-1], file=sys.stderr)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    runs: dict[int, list[dict]] = {n: [] for n in sizes}
+    for _ in range(args.runs):  # sizes interleaved: a slow spell of the machine hits every size alike
+        for n in sizes:
+            with tempfile.TemporaryDirectory() as tmp:
+                runs[n].append(measure(n, Path(tmp), args.max_evaluations))
+            print(runs[n][-1], file=sys.stderr)
+    rows = [_median_row(runs[n]) for n in sizes]
     machine = platform.processor() or platform.machine()
-    print(f"machine: {machine}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print("\n| nodes | analyze wall | analyze peak RSS | propose wall | evaluations | static quantizations "
-          "| dynamic | re-quantization share of propose |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"machine: {machine}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"median of {args.runs} run(s) per size")  # fmt: skip
+    print("\n| nodes | analyze wall | of which per-sample drill-down (flipped samples) | analyze peak RSS "
+          "| propose wall | evaluations | static quantizations | dynamic | re-quantization share of propose |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         spent = r["static_s"] + r["dynamic_s"]
         share = spent / r["propose_s"] if r["propose_s"] else float("nan")
         print(
-            f"| {r['nodes']:,} | {r['analyze_s']:.1f} s | {r['analyze_rss']:.0f} MiB | {r['propose_s']:.1f} s "
+            f"| {r['nodes']:,} | {r['analyze_s']:.1f} s | {r['per_sample_s']:.1f} s ({r['flips']}) "
+            f"| {r['analyze_rss']:.0f} MiB | {r['propose_s']:.1f} s "
             f"| {r['trials']} | {r['static_calls']}: {r['static_s']:.2f} s | {r['dynamic_s']:.2f} s "
             f"| {100 * share:.1f} % |"
+        )
+    first, last = rows[0], rows[-1]
+    if len(rows) > 1:
+        same = [r["analyze_s"] - r["per_sample_s"] for r in (first, last)]
+        print(
+            f"\nanalyze growth {first['nodes']:,} -> {last['nodes']:,} nodes ({last['nodes'] / first['nodes']:.0f}x): "
+            f"{last['analyze_s'] / first['analyze_s']:.2f}x; without the per-sample drill-down (it runs only "
+            f"where samples flip) {same[1] / same[0]:.2f}x"
         )
     return 0
 

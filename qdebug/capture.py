@@ -366,11 +366,11 @@ class _NotSliceable(Exception):
 
 def open_sliced(path: Path, open_one, *, size: int | None = None):
     """A :class:`SegmentedSession` over the model file ``path`` when its graph is larger than ``size`` nodes
-    (:func:`qdebug.graph.segment.slice_nodes`), else ``open_one(path)``: one session, as before. Only for
+    (:func:`qdebug.graph.segment.slice_nodes`; ``0``: never), else ``open_one(path)``: one session, as before. Only for
     sessions with graph optimizations off (a fusion across two slices would be lost)."""
     from qdebug.graph import segment
 
-    size = size or segment.slice_nodes()
+    size = segment.slice_nodes() if size is None else size
     if size <= 0:
         return open_one(path)
     model = onnx.load(str(path), load_external_data=False)

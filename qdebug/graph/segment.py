@@ -99,15 +99,19 @@ def _outer_reads(graph: onnx.GraphProto) -> list[str]:
 
 def plan(model: onnx.ModelProto, size: int = SEGMENT_NODES) -> Plan | None:
     """The slices of ``model``'s main graph, at most ``size`` nodes each; None when the model fits in one,
-    or has what a slice could not be fed (a graph input with an initializer, sparse initializers)."""
+    or has what a slice could not be fed or hand on: a graph input with an initializer or of no tensor type
+    (a sequence), sparse initializers, an initializer read as a graph output or stacked (no slice computes
+    it)."""
     g = model.graph
     inits = {t.name for t in g.initializer}
     inputs = tuple(i.name for i in g.input)
-    if g.sparse_initializer or inits & set(inputs):
+    if g.sparse_initializer or inits & set(inputs) or inits & {o.name for o in g.output}:
+        return None
+    if any(not i.type.HasField("tensor_type") for i in g.input):
         return None
     nodes = list(g.node)
     body, stacks = _split_tail(nodes, {o.name for o in g.output})
-    if len(body) <= size:
+    if len(body) <= size or inits & {p for s in stacks for p in s.parts}:
         return None
     outputs = tuple(o.name for o in g.output)
     bounds = [(s, min(s + size, len(body))) for s in range(0, len(body), size)]

@@ -1,0 +1,49 @@
+"""Audit (mutation testing) of the per-sample drill-down's shared graph walk: sample_tensors builds the FP32
+graph's index and node depths once for all samples, and node_records uses the ones it is given -- with the
+numbers node_records computes on its own."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from qdebug.analysis import build, per_sample
+from qdebug.capture import SessionConfig
+from qdebug.graph.match import pair_models
+from qdebug.prepare import AnalyzeOptions, prepare
+from qdebug.quantize import QuantSpec, quantize_static_model
+from tests.conftest import FIXTURES
+
+CNN = FIXTURES / "cnn"
+
+
+def _counted(monkeypatch, module, name, calls):
+    real = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(f"{module.__name__.rsplit('.', 1)[-1]}.{name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+def test_the_graph_is_walked_once_for_all_samples(tmp_path, monkeypatch):
+    prep = prepare(CNN / "model.onnx", CNN / "calib.npz", tmp_path, AnalyzeOptions(use_cache=False))
+    qproto = quantize_static_model(prep.normalized, prep.ranges, QuantSpec(), load_check=False)
+    pairing = pair_models(prep.normalized, qproto)
+    x = np.load(CNN / "calib.npz")["input"]
+    samples = [per_sample.SampleInput(i, {"input": x[i : i + 1]}, {"input": 0}, whole=True) for i in range(4)]
+    calls: list[str] = []
+    for module in (per_sample, build):
+        for name in ("GraphIndex", "node_depths"):
+            _counted(monkeypatch, module, name, calls)
+    shape, measured = per_sample.sample_tensors(prep.normalized, qproto, pairing, samples, SessionConfig())
+    assert sorted(calls) == ["per_sample.GraphIndex", "per_sample.node_depths"]  # once, not once per sample
+    assert len(measured) == 4 and shape.names
+    monkeypatch.undo()
+    # the shared index and depths give the numbers node_records derives on its own
+    fresh = per_sample.layout(prep.normalized, per_sample.measured_pairs(prep.normalized, pairing))
+    assert fresh == shape
+    added = [v for m in measured for v in m.added_noise_db if not math.isnan(v)]
+    assert added

@@ -10,6 +10,10 @@ optimizations off too, it is in ORT's graph construction and resolution, not in 
 A second table strips it further: bare chains of N ``Add`` nodes (or ``QuantizeLinear``/``DequantizeLinear``
 pairs), each with its own scalar initializer, on ``[1, 16]``, optimizations off.
 
+A third table: bare ``Relu`` graphs of several sizes and widths, opened as one session and as the slices qdebug's
+capture opens a large model in (:mod:`qdebug.graph.segment`); a fourth, the merged capture models analyze opens
+on the chain, each opened both ways.
+
 Usage:
   python benchmarks/bench_session_init.py --sizes 800,1600,3200 [--runs 3]
 Writes a markdown table to stdout (copied into docs/benchmarks.md).
@@ -125,7 +129,86 @@ def main() -> int:
         times = [_start_bytes(bare_chain(n if not qdq else n // 2, qdq), args.runs) for n in bare]
         cells = " | ".join(f"{t:.3f} s" for t in times)
         print(f"| {label} | {cells} | {times[-1] / times[0]:.1f}x |")
+    _width_and_slices(args.runs)
+    print("\n| capture model (graph), optimizations off | nodes | one session | sliced | sliced/one |")
+    print("|---|---:|---:|---:|---:|")
+    for nodes in sizes:
+        for name, count, whole, cut in _capture_models(nodes, args.runs):
+            print(f"| {name} ({nodes:,}-node chain) | {count:,} | {whole:.2f} s | {cut:.2f} s | {cut / whole:.2f} |")
     return 0
+
+
+def _capture_models(nodes: int, runs: int) -> list[tuple[str, int, float, float]]:
+    """(model, nodes, one session s, sliced s) for each merged capture model analyze opens on the chain: its
+    own opening (``open_sliced``) is wrapped to time both ways on the same file first (medians of ``runs``)."""
+    import qdebug.analysis.graph_engine as engine
+    from qdebug.cli.main import main as qdebug_main
+
+    rows = []
+    real = engine.open_sliced
+
+    def timed(path: Path, open_one, **kwargs):
+        count = len(onnx.load(str(path), load_external_data=False).graph.node)
+        ways = []
+        for way in (open_one, lambda p: real(p, open_one, **kwargs)):
+            seconds = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                way(path)
+                seconds.append(time.perf_counter() - start)
+            ways.append(statistics.median(seconds))
+        rows.append((path.stem, count, *ways))
+        return real(path, open_one, **kwargs)
+
+    engine.open_sliced = timed
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model = Path(tmp) / "chain.onnx"
+            onnx.save(make_chain(nodes // 8), model)
+            calib = chain_data(Path(tmp) / "calib.npz", 32)
+            argv = ["analyze", str(model), "--calib", str(calib), "-o", str(Path(tmp) / "r.json"), "-q", "--no-cache"]
+            assert qdebug_main(argv) == 0
+    finally:
+        engine.open_sliced = real
+    return rows
+
+
+def relu_graph(width: int, depth: int) -> onnx.ModelProto:
+    """``width`` parallel chains of ``depth`` Relu nodes from one input: no initializers, no attributes."""
+    nodes, outputs = [], []
+    for w in range(width):
+        prev = "x"
+        for i in range(depth):
+            nodes.append(helper.make_node("Relu", [prev], [f"y{w}_{i}"], name=f"n{w}_{i}"))
+            prev = f"y{w}_{i}"
+        outputs.append(helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 16]))
+    graph = helper.make_graph(nodes, "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])], outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _width_and_slices(runs: int) -> None:
+    """ORT's start-up per node against the node count and the graph's width, and the same graph opened as
+    qdebug's capture opens a large model with optimizations off: slices of ``SEGMENT_NODES``, one session each
+    (:func:`qdebug.capture.open_sliced`)."""
+    from qdebug.capture import SessionConfig, make_session, open_sliced
+    from qdebug.graph.segment import SEGMENT_NODES
+
+    print(f"\n| Relu graph, optimizations off | nodes | one session | per node | sliced ({SEGMENT_NODES:,} nodes) | per node |")
+    print("|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for width, depth in ((1, 4000), (1, 16000), (16, 1000), (64, 250), (1, 64000)):
+            path = Path(tmp) / f"relu{width}x{depth}.onnx"
+            onnx.save(relu_graph(width, depth), path)
+            whole = _start(path, False, runs)
+            sliced = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                open_sliced(path, lambda p: make_session(p, SessionConfig(), optimize=False, mem_pattern=False))
+                sliced.append(time.perf_counter() - start)
+            n = width * depth
+            cut = statistics.median(sliced)
+            print(f"| {width} x {depth:,} | {n:,} | {whole:.3f} s | {1e6 * whole / n:.0f} us "
+                  f"| {cut:.3f} s | {1e6 * cut / n:.0f} us |")  # fmt: skip
 
 
 if __name__ == "__main__":

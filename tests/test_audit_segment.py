@@ -17,6 +17,13 @@ from qdebug.capture import SegmentedSession, SessionConfig, make_session, open_s
 from qdebug.graph import segment
 
 
+
+@pytest.fixture(autouse=True)
+def _slice_small_models(monkeypatch):
+    """These tests slice small models: the threshold below which slicing costs more than it saves is off
+    (:func:`test_a_model_under_the_threshold_is_opened_whole` checks it)."""
+    monkeypatch.setattr(segment, "SLICED_FROM", 1)
+
 def _open_one(p):
     return make_session(p, SessionConfig(), optimize=False)
 

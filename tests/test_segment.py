@@ -18,6 +18,24 @@ from qdebug.graph import segment
 from tests.conftest import FIXTURES, analyze_args
 
 
+
+@pytest.fixture(autouse=True)
+def _slice_small_models(monkeypatch):
+    """These tests slice small models: the threshold below which slicing costs more than it saves is off
+    (:func:`test_a_model_under_the_threshold_is_opened_whole` checks it)."""
+    monkeypatch.setattr(segment, "SLICED_FROM", 1)
+
+
+def test_a_model_under_the_threshold_is_opened_whole(monkeypatch):
+    """Slicing is planned only from SLICED_FROM slices' worth of nodes: under it, writing the slices costs
+    more than their start-up saves (the 9,200-node fake-quant model of an 800-node graph opened 1.19x slower)."""
+    monkeypatch.setattr(segment, "SLICED_FROM", 8)
+    model = _stacking_model()
+    body = len(model.graph.node) - 3
+    assert segment.plan(model, body // 8 + 1) is None
+    assert segment.plan(model, body // 8) is not None
+    assert segment.SLICED_FROM * segment.SEGMENT_NODES == 16_000
+
 def _stacking_model() -> onnx.ModelProto:
     """Relu/Add chains whose per-node sums end in both kinds of stacking tail, an If reading outer-scope
     values, an int64 value handed across slices, and a QDQ pair (uint8 across a slice boundary)."""

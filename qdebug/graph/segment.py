@@ -31,6 +31,11 @@ environment variable ``QDEBUG_SLICE_NODES`` overrides it (``0``: never slice).""
 
 SLICE_ENV = "QDEBUG_SLICE_NODES"
 
+SLICED_FROM = 8
+"""A model is sliced only from this many slices' worth of nodes (16,000 at the default size): writing the
+slices costs about 7 us per node, so the 9,200-node fake-quant model of an 800-node graph opened 1.19x slower
+sliced, the 24,000-node main model 0.79x, the 96,000-node one 0.54x (docs/benchmarks.md)."""
+
 
 def slice_nodes() -> int:
     """Nodes per slice: ``QDEBUG_SLICE_NODES`` when set to a whole number (0: never slice), else
@@ -98,8 +103,8 @@ def _outer_reads(graph: onnx.GraphProto) -> list[str]:
 
 
 def plan(model: onnx.ModelProto, size: int = SEGMENT_NODES) -> Plan | None:
-    """The slices of ``model``'s main graph, at most ``size`` nodes each; None when the model fits in one,
-    or has what a slice could not be fed or hand on: a graph input with an initializer or of no tensor type
+    """The slices of ``model``'s main graph, at most ``size`` nodes each; None when the model has fewer than
+    :data:`SLICED_FROM` slices' worth of nodes, or has what a slice could not be fed or hand on: a graph input with an initializer or of no tensor type
     (a sequence), sparse initializers, an initializer read as a graph output or stacked (no slice computes
     it)."""
     g = model.graph
@@ -111,7 +116,7 @@ def plan(model: onnx.ModelProto, size: int = SEGMENT_NODES) -> Plan | None:
         return None
     nodes = list(g.node)
     body, stacks = _split_tail(nodes, {o.name for o in g.output})
-    if len(body) <= size or inits & {p for s in stacks for p in s.parts}:
+    if len(body) <= size or len(body) < SLICED_FROM * size or inits & {p for s in stacks for p in s.parts}:
         return None
     outputs = tuple(o.name for o in g.output)
     bounds = [(s, min(s + size, len(body))) for s in range(0, len(body), size)]

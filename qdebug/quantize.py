@@ -546,9 +546,9 @@ def collector_paused():
 
     The quantizer allocates a few small objects per node and tensor -- numpy scalars, protobuf wrappers,
     dicts -- none of them in reference cycles worth collecting, and every few hundred allocations the
-    collector walks the process's live objects: in propose, which holds a report's records, that was 13-25 %
-    of a 3,200-node build (1.53 -> 1.33 s with few live objects, 1.86 -> 1.38 s with a million:
-    docs/benchmarks.md). Whatever cyclic garbage the call leaves is collected once the collector is back.
+    collector walks the process's live objects: 12-15 % of a 3,200-node per-channel build, with few or a
+    million other live objects (``benchmarks/bench_collector.py``, docs/benchmarks.md). Whatever cyclic garbage
+    the call leaves is collected once the collector is back.
     """
     was = gc.isenabled()
     gc.disable()

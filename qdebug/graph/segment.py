@@ -1,9 +1,11 @@
 """A model's nodes cut into consecutive slices, each a small model of its own: a plan, and each slice's model.
 
-ONNX Runtime's session start-up costs more per node the larger the graph: a bare chain of ``Relu`` nodes
-opens in 10 us per node at 4,000 nodes and 14-17 us at 16,000, whatever the graph's width, and the merged
-capture model of a 3,200-node graph (96,000 nodes) took 6.6-7.5 s to open against 2.8-3.0 s for the same
-nodes opened as 33-97 slices of 1,000-3,000 (docs/benchmarks.md). A session that runs with graph
+ONNX Runtime's session start-up costs more per node the larger the graph, and far more on analyze's merged
+capture models (thousands of graph outputs, tens of thousands of small initializers) than on plain graphs: 59 us
+per node at 24,000 nodes and 76 us at 96,000, against 10-22 us for bare Relu graphs of 4,000-64,000 nodes.
+The 96,000-node main capture model of a 3,200-node graph opened in 7.3 s as one session and 3.9 s as slices of
+2,000 nodes (``benchmarks/bench_session_init.py``, docs/benchmarks.md); writing the slices costs ~7 us per
+node, so small models and plain graphs are not sliced (:data:`SLICED_FROM`). A session that runs with graph
 optimizations off computes exactly what its nodes say, node by node, so slices run one after the other
 compute the same values (:class:`qdebug.capture.SegmentedSession` runs them).
 

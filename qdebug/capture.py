@@ -8,15 +8,19 @@ flat in the number of samples.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.instrument import with_outputs
+
+if TYPE_CHECKING:
+    from qdebug.graph.segment import Plan
 
 
 def release_freed_memory() -> None:
@@ -311,16 +315,16 @@ class _Arg:
 
 class SegmentedSession:
     """A model with graph optimizations off, run as consecutive sessions over slices of its nodes
-    (:mod:`qdebug.graph.segment`): the same outputs, bit for bit, and a start-up that grows linearly with
-    the node count where one session's does not (the 96,000-node merged capture model of a 3,200-node
-    graph: 2.8-3.0 s instead of 6.6-7.5 s).
+    (:mod:`qdebug.graph.segment`): the same outputs, bit for bit, and a shorter start-up on a large merged
+    capture model (the 96,000-node main model of a 3,200-node graph: 3.9 s instead of 7.3 s,
+    ``benchmarks/bench_session_init.py``).
 
     ``open_one(path)`` opens one slice's model file (written next to ``path``, so external weights that
     the model names relative to its folder are found); each slice's inputs are typed from the outputs of
     the slices already open. Thread-safe as ORT's sessions are: a run keeps its values to itself.
     """
 
-    def __init__(self, path: Path, model: onnx.ModelProto, plan, open_one) -> None:
+    def __init__(self, path: Path, model: onnx.ModelProto, plan: Plan, open_one: Callable[[Path], Any]) -> None:
         from qdebug.graph import segment
         from qdebug.graph.modelfile import save_model
 
@@ -364,10 +368,11 @@ class _NotSliceable(Exception):
     """A value handed between slices is not a tensor (a sequence): the model is opened whole instead."""
 
 
-def open_sliced(path: Path, open_one, *, size: int | None = None):
-    """A :class:`SegmentedSession` over the model file ``path`` when its graph is larger than ``size`` nodes
-    (:func:`qdebug.graph.segment.slice_nodes`; ``0``: never), else ``open_one(path)``: one session, as before. Only for
-    sessions with graph optimizations off (a fusion across two slices would be lost)."""
+def open_sliced(path: Path, open_one: Callable[[Path], Any], *, size: int | None = None):
+    """A :class:`SegmentedSession` over the model file ``path`` in slices of ``size`` nodes
+    (:func:`qdebug.graph.segment.slice_nodes`; ``0``: never) when :func:`qdebug.graph.segment.plan` finds the
+    model worth slicing, else ``open_one(path)``: one session, as before. Only for sessions with graph
+    optimizations off (a fusion across two slices would be lost)."""
     from qdebug.graph import segment
 
     size = segment.slice_nodes() if size is None else size

@@ -208,25 +208,9 @@ def input_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def tensor_type_of(ort_type: str) -> int | None:
-    """The ONNX element type of an ORT type string (``tensor(uint8)``), None for anything else (a sequence)."""
+    """The ONNX element type of an ORT type string (``tensor(uint8)``), None for anything else (a sequence).
+    ORT spells the element types as ONNX's ``TensorProto`` names, lower-cased."""
     if not (ort_type.startswith("tensor(") and ort_type.endswith(")")):
         return None
-    return _ORT_ELEMENT_NAMES.get(ort_type[7:-1])
-
-
-_ORT_ELEMENT_NAMES: dict[str, int] = {
-    "float": onnx.TensorProto.FLOAT,
-    "double": onnx.TensorProto.DOUBLE,
-    "float16": onnx.TensorProto.FLOAT16,
-    "bfloat16": onnx.TensorProto.BFLOAT16,
-    "int8": onnx.TensorProto.INT8,
-    "uint8": onnx.TensorProto.UINT8,
-    "int16": onnx.TensorProto.INT16,
-    "uint16": onnx.TensorProto.UINT16,
-    "int32": onnx.TensorProto.INT32,
-    "uint32": onnx.TensorProto.UINT32,
-    "int64": onnx.TensorProto.INT64,
-    "uint64": onnx.TensorProto.UINT64,
-    "bool": onnx.TensorProto.BOOL,
-    "string": onnx.TensorProto.STRING,
-}
+    value = getattr(onnx.TensorProto, ort_type[7:-1].upper(), None)
+    return value if isinstance(value, int) and value else None

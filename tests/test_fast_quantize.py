@@ -33,6 +33,7 @@ from qdebug.errors import QDebugError
 from qdebug.prepare import AnalyzeOptions, prepare
 from qdebug.quantize import QuantSpec, quantize_static_model
 from qdebug.records import TensorOverride
+from qdebug.records.report import ExtraOption
 from tests.conftest import FIXTURES, ROOT
 
 _spec = importlib.util.spec_from_file_location("bench_quantize", ROOT / "benchmarks" / "bench_quantize.py")
@@ -506,7 +507,7 @@ def _spied_plain_find(monkeypatch) -> list[bool]:
     return scans
 
 
-def test_the_dynamic_fast_path_does_not_scan_the_initializers(tmp_path, monkeypatch):
+def test_the_dynamic_fast_path_does_not_scan_the_initializers_or_new_nodes(tmp_path, monkeypatch):
     model = bench_quantize.make_chain(30, variety=True)
     onnx.save(model, tmp_path / "m.onnx")
     scans = _spied_plain_find(monkeypatch)
@@ -515,9 +516,11 @@ def test_the_dynamic_fast_path_does_not_scan_the_initializers(tmp_path, monkeypa
     with fast_quantize.plain_path():
         quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "p.onnx")
     assert scans.count(False) > 3 * 30  # ORT's own path: several scans of the initializers per MatMul
+    assert scans.count(True) >= 30  # and one of the nodes made so far per MatMul (quantizer.new_nodes)
     scans.clear()
     quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "d.onnx")
-    assert scans and all(scans), "every find_by_name on the graph's initializers was answered from the index"
+    assert not scans, "every find_by_name on the initializers or the new nodes was answered from an index"
+    assert onnx.load(tmp_path / "d.onnx").SerializeToString() == onnx.load(tmp_path / "p.onnx").SerializeToString()
 
 
 def test_a_changed_quantize_dynamic_falls_back_for_the_dynamic_path_only(tmp_path, monkeypatch, indexed_runs):
@@ -629,3 +632,95 @@ def test_the_collector_is_paused_inside_the_quantizer_and_restored_after(tmp_pat
     with pytest.raises(RuntimeError), quantize.collector_paused():
         raise RuntimeError("quantizer failed")
     assert gc.isenabled()
+
+
+def _orts_channels(data, axis, quant_type, symmetric, reduce_range, min_real_range):
+    """ORT's own per-channel loop (QDQQuantizer._calc_initializer_quant_params' branch)."""
+    zps, scales = [], []
+    for i in range(data.shape[axis]):
+        zp, scale = quant_utils.compute_data_quant_params(
+            data.take(i, axis).ravel(), quant_type, symmetric, reduce_range=reduce_range,
+            min_real_range=min_real_range,
+        )
+        zps.append(zp)
+        scales.append(scale)
+    return np.asarray(zps), np.asarray(scales)
+
+
+def _channel_cases():
+    rng = np.random.default_rng(7)
+    w = rng.normal(size=(8, 5, 3)).astype(np.float32)
+    w[1] = 0.0  # a zero channel: ORT's tiny-scale branch (scale 1, zero point 0)
+    w[2] = np.abs(w[2])  # all positive
+    w[3] = -np.abs(w[3])  # all negative
+    w[4] *= 1e-30  # scales below float32's tiny
+    w[5] *= 3e4
+    w[6] = -0.0
+    yield w
+    yield rng.uniform(-1, 3, size=(16, 16)).astype(np.float32)
+    yield (rng.standard_cauchy(size=(4, 6, 2, 2)) * 10).astype(np.float32)  # outliers
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_per_channel_parameters_are_orts_bit_for_bit(axis):
+    types = [onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16]
+    for data, quant_type, symmetric, reduce_range, real in itertools.product(
+        _channel_cases(), types, (True, False), (False, True), (None, 0.0, 1e-4, 5.0)
+    ):
+        ax = axis % data.ndim
+        ours = fast_quantize.channel_quant_params(data, ax, quant_type, symmetric, reduce_range, real)
+        theirs = _orts_channels(data, ax, quant_type, symmetric, reduce_range, real)
+        label = (data.shape, ax, quant_type, symmetric, reduce_range, real)
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape, label
+            assert a.tobytes() == b.tobytes(), label
+
+
+def test_per_channel_weights_skip_orts_loop_and_build_the_same_model(tmp_path, monkeypatch):
+    """The vectorized branch really runs (ORT's per-channel loop sees no weight of the chain), and the
+    model is byte-identical with per-channel, reduce_range and a minimum real range."""
+    model = bench_quantize.make_chain(3)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    calls = []
+    original = quant_utils.compute_data_quant_params
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(qdq_quantizer, "compute_data_quant_params", counted)
+    channels = sum(t.dims[1] for t in prep.normalized.graph.initializer if len(t.dims) == 2)  # MatMul: axis 1
+    for extra in ({}, {"MinimumRealRange": 1e-3}):
+        options = tuple(ExtraOption(k, v) for k, v in extra.items())
+        spec = QuantSpec(per_channel=True, reduce_range=True, base_extra=options)
+        calls.clear()
+        fast = _outcome(prep.normalized, prep.ranges, spec, "QDQ")
+        on_fast = len(calls)
+        with fast_quantize.plain_path():
+            plain = _outcome(prep.normalized, prep.ranges, spec, "QDQ")
+        assert isinstance(fast, bytes) and fast == plain, extra
+        assert channels and len(calls) - on_fast == on_fast + channels, (on_fast, len(calls), channels)
+
+
+def test_new_nodes_lookups_are_orts_first_match():
+    nodes = fast_quantize.NamedList()
+    make = onnx.helper.make_node
+    nodes.append(make("Mul", ["a"], ["b"], name="m"))
+    nodes += [make("Mul", ["a"], ["c"], name="n"), make("Mul", ["a"], ["d"], name="m")]
+    assert fast_quantize.find_by_name("m", nodes) is nodes[0]
+    assert fast_quantize.find_by_name("x", nodes) is None
+    nodes.extend([make("Add", ["a"], ["e"], name="x")])
+    assert fast_quantize.find_by_name("x", nodes) is nodes[3]
+    nodes.pop(0)  # any other change drops the index
+    assert fast_quantize.find_by_name("m", nodes) is nodes[1]
+    nodes[0] = make("Add", ["a"], ["f"], name="y")
+    assert fast_quantize.find_by_name("n", nodes) is None
+    assert fast_quantize.find_by_name("y", nodes) is nodes[0]
+    nodes[1].name = "z"  # renamed behind the list: seen when the old name is asked for
+    assert fast_quantize.find_by_name("m", nodes) is None
+    assert fast_quantize.find_by_name("z", nodes) is nodes[1]
+    plain = list(nodes)
+    assert [fast_quantize.find_by_name(n, nodes) for n in "xyzm"] == [
+        quant_utils.find_by_name(n, plain) for n in "xyzm"
+    ]

@@ -85,3 +85,34 @@ def test_a_built_model_ort_refuses_in_the_capture_is_named_as_the_quantizers(tmp
     err = capsys.readouterr().err
     assert code == ExitCode.MODEL and QUANTIZER_FAULT in err
     assert len(trials) == 2  # the quantized model, then the FP32 one
+
+
+def _quantized_sessions(monkeypatch) -> list[str]:
+    """Every optimized session analyze opens over the plain quantized model (what each was for)."""
+    import qdebug.capture as capture
+    import qdebug.evaluate as evaluate
+
+    opened: list[str] = []
+    real = capture.make_session
+
+    def spy(model, config, *, what="model", fake_quant=False, optimize=True, **kwargs):
+        if what == "quantized model" and not fake_quant and optimize:
+            opened.append(what)
+        return real(model, config, what=what, fake_quant=fake_quant, optimize=optimize, **kwargs)
+
+    for module in (capture, evaluate, pipeline):
+        monkeypatch.setattr(module, "make_session", spy)
+    return opened
+
+
+def test_the_capture_check_and_the_evaluation_share_one_session_of_the_quantized_model(tmp_path, monkeypatch):
+    import json
+
+    opened = _quantized_sessions(monkeypatch)
+    assert main(_analyze(tmp_path, "--eval", str(CNN / "eval.npz"), "--flip-details", "0")) == 0
+    assert opened == ["quantized model"]  # the check's, scored on: not one for each
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["deployed_gap"] == 0.0 and report["task"]["data"] == "eval" and report["task"]["samples"] == 500
+    opened.clear()
+    assert main(_analyze(tmp_path)) == 0  # no evaluation data: the check opens its own, as before
+    assert opened == ["quantized model"]

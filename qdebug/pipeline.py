@@ -295,6 +295,7 @@ def _method_report(
             fakequant_samples=0 if dyn_nodes is not None else options.fakequant_samples,
             shared=reference,
             plain=deployed,
+            keep_sides=options.flip_details != 0,  # for the per-sample drill-down; deleted after it
         )
     if reference is not None:
         once(_capture_line(reference, replayed))
@@ -307,7 +308,11 @@ def _method_report(
         shared, layers, nodes, qproto, config, options, dyn_nodes, notes, once, deployed
     )
     variant = "quantized" if quantized is not None else "static"  # the user's model may not be static
-    per_sample = _per_sample(prep, eval_set, evaluator, (variant, result), qproto, pairing, config, options, notes)
+    per_sample = _per_sample(
+        prep, eval_set, evaluator, (variant, result), qproto, pairing, config, options, notes, layers
+    )
+    if layers.sides is not None:  # (on an error before this, the directory goes when the object does)
+        layers.sides.cleanup()
     report = assemble_report(
         prep,
         qinfo,
@@ -540,10 +545,13 @@ def _per_sample(
     config: SessionConfig,
     options: AnalyzeOptions,
     notes: list[str],
+    layers: LayerErrors | None = None,
 ) -> SampleSection | None:
     """The per-sample drill-down (:mod:`qdebug.samples`) on the data the task metric was scored on: the
-    evaluation data, else the calibration data the capture ran on (re-read for the flipped samples)."""
-    target = DetailTarget(result[0], qproto, pairing)
+    evaluation data, else the calibration data the capture ran on (re-read for the flipped samples); through
+    the capture's optimized sides when it kept them (``layers``)."""
+    sides = layers.sides if layers is not None else None
+    target = DetailTarget(result[0], qproto, pairing, sides, layers.aliases if layers is not None else {})
     return per_sample_section(
         evaluator,
         [result],

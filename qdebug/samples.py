@@ -16,13 +16,15 @@ selective model, measuring the selective model's remaining flips.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
+from qdebug.analysis.graph_engine import OptimizedSides
 from qdebug.analysis.per_sample import SampleInput, cut, sample_tensors
 from qdebug.capture import SessionConfig
 from qdebug.data import Batch, fixed_batch
@@ -62,6 +64,10 @@ class DetailTarget:
     variant: str
     model: onnx.ModelProto
     pairing: Pairing
+    sides: OptimizedSides | None = None
+    """The capture's optimized sides, when it kept them (the samples then run through those)."""
+    aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The capture's alias tensors (name -> the tensor whose statistics it shares)."""
 
 
 def per_sample_section(
@@ -145,6 +151,8 @@ def _section(
             [inputs[i] for i in wanted if i in inputs],
             config,
             fixed_batch=spec_batch,
+            sides=target.sides,
+            aliases=target.aliases,
         )
         tensors = (shape.names, shape.nodes, shape.depths)
         detail_records = tuple(

@@ -17,12 +17,12 @@ from qdebug.capture import SegmentedSession, SessionConfig, make_session, open_s
 from qdebug.graph import segment
 
 
-
 @pytest.fixture(autouse=True)
 def _slice_small_models(monkeypatch):
     """These tests slice small models: the threshold below which slicing costs more than it saves is off
     (:func:`test_a_model_under_the_threshold_is_opened_whole` checks it)."""
     monkeypatch.setattr(segment, "SLICED_FROM", 1)
+
 
 def _open_one(p):
     return make_session(p, SessionConfig(), optimize=False)
@@ -88,7 +88,9 @@ def test_a_body_of_exactly_size_nodes_is_one_slice_so_not_planned():
 def test_a_sparse_initializer_is_not_planned():
     model = _model(_chain(6), ["r5"])
     sparse = helper.make_sparse_tensor(
-        numpy_helper.from_array(np.array([1.0], np.float32), "sp"), numpy_helper.from_array(np.array([0], np.int64)), [4]
+        numpy_helper.from_array(np.array([1.0], np.float32), "sp"),
+        numpy_helper.from_array(np.array([0], np.int64)),
+        [4],
     )
     model.graph.sparse_initializer.append(sparse)
     assert segment.plan(model, 2) is None
@@ -187,11 +189,15 @@ def test_a_model_with_local_functions_is_still_sliced(tmp_path):
 def test_external_weights_are_found_from_the_slices(tmp_path):
     """Slices are written next to the model, so its external data (named relative to its folder) loads."""
     inits = [numpy_helper.from_array(np.full((4,), i + 1, np.float32), f"w{i}") for i in range(6)]
-    nodes = [helper.make_node("Mul", ["x" if i == 0 else f"m{i - 1}", f"w{i}"], [f"m{i}"], name=f"m{i}") for i in range(6)]
+    nodes = [
+        helper.make_node("Mul", ["x" if i == 0 else f"m{i - 1}", f"w{i}"], [f"m{i}"], name=f"m{i}") for i in range(6)
+    ]
     model = _model(nodes, ["m5"], inits)
     path = tmp_path / "sub" / "m.onnx"
     path.parent.mkdir()
-    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="m.data", size_threshold=0)
+    onnx.save(
+        model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="m.data", size_threshold=0
+    )
     _same(path, onnx.load(str(path)), X, 2)
 
 

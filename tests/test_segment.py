@@ -18,7 +18,6 @@ from qdebug.graph import segment
 from tests.conftest import FIXTURES, analyze_args
 
 
-
 @pytest.fixture(autouse=True)
 def _slice_small_models(monkeypatch):
     """These tests slice small models: the threshold below which slicing costs more than it saves is off
@@ -35,6 +34,7 @@ def test_a_model_under_the_threshold_is_opened_whole(monkeypatch):
     assert segment.plan(model, body // 8 + 1) is None
     assert segment.plan(model, body // 8) is not None
     assert segment.SLICED_FROM * segment.SEGMENT_NODES == 16_000
+
 
 def _stacking_model() -> onnx.ModelProto:
     """Relu/Add chains whose per-node sums end in both kinds of stacking tail, an If reading outer-scope
@@ -162,7 +162,7 @@ def test_a_sequence_handed_between_slices_opens_the_model_whole(tmp_path):
     ]
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None), helper.make_tensor_value_info("c", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("z", "c")],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8

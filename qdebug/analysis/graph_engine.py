@@ -141,6 +141,51 @@ def _add_pair(err: ErrorAccumulator, ref2: float, n: int, st: dict[str, float]) 
     err.add_sums(ref2, st["noise2"], st["cand2"], dot, max(st["dmax"], -st["dmin"]), n)
 
 
+class OptimizedSides:
+    """The capture's two sides as ORT optimized them -- the FP32 model with the capture's FP32 tensors as
+    outputs, the quantized one with their quantized counterparts -- kept on disk after the capture, in a
+    directory of their own (deleted by :meth:`cleanup`, or when this is collected).
+
+    The per-sample drill-down opens them with graph optimizations off instead of optimizing the models
+    again: ORT's start-up of an optimized QDQ model grows faster than its node count (1.5-2 s for the
+    instrumented quantized model of a 3,200-node graph, against a fraction of that for its optimized file
+    opened as it is), and the values are the ones the capture measured, fusions included.
+    """
+
+    TAGS = ("fp32-optimized", "qdq-optimized")
+
+    def __init__(self, directory: tempfile.TemporaryDirectory, fp32_names: frozenset[str], qdq_names: frozenset[str]):
+        self._dir = directory
+        self.fp32 = Path(directory.name) / f"{self.TAGS[0]}.onnx"
+        self.qdq = Path(directory.name) / f"{self.TAGS[1]}.onnx"
+        self.fp32_names = fp32_names
+        """The FP32 side's extra outputs."""
+        self.qdq_names = qdq_names
+        """The quantized side's extra outputs."""
+
+    @classmethod
+    def moved(cls, scratch: Path, fp32_names: frozenset[str], qdq_names: frozenset[str]) -> OptimizedSides | None:
+        """The sides' files (each model and its weights file, which it names relatively) moved out of
+        ``scratch`` into a directory of their own; None when one is missing."""
+        directory = tempfile.TemporaryDirectory(prefix="qdebug-sides-", ignore_cleanup_errors=True)
+        try:
+            for tag in cls.TAGS:
+                for suffix in (".onnx", ".data"):
+                    src = scratch / f"{tag}{suffix}"
+                    if src.exists():
+                        os.replace(src, Path(directory.name) / src.name)
+                    elif suffix == ".onnx":
+                        raise FileNotFoundError(src)
+        except OSError:
+            directory.cleanup()
+            return None
+        return cls(directory, fp32_names, qdq_names)
+
+    def cleanup(self) -> None:
+        """Delete the files (the sessions opened on them must be gone)."""
+        self._dir.cleanup()
+
+
 class _GraphPath:
     """Reductions computed inside ORT: one merged session on every sample, one for the fake-quant view."""
 
@@ -155,9 +200,14 @@ class _GraphPath:
         fakequant: bool = True,
         axes: Axes | None = None,
         shared: SharedReference | None = None,
+        keep_sides: bool = False,
     ) -> None:
         self.scored = scored
         self.config = config
+        self.keep_sides = keep_sides
+        self.sides: OptimizedSides | None = None
+        """After :meth:`close`, with ``keep_sides``: the optimized sides, kept (see :class:`OptimizedSides`)."""
+        self._side_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self._files: dict[str, Path] = {}
         self.in_axes: Axes = dict(axes) if axes is not None else batch_axes(model_input_specs(fp32))
         """Each input's batch axis (the data's): what a batch is cut and counted on."""
@@ -228,6 +278,7 @@ class _GraphPath:
             else None
         )
         self.preoptimized = fo is not None and qo is not None
+        self._side_names = (frozenset(p.fp32 for p in scored), frozenset(cand))
         self.sharing = self._sharing(fp32)
         ref_model = fo if self.preoptimized else fp32
         types = (elem_types(fp32), _with_dq_types(qdq, elem_types(qdq)))
@@ -357,6 +408,8 @@ class _GraphPath:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._main_sess = self._fq_sess = None
+        if self.keep_sides and self.preoptimized:
+            self.sides = OptimizedSides.moved(Path(self._dir.name), *self._side_names)
         self._dir.cleanup()
         release_freed_memory()  # the report is built next: it must not stack on the sessions' leftovers
 

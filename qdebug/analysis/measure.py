@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from qdebug.analysis.build import _tensor_records, _TensorAcc
-from qdebug.analysis.graph_engine import _FLOAT_TYPES, _GraphPath
+from qdebug.analysis.graph_engine import _FLOAT_TYPES, OptimizedSides, _GraphPath
 from qdebug.analysis.numpy_engine import _NumpyPath, local_fake_quant
 from qdebug.analysis.reference import ReferenceMismatch, SharedReference
 from qdebug.capture import SessionConfig, Tap, release_freed_memory, run_session
@@ -66,6 +66,9 @@ class LayerErrors:
     """Tensors that share another tensor's statistics (:func:`permutation_aliases`): name -> source."""
     first_batch_sqnr: tuple[float, float] | None = None
     """Worst output SQNR against FP32 on the first rows, (un-instrumented, instrumented) quantized model."""
+    sides: OptimizedSides | None = None
+    """With ``measure_layers(keep_sides=True)`` and the graph engine: the optimized sides it measured on,
+    kept for the per-sample drill-down (the caller deletes them: :meth:`OptimizedSides.cleanup`)."""
 
 
 def data_dependent_shapes(model: onnx.ModelProto) -> dict[str, str]:
@@ -126,6 +129,7 @@ def measure_layers(
     fakequant_samples: int | None = DEFAULT_FAKEQUANT_SAMPLES,
     shared: SharedReference | None = None,
     plain: Callable[[], Any] | None = None,
+    keep_sides: bool = False,
 ) -> LayerErrors:
     """Stream ``data`` through the models and accumulate every tensor's error.
 
@@ -143,15 +147,15 @@ def measure_layers(
     check that instrumentation changed nothing, run on the first rows once the capture's own sessions are
     closed; the caller may keep it for its own runs (analyze scores the evaluation set on it: one start-up
     of the optimized QDQ model instead of two, 1.8 s at 3,200 nodes). Default: a session of its own, gone
-    after the check.
+    after the check. ``keep_sides``: keep the optimized sides on disk (:attr:`LayerErrors.sides`).
     """
     args = (fp32, qdq, pairing, data, config, ranges, progress, engine, fakequant_samples)
     try:
-        return _measure(*args, shared, plain)
+        return _measure(*args, shared, plain, keep_sides)
     except ReferenceMismatch:
         assert shared is not None
         shared.refuse()
-        return _measure(*args, None, plain)
+        return _measure(*args, None, plain, keep_sides)
 
 
 def _measure(
@@ -166,6 +170,7 @@ def _measure(
     fakequant_samples: int | None,
     shared: SharedReference | None,
     plain: Callable[[], Any] | None = None,
+    keep_sides: bool = False,
 ) -> LayerErrors:
     """The body of :func:`measure_layers`, with the FP32 side shared through ``shared`` (or not: None)."""
     ranges = ranges or {}
@@ -185,7 +190,10 @@ def _measure(
     numpy_path = _NumpyPath(fp32, qdq, scored, local, config)
     fakequant = fakequant_samples is None or fakequant_samples > 0
     path: _NumpyPath | _GraphPath = (
-        _GraphPath(fp32, qdq, scored, local, config, fakequant=fakequant, axes=batch_axes(data.specs), shared=shared)
+        _GraphPath(
+            fp32, qdq, scored, local, config, fakequant=fakequant, axes=batch_axes(data.specs), shared=shared,
+            keep_sides=keep_sides,
+        )  # fmt: skip
         if use_graph
         else numpy_path
     )
@@ -219,6 +227,7 @@ def _measure(
         head,
         aliases,
         first_sqnr,
+        path.sides if isinstance(path, _GraphPath) else None,
     )
 
 

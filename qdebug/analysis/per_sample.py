@@ -18,14 +18,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from qdebug.analysis.build import node_depths, node_records
+from qdebug.analysis.graph_engine import OptimizedSides
 from qdebug.analysis.measure import data_dependent_shapes
 from qdebug.analysis.numpy_engine import local_fake_quant, quant_params
-from qdebug.capture import SessionConfig, Tap
+from qdebug.capture import SessionConfig, Tap, make_session, run_session
 from qdebug.data import Axes, join_rows, take_rows
 from qdebug.evaluate import worst_output_sqnr
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair
@@ -111,17 +113,34 @@ def sample_tensors(
     config: SessionConfig,
     *,
     fixed_batch: int = 1,
+    sides: OptimizedSides | None = None,
+    aliases: Mapping[str, str] | None = None,
 ) -> tuple[TensorLayout, list[SampleTensors]]:
     """Each of ``samples`` through both models on its own: per tensor its SQNR, the noise its producer
-    adds and its clip rate (see the module docstring)."""
+    adds and its clip rate (see the module docstring).
+
+    ``sides`` (the capture's optimized sides, :class:`~.graph_engine.OptimizedSides`) with the capture's
+    ``aliases``: the samples run through those files, opened as they are, instead of both models optimized
+    again with every tensor as an output -- the values the capture measured, and one start-up of an
+    optimized QDQ model fewer; a tensor the capture measured as an alias of another (a Reshape's output)
+    takes that one's numbers, as in the report. Without them, or when they lack a tensor the capture
+    measured, :class:`~qdebug.capture.Tap` sessions over both models."""
     pairs = measured_pairs(fp32, pairing)
     graph = (GraphIndex(fp32), node_depths(fp32))  # once, not per sample: each is a walk of the whole graph
     shape = layout(fp32, pairs, graph)
     if not samples or not pairs:
         return shape, []
     fq = local_fake_quant(quantized, pairs)
-    fp_tap = Tap(fp32, [p.fp32 for p in pairs], config, what="instrumented FP32 model")
-    q_tap = Tap(quantized, [p.dequant or p.qdq for p in pairs], config, what="instrumented quantized model")
+    fp_tap: Tap | _SideRun
+    q_tap: Tap | _SideRun
+    read = _read_from_sides(pairs, sides, aliases or {}, pairing) if sides is not None else None
+    if sides is not None and read is not None:
+        fp_tap = _SideRun(sides.fp32, fp32, config, "FP32 model")
+        q_tap = _SideRun(sides.qdq, fp32, config, "quantized model")
+    else:
+        read = {p.fp32: (p.fp32, str(p.dequant or p.qdq)) for p in pairs}
+        fp_tap = Tap(fp32, [p.fp32 for p in pairs], config, what="instrumented FP32 model")
+        q_tap = Tap(quantized, [p.dequant or p.qdq for p in pairs], config, what="instrumented quantized model")
     outputs = fp_tap.graph_outputs
     out = []
     for sample in samples:
@@ -129,19 +148,57 @@ def sample_tensors(
         ref, cand = fp_tap.run(feeds), q_tap.run(feeds)
         stats, clip = {}, []
         for p in pairs:
-            r, c = ref.get(p.fp32), cand.get(p.dequant or p.qdq)  # type: ignore[arg-type]
+            r_name, c_name = read.get(p.fp32, ("", ""))  # "": not measured, its numbers nan
+            r, c = ref.get(r_name), cand.get(c_name)
             ok = isinstance(r, np.ndarray) and isinstance(c, np.ndarray) and r.dtype.kind == "f"
             if ok and r.shape == c.shape:
                 acc = ErrorAccumulator()
                 acc.update(r, c)
                 stats[p.fp32] = acc.result()
-            clip.append(clip_rate(r, fq[p.fp32]) if ok and p.fp32 in fq else math.nan)
+            quant = fq.get(r_name)
+            clip.append(clip_rate(r, quant) if ok and quant is not None else math.nan)
         sqnr = tuple(stats[p.fp32].sqnr_db if p.fp32 in stats else math.nan for p in pairs)
         added = _added_noise(fp32, pairs, stats, graph)
         output_sqnr = worst_output_sqnr([ref], [cand], outputs)
         out.append(SampleTensors(sample.index, sqnr, added, tuple(clip), output_sqnr, copies))
         del ref, cand
     return shape, out
+
+
+class _SideRun:
+    """A capture side's optimized file run as it is (graph optimizations off): graph inputs among the
+    tensors asked for are served from the feeds, as :class:`~qdebug.capture.Tap` serves them."""
+
+    def __init__(self, path: Path, fp32: onnx.ModelProto, config: SessionConfig, what: str) -> None:
+        self.session = make_session(
+            path, config, optimize=False, what=f"{what} as the capture optimized it", arena=False, mem_pattern=False
+        )
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.graph_outputs = [o.name for o in fp32.graph.output]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {**feeds, **run_session(self.session, self.output_names, feeds)}
+
+
+def _read_from_sides(
+    pairs: Sequence[TensorPair], sides: OptimizedSides, aliases: Mapping[str, str], pairing: Pairing
+) -> dict[str, tuple[str, str]] | None:
+    """Per pair's FP32 tensor, the (FP32, quantized) tensors of ``sides`` its numbers are read from: its own,
+    or its alias source's. A pair the capture did not measure (not a float tensor...) reads nothing (its
+    numbers are nan, as they are from the Taps). None when ``sides`` lacks a tensor the capture measured."""
+    by_fp32 = {p.fp32: p for p in pairing.tensors}
+    read: dict[str, tuple[str, str]] = {}
+    for p in pairs:
+        source = by_fp32.get(aliases.get(p.fp32, p.fp32))
+        if source is None or source.qdq is None:
+            return None
+        r_name, c_name = source.fp32, source.dequant or source.qdq
+        if r_name not in sides.fp32_names:
+            continue  # not measured by the capture
+        if c_name not in sides.qdq_names:
+            return None
+        read[p.fp32] = (r_name, c_name)
+    return read
 
 
 def _added_noise(

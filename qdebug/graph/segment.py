@@ -106,9 +106,9 @@ def _outer_reads(graph: onnx.GraphProto) -> list[str]:
 
 def plan(model: onnx.ModelProto, size: int = SEGMENT_NODES) -> Plan | None:
     """The slices of ``model``'s main graph, at most ``size`` nodes each; None when the model has fewer than
-    :data:`SLICED_FROM` slices' worth of nodes, or has what a slice could not be fed or hand on: a graph input with an initializer or of no tensor type
-    (a sequence), sparse initializers, an initializer read as a graph output or stacked (no slice computes
-    it)."""
+    :data:`SLICED_FROM` slices' worth of nodes, or has what a slice could not be fed or hand on: a graph
+    input with an initializer or of no tensor type (a sequence), sparse initializers, an initializer read as
+    a graph output or stacked (no slice computes it)."""
     g = model.graph
     inits = {t.name for t in g.initializer}
     inputs = tuple(i.name for i in g.input)

@@ -10,7 +10,8 @@ no profiler: cProfile had slowed ORT's pure-Python quantizer about 2.5x more tha
 its wall time.
 
 Targets (issue 18 part 1): at 3,200 nodes analyze <= 90 s and propose's re-quantization <= 10 % of its wall
-time; growth from 800 to 3,200 nodes no worse than linear.
+time; growth from 800 to 3,200 nodes no worse than linear. A second table breaks analyze down by stage (the
+same wrappers, :data:`STAGE_LABELS`), with each stage's growth from the smallest size to the largest.
 
 Usage:
   python benchmarks/bench_large_graphs.py --sizes 800,1600,3200 [--max-evaluations 12]
@@ -55,14 +56,36 @@ q.quantize_dynamic_model = timed("dynamic", q.quantize_dynamic_model)
 spent.update(per_sample=0.0, per_sample_calls=0)
 import qdebug.pipeline as pipeline
 pipeline._per_sample = timed("per_sample", pipeline._per_sample)
+import qdebug.analysis.graph_engine as engine
+import qdebug.analysis.measure as measure
+STAGES = [(pipeline, "_prepared"), (pipeline, "_quantized_model"), (pipeline, "measure_layers"),
+          (engine, "optimize_for_capture"), (engine, "build_reduction_model"), (engine, "open_sliced"),
+          (measure, "_plain_check"), (pipeline, "_task_metric"), (pipeline, "save_report")]
+for module, name in STAGES:
+    spent.update({"stage:" + name: 0.0, "stage:" + name + "_calls": 0})
+    setattr(module, name, timed("stage:" + name, getattr(module, name)))
 out = sys.argv.pop(1)
 atexit.register(lambda: open(out, "w").write(json.dumps(spent)))
 from qdebug.cli.main import entry
 sys.argv[0] = "qdebug"
 entry()
 """
-"""The child of a timed command: qdebug's CLI with the two quantization entry points and analyze's per-sample
-drill-down wrapped (the first argument: where to write the seconds spent in them)."""
+"""The child of a timed command: qdebug's CLI with the two quantization entry points, analyze's per-sample
+drill-down and analyze's stages (:data:`STAGE_LABELS`) wrapped (the first argument: where to write the seconds
+spent in them)."""
+
+STAGE_LABELS = {
+    "_prepared": "prepare (load, normalize, calibrate)",
+    "_quantized_model": "quantize",
+    "measure_layers": "capture (all of it)",
+    "optimize_for_capture": "capture: ORT optimizes each side (FP32, QDQ, fake-quant)",
+    "build_reduction_model": "capture: merged reduction models built",
+    "open_sliced": "capture: merged models opened (sliced)",
+    "_plain_check": "capture: un-instrumented QDQ session (then scored on)",
+    "_task_metric": "task metric on the evaluation set",
+    "save_report": "report written",
+}
+"""analyze's stages the child times, in the breakdown's order."""
 
 
 def _child(argv: list[str], cwd: Path, timing: Path | None = None) -> tuple[float, float, int]:
@@ -146,6 +169,7 @@ def measure(nodes: int, tmp: Path, budget: int) -> dict:
         "static_s": spent.get("static", math.nan),
         "static_calls": spent.get("static_calls", 0),
         "dynamic_s": spent.get("dynamic", math.nan),
+        **{f"stage:{k}": float(a_spent.get(f"stage:{k}", math.nan)) for k in STAGE_LABELS},
     }
 
 
@@ -196,6 +220,16 @@ def main() -> int:
             f"| {100 * share:.1f} % |"
         )
     first, last = rows[0], rows[-1]
+    print(f"\nwhere analyze's time goes (medians; growth {first['nodes']:,} -> {last['nodes']:,} nodes):\n")
+    print("| stage | " + " | ".join(f"{r['nodes']:,} nodes" for r in rows) + " | growth |")
+    print("|---|" + "---:|" * (len(rows) + 1))
+    stages = [(f"stage:{k}", label) for k, label in STAGE_LABELS.items()]
+    stages.insert(stages.index(("stage:_task_metric", STAGE_LABELS["_task_metric"])) + 1,
+                  ("per_sample_s", "per-sample drill-down"))  # fmt: skip
+    for key, label in stages:
+        cells = " | ".join(f"{r[key]:.2f} s" for r in rows)
+        growth = last[key] / first[key] if min(first[key], last[key]) > 0.05 else math.nan
+        print(f"| {label} | {cells} | {growth:.1f}x |" if growth == growth else f"| {label} | {cells} | - |")
     if len(rows) > 1:
         same = [r["analyze_s"] - r["per_sample_s"] for r in (first, last)]
         print(

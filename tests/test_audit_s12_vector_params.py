@@ -1,0 +1,216 @@
+"""Audit (session 12) of fast_quantize's vectorized per-channel branch: on a real ORT QDQQuantizer over a tiny
+model, ``calc_initializer_quant_params`` (qdebug's) must return exactly what ORT's own
+``QDQQuantizer._calc_initializer_quant_params`` returns on the same quantizer -- same entries, same order,
+same bits -- for every branch condition ORT's loop has: tensor overrides (scale/zero point, quant type,
+axis, symmetric, per-channel rmin/rmax), block-wise weights, 4-bit types, NaN, float16, an activation-typed
+initializer quantized per channel, a minimum real range and an empty weight. Scenarios the vector pass
+takes are also checked to really take it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import QuantType, quant_utils
+from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
+from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+from onnxruntime.quantization.registry import CreateQDQQuantizer
+
+from qdebug import fast_quantize
+
+
+def _model(w: np.ndarray, elem: int = TensorProto.FLOAT, c: np.ndarray | None = None):
+    inits = [numpy_helper.from_array(w, "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    out = "y"
+    if c is not None:
+        inits.append(numpy_helper.from_array(c, "c"))
+        nodes.append(helper.make_node("Add", ["y", "c"], ["z"], name="add"))
+        out = "z"
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", elem, [2, w.shape[0]])],
+        [helper.make_tensor_value_info(out, elem, [2, w.shape[1]])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _both(model, per_channel=True, weight=QuantType.QInt8, extra=None):
+    """(qdebug's, ORT's) initializer parameters on one quantizer that went through ORT's node quantizers;
+    an exception's type and message in place of a result."""
+    ranges = {n: TensorData(lowest=np.float32(-1), highest=np.float32(1)) for n in ("x", "y", "z")}
+    quantizer = fast_quantize.indexed(QDQQuantizer)(
+        model, per_channel, False, weight, QuantType.QUInt8, TensorsData(CalibrationMethod.MinMax, ranges),
+        [], [], ["MatMul", "Add"], extra or {},
+    )  # fmt: skip
+    for node in quantizer.model.nodes():
+        if quantizer.should_quantize_node(node):
+            CreateQDQQuantizer(quantizer, node).quantize()
+
+    def result(call):
+        try:
+            return _flat(call())
+        except Exception as e:  # noqa: BLE001 -- ORT's error is part of its behaviour
+            return f"{type(e).__name__}: {e}"
+
+    ours = result(quantizer._calc_initializer_quant_params)
+    theirs = result(lambda: QDQQuantizer._calc_initializer_quant_params(quantizer))
+    return ours, theirs
+
+
+def _flat(params) -> list:
+    """Every entry, in order, each field's value (arrays by dtype, shape and bytes)."""
+    return [
+        (
+            name,
+            [(k, (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v) for k, v in p.data.items()],
+        )
+        for name, p in params.items()
+    ]
+
+
+_W = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+_TINY_F16 = (_W * np.array([1.0, 1e-3, 1.0, 2e-4], dtype=np.float32)).astype(np.float16)  # subnormal fp16 scales
+_NAN = np.where(np.arange(24).reshape(6, 4) == 5, np.nan, _W).astype(np.float32)
+_OV = "TensorQuantOverrides"
+
+# name: (model, per_channel, weight type, extra options, vectorized?)
+SCENARIOS = {
+    "plain per-channel": (_model(_W), True, QuantType.QInt8, {}, True),
+    "large minimum real range": (_model(_W), True, QuantType.QInt8, {"MinimumRealRange": 50.0}, True),
+    "override symmetric off": (
+        _model(_W),
+        True,
+        QuantType.QInt8,
+        {_OV: {"w": [{"axis": 1, "symmetric": False}]}},
+        True,
+    ),
+    "override quant type 16-bit": (
+        _model(_W),
+        True,
+        QuantType.QInt8,
+        {_OV: {"w": [{"axis": 1, "quant_type": QuantType.QInt16}]}},
+        True,
+    ),
+    "override reduce range": (
+        _model(_W),
+        True,
+        QuantType.QInt8,
+        {_OV: {"w": [{"axis": 1, "reduce_range": True}]}},
+        True,
+    ),
+    "override axis 0": (_model(_W), True, QuantType.QInt8, {_OV: {"w": [{"axis": 0}]}}, True),
+    "override axis 0, per-channel off": (_model(_W), False, QuantType.QInt8, {_OV: {"w": [{"axis": 0}]}}, True),
+    "override axis -1": (_model(_W), True, QuantType.QInt8, {_OV: {"w": [{"axis": -1}]}}, True),
+    "activation-typed initializer per channel": (
+        _model(_W, c=np.linspace(-2, 3, 4, dtype=np.float32)),
+        True,
+        QuantType.QInt8,
+        {_OV: {"c": [{"axis": 0}]}},
+        True,
+    ),
+    # ORT's order of entries: a vectorized weight, then a per-tensor initializer from ORT's loop
+    "per-channel weight then a per-tensor initializer": (
+        _model(_W, c=np.linspace(-2, 3, 4, dtype=np.float32)),
+        True,
+        QuantType.QInt8,
+        {},
+        True,
+    ),
+    "override rmin/rmax": (
+        _model(_W),
+        True,
+        QuantType.QInt8,
+        {_OV: {"w": [{"axis": 1, "rmin": np.float32(-5), "rmax": np.float32(5)}]}},
+        False,
+    ),
+    "override scale and zero point": (
+        _model(_W),
+        True,
+        QuantType.QInt8,
+        {_OV: {"w": [{"axis": 1, "scale": np.float32(0.1), "zero_point": np.int8(0)}]}},
+        False,
+    ),
+    "block-wise": (_model(_W), True, QuantType.QInt8, {"BlockSize": 2}, False),
+    "4-bit weights": (_model(_W), True, QuantType.QInt4, {}, False),
+    "NaN in a channel": (_model(_NAN), True, QuantType.QInt8, {}, False),
+    "float16 weights with subnormal scales": (_model(_TINY_F16, TensorProto.FLOAT16), True, QuantType.QInt8, {}, False),
+    "empty weight": (_model(np.zeros((0, 4), np.float32)), True, QuantType.QInt8, {}, False),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_initializer_params_are_orts_for_every_branch(scenario, monkeypatch):
+    model, per_channel, weight, extra, vectorized = SCENARIOS[scenario]
+    calls = []
+    real = fast_quantize.channel_quant_params
+
+    def counted(*args, **kwargs):
+        calls.append(args[1:])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fast_quantize, "channel_quant_params", counted)
+    with np.errstate(all="ignore"):
+        ours, theirs = _both(model, per_channel, weight, extra)
+    assert ours == theirs, scenario  # entries, their order and their bits
+    assert bool(calls) == vectorized, (scenario, calls)
+
+
+def test_a_scale_of_exactly_float32_tiny_is_kept_as_ort_keeps_it():
+    """ORT replaces a scale *below* float32's smallest normal by 1 (zero point 0); one exactly equal to it
+    is kept. Channels whose range makes the scale exactly 2**-126 for int8 symmetric (absmax 127 * 2**-126)
+    and for uint8 asymmetric (an all-positive channel of max 255 * 2**-126)."""
+    tiny = np.finfo(np.float32).tiny
+    data = np.array([[127 * tiny, -3 * tiny], [255 * tiny, 0.0], [1.0, -1.0], [126 * tiny, 0.0]], dtype=np.float32)
+    for quant_type, symmetric in ((TensorProto.INT8, True), (TensorProto.UINT8, False), (TensorProto.UINT8, True)):
+        ours = fast_quantize.channel_quant_params(data, 0, quant_type, symmetric, False, None)
+        theirs = [
+            quant_utils.compute_data_quant_params(row, quant_type, symmetric, reduce_range=False, min_real_range=None)
+            for row in data
+        ]
+        zps, scales = np.asarray([t[0] for t in theirs]), np.asarray([t[1] for t in theirs])
+        assert ours[0].tobytes() == zps.tobytes() and ours[0].dtype == zps.dtype, (quant_type, symmetric)
+        assert ours[1].tobytes() == scales.tobytes() and ours[1].dtype == scales.dtype, (quant_type, symmetric)
+    # the boundary is really hit: int8 symmetric keeps channel 0's scale at tiny, not 1
+    assert fast_quantize.channel_quant_params(data, 0, TensorProto.INT8, True, False, None)[1][0] == tiny
+
+
+def test_ort_sees_its_own_tensors_to_quantize_after_the_vector_pass():
+    """The vectorized entries are taken out of ``tensors_to_quantize`` only while ORT's loop runs."""
+    model = _model(_W, c=np.linspace(-2, 3, 4, dtype=np.float32))
+    ranges = {n: TensorData(lowest=np.float32(-1), highest=np.float32(1)) for n in ("x", "y", "z")}
+    quantizer = fast_quantize.indexed(QDQQuantizer)(
+        model, True, False, QuantType.QInt8, QuantType.QUInt8, TensorsData(CalibrationMethod.MinMax, ranges),
+        [], [], ["MatMul", "Add"], {},
+    )  # fmt: skip
+    for node in quantizer.model.nodes():
+        if quantizer.should_quantize_node(node):
+            CreateQDQQuantizer(quantizer, node).quantize()
+    before = dict(quantizer.tensors_to_quantize)
+    params = quantizer._calc_initializer_quant_params()
+    assert "w" in params and quantizer.tensors_to_quantize == before
+    assert list(quantizer.tensors_to_quantize) == list(before)
+
+
+def test_the_vector_pass_relies_on_hash_guarded_ort_sources(monkeypatch):
+    """The ORT functions whose steps the vector pass repeats are guarded: each is in VERIFIED_SOURCES with
+    the installed ORT's source, and a change of any one of them turns the fast quantizer off."""
+    guarded = (
+        "QDQQuantizer._calc_initializer_quant_params",
+        "quant_utils.compute_data_quant_params",
+        "quant_utils.compute_scale_zp",
+        "quant_utils.get_qmin_qmax_for_qType",
+    )
+    now = fast_quantize.current_sources()
+    for label in guarded:
+        assert label in fast_quantize.VERIFIED_SOURCES and now[label] == fast_quantize.VERIFIED_SOURCES[label]
+    for label in guarded:
+        monkeypatch.setattr(
+            fast_quantize, "VERIFIED_SOURCES", dict(fast_quantize.VERIFIED_SOURCES, **{label: "0" * 16})
+        )
+        monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+        monkeypatch.delenv(fast_quantize.PLAIN_ENV, raising=False)
+        problem = fast_quantize.fast_path_problem("quantizer")
+        assert problem is not None and label in problem, label

@@ -19,6 +19,7 @@ from qdebug.capture import SessionConfig
 from qdebug.graph.match import pair_models
 from qdebug.prepare import AnalyzeOptions, prepare
 from qdebug.quantize import QuantSpec, quantize_static_model
+from tests.test_per_sample_sides import sessions_opened
 
 
 def _sides_dirs() -> set[Path]:
@@ -74,14 +75,7 @@ def test_an_unmeasured_integer_pair_keeps_the_drill_down_on_the_sides(tmp_path, 
     assert sides is not None and "am" not in sides.fp32_names  # the capture skipped the integer tensor
     batch = next(iter(prep.calib.batches()))
     samples = [per_sample.cut(i, batch.feeds, i, batch.size, batch.axes) for i in range(2)]
-    opened = []
-    real = per_sample.make_session
-
-    def spy(model, config, *, optimize=True, **kwargs):
-        opened.append(optimize)
-        return real(model, config, optimize=optimize, **kwargs)
-
-    monkeypatch.setattr(per_sample, "make_session", spy)
+    opened = sessions_opened(monkeypatch)
     args = (prep.normalized, qproto, pairing, samples, SessionConfig())
     shape, through_sides = per_sample.sample_tensors(*args, sides=sides, aliases=layers.aliases)
     assert opened == [False, False]  # the sides, not the Taps

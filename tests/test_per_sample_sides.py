@@ -31,6 +31,20 @@ def _captured(fixture: str, tmp_path: Path):
     return prep, qproto, pairing, layers, samples
 
 
+def sessions_opened(monkeypatch) -> list[bool]:
+    """per_sample's own session openings (their ``optimize`` flags), recorded from now on; the Taps open
+    theirs through qdebug.capture and are not counted."""
+    opened: list[bool] = []
+    real = per_sample.make_session
+
+    def spy(model, config, *, optimize=True, **kwargs):
+        opened.append(optimize)
+        return real(model, config, optimize=optimize, **kwargs)
+
+    monkeypatch.setattr(per_sample, "make_session", spy)
+    return opened
+
+
 def _numbers(measured) -> list[float]:
     """Every number of every measured sample, flat."""
     return [float(v) for m in measured for v in (*m.sqnr_db, *m.added_noise_db, *m.clip_rate, m.output_sqnr_db)]
@@ -50,14 +64,7 @@ def test_the_sides_give_the_taps_numbers_without_optimizing_again(fixture, tmp_p
     assert sides is not None and sides.fp32.is_file() and sides.qdq.is_file()
     if fixture == "transformer":
         assert layers.aliases  # Reshape/Transpose outputs measured through their sources
-    opened = []
-    real = per_sample.make_session
-
-    def spy(model, config, *, optimize=True, **kwargs):
-        opened.append(optimize)
-        return real(model, config, optimize=optimize, **kwargs)
-
-    monkeypatch.setattr(per_sample, "make_session", spy)
+    opened = sessions_opened(monkeypatch)
     args = (prep.normalized, qproto, pairing, samples, SessionConfig())
     shape, through_sides = per_sample.sample_tensors(*args, sides=sides, aliases=layers.aliases)
     assert opened == [False, False]  # both files opened as they are: nothing optimized again
@@ -85,14 +92,7 @@ def test_sides_lacking_a_measured_tensor_fall_back_to_the_taps(tmp_path, monkeyp
     sides = layers.sides
     assert sides is not None
     sides.qdq_names = frozenset(sorted(sides.qdq_names)[1:])  # one quantized tensor the capture measured missing
-    opened = []
-    real = per_sample.make_session
-
-    def spy(model, config, *, optimize=True, **kwargs):
-        opened.append(optimize)
-        return real(model, config, optimize=optimize, **kwargs)
-
-    monkeypatch.setattr(per_sample, "make_session", spy)
+    opened = sessions_opened(monkeypatch)
     args = (prep.normalized, qproto, pairing, samples, SessionConfig())
     _, measured = per_sample.sample_tensors(*args, sides=sides, aliases=layers.aliases)
     assert opened == []  # per_sample's own sessions were not used: the Taps ran (capture.make_session)

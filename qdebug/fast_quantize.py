@@ -15,11 +15,12 @@ value-info map done once. Each replacement does what the method it replaces does
 so the model is byte-identical to ORT's plain path (tests/test_fast_quantize.py proves it on the
 fixtures and on generated graphs, for every option qdebug passes).
 
-Two linear-but-slow loops are done in bulk the same way: the quantizer's ``new_nodes`` list indexes its
+Three linear-but-slow loops are done in bulk the same way: the quantizer's ``new_nodes`` list indexes its
 names as it grows (:class:`NamedList`; ORT's dynamic quantizer looks a name up in it per quantized
-MatMul), and the static quantizer computes a per-channel weight's scales and zero points for all its
+MatMul), the static quantizer computes a per-channel weight's scales and zero points for all its
 channels in one vector pass (:func:`channel_quant_params`, ORT's float32 / float64 steps element for
-element) instead of ``compute_data_quant_params`` per channel.
+element) instead of ``compute_data_quant_params`` per channel, and such a weight is quantized in one
+pass too (:func:`quantize_onnx_initializer`) instead of ``quantize_nparray`` per channel.
 
 Three guards keep that true:
 
@@ -32,10 +33,12 @@ Three guards keep that true:
   graph; any difference raises :class:`IndexOutOfStep` and qdebug quantizes again on the plain path.
 
 Nothing is patched beyond the call: the quantizer is a subclass whose ``model`` attribute wraps ORT's
-``ONNXModel`` into an :class:`IndexedModel`; the module-level ``find_by_name`` (which ORT's modules
-imported by name) is swapped in their namespaces only while :func:`installed` is active, and the swap
-answers from an index only for the initializer list of an active :class:`IndexedModel` -- any other
-list is scanned as before, so other callers in the process see no difference.
+``ONNXModel`` into an :class:`IndexedModel`; the module-level ``find_by_name`` and
+``quantize_onnx_initializer`` (which ORT's modules imported by name) are swapped in their namespaces only
+while :func:`installed` is active. The swapped ``find_by_name`` answers from an index only for the
+initializer list of an active :class:`IndexedModel` -- any other list is scanned as before -- and the
+swapped ``quantize_onnx_initializer`` gives ORT's bytes for every argument (what it does not do in bulk,
+ORT's own function does), so other callers in the process see no difference.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ VERIFIED_SOURCES: dict[str, str] = {
     "quant_utils.compute_data_quant_params": "3f573364c4842be1",
     "quant_utils.compute_scale_zp": "615e86f6ccd62968",
     "quant_utils.get_qmin_qmax_for_qType": "8dda1ebb6621c82b",
+    "quant_utils.quantize_onnx_initializer": "3474ff8220db56d1",
+    "quant_utils.quantize_nparray": "364007f802236d9b",
 }
 """sha256 (first 16 hex digits) of the source of each ORT function this module replaces or relies on,
 as verified byte-identical (onnxruntime 1.32.0). :func:`current_sources` gives today's."""
@@ -760,7 +765,65 @@ def channel_quant_params(
     return zero_point, np.where(tiny, np.array(1.0, dtype=data.dtype), scale.astype(data.dtype))
 
 
+def quantize_onnx_initializer(
+    weight: onnx.TensorProto,
+    quant_type: int,
+    zero_point: Any,
+    scale: Any,
+    axis: int | None = None,
+    quant_weight_name: str | None = None,
+    block_size: int = 0,
+) -> onnx.TensorProto:
+    """ORT's ``quantize_onnx_initializer``, its per-channel branch for the 8- and 16-bit integer types done for
+    all channels at once (:func:`channel_quantized`); every other case is ORT's own function. A 3,200-node
+    graph quantized per channel has 800 weights of 16 channels: 12,800 calls of ``quantize_nparray``, 0.4 s,
+    against 0.07 s in bulk."""
+    data = channel_quantized(weight, quant_type, zero_point, scale, axis, block_size)
+    if data is None:
+        return _PLAIN_QUANTIZE_INITIALIZER(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
+    name = quant_weight_name if quant_weight_name else f"{weight.name}{quant_utils.TENSOR_NAME_QUANT_SUFFIX}"
+    return numpy_helper.from_array(data.reshape(tuple(weight.dims)), name)
+
+
+def channel_quantized(
+    weight: onnx.TensorProto, quant_type: int, zero_point: Any, scale: Any, axis: Any, block_size: int
+) -> np.ndarray | None:
+    """The weight ORT's per-channel loop quantizes (``quantize_nparray`` on each slice along ``axis``, then
+    concatenated), computed as one broadcast: each element sees the same division, rounding, addition, clip
+    and cast, in the same dtypes (numpy >= 2 types a numpy scalar as it types a one-element array), so the
+    bytes are ORT's (tests/test_fast_quantize.py compares them). None where ORT takes another branch or
+    would raise, or the arguments are not the plain arrays ORT passes (a scale or zero point of another
+    shape or dtype), or the weight holds NaN or inf (their cast to an integer is not specified)."""
+    if axis is None or block_size or quant_type not in _VECTOR_TYPES or _NUMPY_1:
+        return None
+    if weight.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+        return None
+    if not (isinstance(scale, np.ndarray) and isinstance(zero_point, np.ndarray)):
+        return None
+    if scale.dtype not in (np.float32, np.float64) or zero_point.dtype.kind not in "iu":
+        return None
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        return None
+    data = quant_utils.tensor_proto_to_array(weight)
+    if not -data.ndim <= axis < data.ndim or data.size == 0:
+        return None
+    axis = int(axis) % data.ndim
+    channels = data.shape[axis]
+    if scale.shape != (channels,) or zero_point.shape != (channels,) or not np.isfinite(data).all():
+        return None
+    shape = [1] * data.ndim
+    shape[axis] = channels
+    qmin, qmax = quant_utils.get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
+    q = (data.astype(np.float32) / scale.reshape(shape)).round() + zero_point.reshape(shape)
+    np.clip(q, qmin, qmax, out=q)
+    return q.astype(onnx.helper.tensor_dtype_to_np_dtype(quant_type))
+
+
+_NUMPY_1 = int(np.__version__.split(".")[0]) < 2
+"""numpy 1 types a numpy scalar by its value (a float64 scale would divide a float32 slice in float32), an
+array by its dtype: the bulk quantization is left to ORT there."""
 _PLAIN_FIND_BY_NAME = quant_utils.find_by_name
+_PLAIN_QUANTIZE_INITIALIZER = quant_utils.quantize_onnx_initializer
 _LOCK = threading.Lock()
 _ACTIVE: list[IndexedModel] = []
 _DEPTH = [0]
@@ -787,19 +850,29 @@ def _register(model: IndexedModel) -> None:
         _ACTIVE.append(model)
 
 
+def _swaps() -> tuple[tuple[str, Any, Any], ...]:
+    """(name, ORT's function, qdebug's) for each function swapped in ORT's modules by :func:`installed`."""
+    return (
+        ("find_by_name", _PLAIN_FIND_BY_NAME, find_by_name),
+        ("quantize_onnx_initializer", _PLAIN_QUANTIZE_INITIALIZER, quantize_onnx_initializer),
+    )
+
+
 def _ort_modules() -> list[Any]:
     return [m for name, m in list(sys.modules.items()) if name.startswith("onnxruntime.quantization") and m]
 
 
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
-    """Within the block, ORT's modules call :func:`find_by_name`; indexed models made here register."""
+    """Within the block, ORT's modules call :func:`find_by_name` and :func:`quantize_onnx_initializer`;
+    indexed models made here register."""
     token = _SCOPE.set([])
     with _LOCK:
         if _DEPTH[0] == 0:
             for module in _ort_modules():
-                if getattr(module, "find_by_name", None) is _PLAIN_FIND_BY_NAME:
-                    module.find_by_name = find_by_name
+                for name, plain, ours in _swaps():
+                    if getattr(module, name, None) is plain:
+                        setattr(module, name, ours)
         _DEPTH[0] += 1
     try:
         yield
@@ -813,8 +886,9 @@ def installed() -> Iterator[None]:
             _DEPTH[0] -= 1
             if _DEPTH[0] == 0:
                 for module in _ort_modules():
-                    if getattr(module, "find_by_name", None) is find_by_name:
-                        module.find_by_name = _PLAIN_FIND_BY_NAME
+                    for name, plain, ours in _swaps():
+                        if getattr(module, name, None) is ours:
+                            setattr(module, name, plain)
 
 
 # --- the calibrator's augmentation --------------------------------------------------------------------

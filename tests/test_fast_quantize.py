@@ -703,6 +703,84 @@ def test_per_channel_weights_skip_orts_loop_and_build_the_same_model(tmp_path, m
         assert channels and len(calls) - on_fast == on_fast + channels, (on_fast, len(calls), channels)
 
 
+def _weight_cases():
+    """(weight, quant type, zero points, scales, axis) as ORT's per-channel branch gets them, and beyond:
+    float16 weights, float64 scales, ties at .5, zero and huge channels, every axis, 1-4 dimensions."""
+    rng = np.random.default_rng(11)
+    types = [onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16]
+    for k in range(400):
+        shape = tuple(int(d) for d in rng.integers(1, 6, size=int(rng.integers(1, 5))))
+        w = rng.standard_normal(shape) * 10.0 ** int(rng.integers(-5, 5))
+        if k % 5 == 1:
+            w = np.round(w * 4) / 4  # halves: round-half-to-even decides
+        if k % 7 == 2:
+            w[...] = 0.0
+        w = w.astype(np.float16 if k % 3 == 0 and np.abs(w).max() < 6e4 else np.float32)
+        axis = int(rng.integers(-len(shape), len(shape)))
+        quant_type = types[k % 4]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(quant_type)
+        scale_dtype = np.float64 if k % 2 else np.float32
+        scale = (np.abs(rng.standard_normal(shape[axis])) * 10.0 ** int(rng.integers(-4, 2)) + 1e-8).astype(scale_dtype)
+        if k % 11 == 3:
+            scale[...] = 0.125  # exact divisions
+        info = np.iinfo(dtype)
+        zero_point = rng.integers(info.min, info.max, size=shape[axis], endpoint=True).astype(dtype)
+        yield onnx.numpy_helper.from_array(w, f"w{k}"), quant_type, zero_point, scale, axis
+
+
+def test_per_channel_weights_are_quantized_to_orts_bytes_in_one_pass():
+    """qdebug's ``quantize_onnx_initializer`` gives ORT's initializer byte for byte, with the bulk pass taken
+    for every plain per-channel case; NaN, block-wise, per-tensor and odd arguments are ORT's own call."""
+    plain = fast_quantize._PLAIN_QUANTIZE_INITIALIZER
+    bulk = 0
+    for weight, quant_type, zero_point, scale, axis in _weight_cases():
+        ours = fast_quantize.quantize_onnx_initializer(weight, quant_type, zero_point, scale, axis, "q")
+        theirs = plain(weight, quant_type, zero_point, scale, axis, "q")
+        assert ours.SerializeToString() == theirs.SerializeToString(), (weight.name, axis, quant_type)
+        bulk += fast_quantize.channel_quantized(weight, quant_type, zero_point, scale, axis, 0) is not None
+    assert bulk == 400
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    s, z = np.full(4, 0.5, np.float32), np.zeros(4, np.int8)
+    nan = w.copy()
+    nan[0, 0] = np.nan
+    left_to_ort = [
+        (onnx.numpy_helper.from_array(nan, "n"), onnx.TensorProto.INT8, z, s, 1, 0),  # NaN's cast
+        (onnx.numpy_helper.from_array(w, "w"), onnx.TensorProto.INT8, z, s, None, 0),  # per tensor
+        (onnx.numpy_helper.from_array(w, "w"), onnx.TensorProto.INT8, z[:1], s[:1], 0, 2),  # block-wise
+        (onnx.numpy_helper.from_array(w, "w"), onnx.TensorProto.INT4, z, s, 1, 0),  # 4-bit: ORT packs
+        (onnx.numpy_helper.from_array(w, "w"), onnx.TensorProto.INT8, z, s[:3], 1, 0),  # scales too few
+        (onnx.numpy_helper.from_array(w, "w"), onnx.TensorProto.INT8, z, list(s), 1, 0),  # not an array
+        (onnx.numpy_helper.from_array(w, "w"), onnx.TensorProto.INT8, z, s, 2, 0),  # axis out of range
+    ]
+    for args in left_to_ort:
+        assert fast_quantize.channel_quantized(*args) is None, args[1:]
+
+
+def test_the_bulk_weight_quantization_runs_inside_the_call_only(tmp_path, monkeypatch):
+    """Inside qdebug's quantizer ORT's modules call the bulk ``quantize_onnx_initializer`` (ORT's own never
+    sees a per-channel weight of the chain), and hold ORT's own function again after."""
+    model = bench_quantize.make_chain(3)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    axes = []
+    plain = fast_quantize._PLAIN_QUANTIZE_INITIALIZER
+
+    def spy(weight, quant_type, zero_point, scale, axis=None, quant_weight_name=None, block_size=0):
+        axes.append(axis)
+        return plain(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
+
+    monkeypatch.setattr(fast_quantize, "_PLAIN_QUANTIZE_INITIALIZER", spy)
+    for module in (qdq_quantizer, quant_utils):
+        monkeypatch.setattr(module, "quantize_onnx_initializer", spy)
+    quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))
+    assert axes and all(a is None for a in axes)  # only the per-tensor weights (biases, norms) reach ORT's
+    assert qdq_quantizer.quantize_onnx_initializer is spy
+    axes.clear()
+    with fast_quantize.plain_path():
+        quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))
+    assert any(a is not None for a in axes)  # ORT's plain path quantizes each channel itself
+
+
 def test_new_nodes_lookups_are_orts_first_match():
     nodes = fast_quantize.NamedList()
     make = onnx.helper.make_node

@@ -57,7 +57,14 @@ def _spied(monkeypatch) -> tuple[list, list, list]:
     return kept, opened, at_report
 
 
+def _private_tmp(tmp_path: Path, monkeypatch) -> None:
+    """Temporary directories of this test's own (another run's sides in the shared /tmp are not ours)."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+
 def test_the_drill_down_reads_aliases_through_the_sides_which_are_gone_before_the_report(tmp_path, monkeypatch):
+    _private_tmp(tmp_path, monkeypatch)
     before = _sides_dirs()
     kept, opened, at_report = _spied(monkeypatch)
     assert main(_analyze(tmp_path)) == 0

@@ -237,7 +237,8 @@ def transformer():
 
 
 def _empty_proposal(model, path):
-    """Exclude nothing: the selective model is the static one (10 points below FP32 on 60 samples)."""
+    """Exclude nothing: the selective model is the static one (8-10 points below FP32 on 60 samples: 5 or 6
+    samples lost, by the CPU's integer kernels -- VNNI or not)."""
     sha = load_model(model).sha256
     path.write_text(dumps(dataclasses.replace(Proposal(SCHEMA_VERSION, "proposal", "", sha, "", ()), method="minmax")))
     return path
@@ -260,7 +261,10 @@ def test_verify_says_undecided_when_the_target_lies_inside_the_interval(transfor
     assert raw["met"] is False and raw["decided"] is False and raw["confidence"] == 0.95
     low, high = raw["drop_interval"]
     assert low < 8 < high and raw["samples_to_decide"] > 60
-    assert raw["discordant"] == [6, 0] and raw["p_value"] == pytest.approx(binomtest(6, 6, 0.5).pvalue)
+    lost, gained = raw["discordant"]  # samples FP32 gets right and static wrong, and the other way round
+    metric = {v["name"]: v["metric"] for v in raw["variants"]}
+    assert lost == round(60 * (metric["fp32"] - metric["static"])) + gained and lost >= 4 and gained == 0
+    assert raw["p_value"] == pytest.approx(binomtest(lost, lost + gained, 0.5).pvalue)
     assert raw["noise_units"] == 60 and raw["resamples"] == 2000
     case = __import__("xml.etree.ElementTree").etree.ElementTree.parse(junit).getroot().find(".//testcase")
     assert case.find("skipped") is not None and case.find("failure") is None
@@ -277,16 +281,20 @@ def test_verify_says_undecided_when_the_target_lies_inside_the_interval(transfor
 
 def test_verify_exits_0_or_6_when_the_interval_decides(transformer, tmp_path, capsys):
     proposal = _empty_proposal(transformer[0], tmp_path / "p.json")
-    assert _verify(transformer, proposal, tmp_path / "miss.json", "--target-drop", "2") == ExitCode.TARGET_NOT_MET
+    assert _verify(transformer, proposal, tmp_path / "first.json", "--target-drop", "8") == ExitCode.UNDECIDED
+    low, high = json.loads((tmp_path / "first.json").read_text())["drop_interval"]
+    assert 0 < low < high  # 5 or 6 samples lost by the CPU's kernels: the targets below sit outside, either way
+    below, above = f"{low / 2:.3f}", f"{high + 1:.3f}"
+    assert _verify(transformer, proposal, tmp_path / "miss.json", "--target-drop", below) == ExitCode.TARGET_NOT_MET
     miss = json.loads((tmp_path / "miss.json").read_text())
-    assert miss["decided"] is True and miss["drop_interval"][0] > 2 and miss["verdict"].startswith("FAIL")
-    assert _verify(transformer, proposal, tmp_path / "met.json", "--target-drop", "20") == 0
+    assert miss["decided"] is True and miss["drop_interval"] == [low, high] and miss["verdict"].startswith("FAIL")
+    assert _verify(transformer, proposal, tmp_path / "met.json", "--target-drop", above) == 0
     met = json.loads((tmp_path / "met.json").read_text())
-    assert met["met"] is True and met["drop_interval"][1] <= 20 and met["samples_to_decide"] is None
+    assert met["met"] is True and met["drop_interval"][1] <= float(above) and met["samples_to_decide"] is None
     # by recovery: static's loss, none of it recovered, beyond the noise
     assert _verify(transformer, proposal, tmp_path / "rec.json") == ExitCode.TARGET_NOT_MET
     assert json.loads((tmp_path / "rec.json").read_text())["recovery_interval"] == [0.0, 0.0]
-    # --confidence 0: the point estimates alone, as before the intervals (10 points lost > 8 allowed)
+    # --confidence 0: the point estimates alone, as before the intervals (8.3-10 points lost > 8 allowed)
     assert _verify(transformer, proposal, tmp_path / "pt.json", "--target-drop", "8", "--confidence", "0") == 6
     point = json.loads((tmp_path / "pt.json").read_text())
     assert point["confidence"] == "nan" and point["drop_interval"] == ["nan", "nan"]

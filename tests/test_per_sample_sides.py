@@ -114,6 +114,8 @@ def test_analyze_drills_down_through_the_sides_and_deletes_them(tmp_path, monkey
 
     monkeypatch.setattr(per_sample._SideRun, "__init__", spy)
     cnn = FIXTURES / "cnn"
+    (tmp_path / "tmp").mkdir()  # temporary directories of this test's own: other runs share /tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     before = set(Path(tempfile.gettempdir()).glob("qdebug-sides-*"))
     code = main(["analyze", str(cnn / "model.onnx"), "--calib", str(cnn / "calib.npz"), "--eval",
                  str(cnn / "eval.npz"), "-o", str(tmp_path / "r.json"), "-q", "--no-cache"])  # fmt: skip

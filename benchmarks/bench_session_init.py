@@ -193,7 +193,8 @@ def _width_and_slices(runs: int) -> None:
     from qdebug.capture import SessionConfig, make_session, open_sliced
     from qdebug.graph.segment import SEGMENT_NODES
 
-    print(f"\n| Relu graph, optimizations off | nodes | one session | per node | sliced ({SEGMENT_NODES:,} nodes) | per node |")
+    sliced = f"sliced ({SEGMENT_NODES:,} nodes)"
+    print(f"\n| Relu graph, optimizations off | nodes | one session | per node | {sliced} | per node |")
     print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for width, depth in ((1, 4000), (1, 16000), (16, 1000), (64, 250), (1, 64000)):

@@ -121,3 +121,71 @@ def _weight_scale_sizes(model: onnx.ModelProto) -> dict[str, int]:
             scale = inits[n.input[1]]
             out[n.input[0][: -len("_quantized")]] = int(np.prod(scale.dims)) if scale.dims else 1
     return out
+
+
+def _with_gaps(report, normalized, nodes, gap_db: float):
+    """``report`` with the fake-quant view ``gap_db`` above the deployed kernels where ``nodes``' kernels write:
+    each node's output, or the activation ORT folded into it (conv1's Relu); no gap anywhere else."""
+    import dataclasses
+
+    recorded = {t.name for t in report.tensors if t.accumulated is not None}
+    written = set()
+    for node in nodes:
+        out = node.output[0]
+        written.add(out if out in recorded else next(n for n in normalized.graph.node if out in n.input).output[0])
+    tensors = tuple(
+        dataclasses.replace(
+            t, accumulated_fakequant=dataclasses.replace(t.accumulated, sqnr_db=t.accumulated.sqnr_db + gap_db)
+        )
+        if t.name in written
+        else dataclasses.replace(t, accumulated_fakequant=t.accumulated)
+        for t in report.tensors
+    )
+    return dataclasses.replace(report, tensors=tensors)
+
+
+def test_seven_bit_weights_for_the_whole_model_where_the_kernels_lose_at_several_nodes(cnn_report):
+    """Tried where the gap *opens* at two weighted nodes or more (conv1 through its folded Relu, and fc), not
+    where one node's gap is inherited downstream (conv2 reads conv1's)."""
+    import dataclasses
+
+    from qdebug.propose.fixes import WHOLE_GAP_NODES, whole_reduce_range
+
+    report, normalized, structure = cnn_report
+    graph = structure.graph
+    weighted = [n for n in normalized.graph.node if n.name in graph and graph.nodes[n.name]["weighted"]]
+    assert [n.name for n in weighted] == ["conv1", "conv2", "fc"] and WHOLE_GAP_NODES == 2
+    conv1, conv2, fc = weighted
+    assert whole_reduce_range(structure, _with_gaps(report, normalized, weighted, 0.0)) is None  # no gap
+    assert whole_reduce_range(structure, _with_gaps(report, normalized, [conv1], 10.0)) is None  # one node's
+    # conv2 right after conv1: its gap is conv1's, inherited -- still one node where it opens
+    assert whole_reduce_range(structure, _with_gaps(report, normalized, [conv1, conv2], 10.0)) is None
+    fix = whole_reduce_range(structure, _with_gaps(report, normalized, [conv1, fc], 10.0))
+    assert fix is not None and fix.kind == "reduce-range" and fix.unit.nodes == ()  # a whole-model fix
+    weights = {n.input[1] for n in weighted}
+    assert {o.tensor for o in fix.overrides} == weights and all(o.reduce_range for o in fix.overrides)
+    assert "the gap opening at 2 weighted node(s) (conv1, fc)" in fix.why
+    # already 7-bit (or U8U8 weights, which do not saturate): nothing to try
+    for change in ({"reduce_range": True}, {"weight_type": "QUInt8"}):
+        settings = dataclasses.replace(report.config.quant, **change)
+        config = dataclasses.replace(report.config, quant_settings=settings)
+        gapped = _with_gaps(dataclasses.replace(report, config=config), normalized, [conv1, fc], 10.0)
+        assert whole_reduce_range(structure, gapped) is None, change
+    # ORT builds it: every weight 7-bit (ORT's reduced int8 range, [-64, 64]), where static's reach past it
+    ranges = _ranges(report, normalized)
+    static = _int8_weights(quantize_static_model(normalized, ranges, QuantSpec()), weights)
+    seven = _int8_weights(quantize_static_model(normalized, ranges, QuantSpec(tensor_overrides=fix.overrides)), weights)
+    assert set(seven) == set(static) == weights
+    assert all(v.min() >= -64 and v.max() <= 64 for v in seven.values())
+    assert all(v.min() < -64 or v.max() > 64 for v in static.values())
+
+
+def _int8_weights(model: onnx.ModelProto, weights: set[str]) -> dict[str, np.ndarray]:
+    """The quantized int8 initializer of each of ``weights`` (found through its DequantizeLinear)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits and node.output[0].startswith(tuple(weights)):
+            weight = next(w for w in weights if node.output[0].startswith(w))
+            out[weight] = onnx.numpy_helper.to_array(inits[node.input[0]])
+    return out

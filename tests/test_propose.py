@@ -898,3 +898,49 @@ def test_the_answers_interval_is_read_from_its_kept_score_and_never_from_a_scree
     assert _answer_interval(search, full, model, None) == (0.0, 1.0) and not scored
     search.results[model_digest(model)] = (screen, kept)
     assert _answer_interval(search, full, model, None) == (2.0, 3.0) and scored == [model]
+
+
+class _FixAwareSearch(_FakeSearch):
+    """A :class:`_FakeSearch` whose metric also sees each trial's per-node fixes (as ``fix:<tensor>``)."""
+
+    def evaluate(self, step, nodes, overrides=(), per_channel=None, keep_float=(), fixes=()):
+        seen = tuple(overrides) + tuple(f"fix:{o.tensor}" for o in fixes)
+        return super().evaluate(step, nodes, seen, per_channel, keep_float)
+
+
+def _whole(kind: str, tensor: str):
+    from qdebug.propose.search import Fix
+    from qdebug.records import TensorOverride
+
+    return Fix(Unit(kind, "model", (), (), 0.0, "", "whole"), kind, (TensorOverride(tensor, reduce_range=True),), "why")
+
+
+def test_the_whole_model_fixes_are_tried_in_order_and_the_first_that_meets_is_the_answer():
+    """7-bit weights for the whole model (where the kernels saturate) meet the target: one evaluation after
+    the baseline, no node kept FP32; when it does not, the next whole fix is tried, then the node search."""
+    seven_bit, flipped = _whole("reduce-range", "w_all"), _whole("calib-flipped", "w_flip")
+
+    def metric(nodes, overrides):
+        return 0.95 if "fix:w_all" in overrides else 0.2 + 0.75 * ("a" in nodes)
+
+    search = _FixAwareSearch(metric)
+    plan, met, _ = run_search(
+        search, [_unit("a"), _unit("b")], lambda p, w: [], ("fp32",), None, wholes=[seven_bit, flipped]
+    )
+    assert met is not None and met.met and plan.fixed == (seven_bit,) and not plan.nodes()
+    assert [t.step for t in search.trials] == ["baseline", "whole reduce-range"]
+
+    def flipped_only(nodes, overrides):
+        return 0.95 if "fix:w_flip" in overrides else 0.2 + 0.75 * ("a" in nodes)
+
+    search = _FixAwareSearch(flipped_only)
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], ("fp32",), None, wholes=[seven_bit, flipped])
+    assert plan.fixed == (flipped,) and [t.step for t in search.trials] == [
+        "baseline",
+        "whole reduce-range",
+        "whole calib-flipped",
+    ]
+    # neither meets: the node search goes on without them, and finds the node
+    search = _FixAwareSearch(lambda nodes, overrides: 0.2 + 0.75 * ("a" in nodes))
+    plan, met, _ = run_search(search, [_unit("a"), _unit("b")], lambda p, w: [], ("fp32",), None, wholes=[seven_bit])
+    assert met is not None and plan.nodes() == {"a"} and not plan.fixed

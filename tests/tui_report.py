@@ -308,8 +308,8 @@ KERNEL_GAP_NOTE = (
     "downstream inherit it. On x86 CPUs without VNNI, ORT's u8s8 MatMul/Conv kernels can saturate their 16-bit "
     "intermediates (ORT's documented U8S8 saturation, a kernel limit, not the model's fault). Fixes that keep "
     "INT8: re-quantize with --weight-type QUInt8 (U8U8 kernels do not saturate), or give the nodes 7-bit weights "
-    "(reduce_range: `qdebug propose` tries it per node where this gap opens, --allow reduce-range, on by "
-    "default), or keep layer0/attn/q_proj out of INT8"
+    "(reduce_range: `qdebug propose` tries it for the whole model where the gap opens at several weighted nodes, "
+    "else per node; --allow reduce-range, on by default), or keep layer0/attn/q_proj out of INT8"
 )
 """``qdebug.analysis.kernel_gap_notes(report.tensors, nodes=report.nodes)`` on :func:`make_report`, verbatim."""
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -70,6 +71,7 @@ __all__ = [
     "FLOAT_SIZE_SHARE",
     "FLOAT_WEIGHTS_START",
     "FLOAT_WEIGHT_SHARE",
+    "GapStart",
     "KERNEL_GAP_FIX",
     "KERNEL_GAP_START",
     "NEGLIGIBLE_SQNR_DB",
@@ -85,6 +87,7 @@ __all__ = [
     "headline_notes",
     "instrumentation_notes",
     "kernel_gap_notes",
+    "kernel_gap_starts",
     "quantizer_notes",
     "structure_notes",
 ]
@@ -118,23 +121,35 @@ def headline_notes(notes: Sequence[str]) -> tuple[list[str], list[str]]:
     return first, [n for n in notes if not n.startswith(starts)]
 
 
-def kernel_gap_notes(
-    tensors: tuple[TensorRecord, ...],
+@dataclass(frozen=True)
+class GapStart:
+    """A tensor where the deployed integer kernels start to lose much more than fake-quant."""
+
+    opened: float
+    """The part of the gap its producer adds (dB): the whole gap minus the largest its inputs carry."""
+    gap: float
+    tensor: TensorRecord
+    deployed: ErrorStats
+    node: str | None
+    """The node whose kernel made the tensor: its producer, or the producer an activation was folded into."""
+    via: str
+    """How to say it: `` (from conv1)``, `` (from conv1, relu1 folded into it)``, or empty."""
+
+
+def kernel_gap_starts(
+    tensors: Sequence[TensorRecord],
     same_samples: dict[str, ErrorStats] | None = None,
-    limit: int = 3,
     skip: Collection[str] = (),
     nodes: Sequence[NodeRecord] = (),
-) -> list[str]:
-    """Notes naming where ORT's deployed integer kernels start to lose much more than fake-quant.
+) -> tuple[list[GapStart], int]:
+    """Where the deployed kernels' gap opens, the largest first, and how many tensors show a gap at all.
 
-    ``same_samples`` holds the deployed error over the samples the fake-quant
-    view saw (:attr:`LayerErrors.deployed_head`), so both sides of the gap
-    cover the same data; without it the full-run ``accumulated`` is used.
-    ``skip``: tensors not to count (e.g. a Reshape of a tensor already counted).
-    With ``nodes``, a gap its producer's inputs already carry is inherited, not
-    started there: the note names the nodes where the gap first opens (it had
-    named a LeakyRelu and a Split three nodes below the Conv whose u8s8 kernel
-    lost the precision, and told the user to keep those out of INT8).
+    ``same_samples`` holds the deployed error over the samples the fake-quant view saw
+    (:attr:`LayerErrors.deployed_head`), so both sides of the gap cover the same data; without it the
+    full-run ``accumulated`` is used. ``skip``: tensors not to count (e.g. a Reshape of a tensor already
+    counted). With ``nodes``, a gap its producer's inputs already carry is inherited, not started there (a
+    LeakyRelu and a Split three nodes below the Conv whose u8s8 kernel lost the precision had been named);
+    without them, or when no tensor opens one, every gap counts as a start.
     """
     gaps: dict[str, tuple[float, TensorRecord, ErrorStats]] = {}
     measured: dict[str, float] = {}
@@ -149,7 +164,7 @@ def kernel_gap_notes(
         if gap > KERNEL_GAP_DB and t.name not in skip:
             gaps[t.name] = (gap, t, deployed)
     if not gaps:
-        return []
+        return [], 0
     inputs_of = {n.name: n.inputs for n in nodes}
     producer_of = {o: n.name for n in nodes for o in n.outputs}
 
@@ -168,34 +183,46 @@ def kernel_gap_notes(
         return seen[key]
 
     def opened(gap: float, t: TensorRecord) -> float:
-        """The part of ``t``'s gap its producer adds (all of it without node records)."""
         before = [upstream(i) for i in inputs_of.get(t.producer or "", ())]
         return gap - max(before, default=0.0)
 
-    starts = sorted(
-        ((opened(g, t), g, t, d) for g, t, d in gaps.values() if opened(g, t) > KERNEL_GAP_DB),
-        key=lambda s: -s[0],
-    ) or sorted(((g, g, t, d) for g, t, d in gaps.values()), key=lambda s: -s[0])
-    shown = starts[:limit]
     folded = folded_into(nodes, tensors)
 
-    def origin(t: TensorRecord) -> tuple[str | None, str]:
-        """The node whose kernel made ``t`` (the producer an activation was folded into), and how to say it."""
+    def start(o: float, g: float, t: TensorRecord, d: ErrorStats) -> GapStart:
         src = folded.get(t.producer or "")
         if src is not None:  # a Relu ORT folded into its producer's output Q: the producer's kernel
-            return src, f" (from {src}, {t.producer} folded into it)"
-        return t.producer, f" (from {t.producer})" if t.producer else ""
+            return GapStart(o, g, t, d, src, f" (from {src}, {t.producer} folded into it)")
+        return GapStart(o, g, t, d, t.producer, f" (from {t.producer})" if t.producer else "")
 
+    starts = [start(opened(g, t), g, t, d) for g, t, d in gaps.values() if opened(g, t) > KERNEL_GAP_DB]
+    if not starts:
+        starts = [start(g, g, t, d) for g, t, d in gaps.values()]
+    return sorted(starts, key=lambda s: -s.opened), len(gaps)
+
+
+def kernel_gap_notes(
+    tensors: tuple[TensorRecord, ...],
+    same_samples: dict[str, ErrorStats] | None = None,
+    limit: int = 3,
+    skip: Collection[str] = (),
+    nodes: Sequence[NodeRecord] = (),
+) -> list[str]:
+    """Notes naming where ORT's deployed integer kernels start to lose much more than fake-quant
+    (:func:`kernel_gap_starts`: the nodes where the gap first opens, and how many tensors inherit it)."""
+    starts, gapped = kernel_gap_starts(tensors, same_samples, skip, nodes)
+    if not starts:
+        return []
+    shown = starts[:limit]
     where = ", ".join(
-        f"{t.name}{origin(t)[1]}: {d.sqnr_db:.1f} dB deployed vs "
-        f"{fmt_db(t.accumulated_fakequant.sqnr_db)} dB fake-quant"
-        for _, _, t, d in shown
+        f"{s.tensor.name}{s.via}: {s.deployed.sqnr_db:.1f} dB deployed vs "
+        f"{fmt_db(s.tensor.accumulated_fakequant.sqnr_db)} dB fake-quant"  # type: ignore[union-attr]
+        for s in shown
     )
-    inherited = len(gaps) - len(starts)
+    inherited = gapped - len(starts)
     rest = f"; {inherited} tensor(s) downstream inherit it" if nodes and inherited > 0 else ""
-    producers = ", ".join(dict.fromkeys(o for o in (origin(t)[0] for _, _, t, _ in shown) if o)) or "those nodes"
+    producers = ", ".join(dict.fromkeys(s.node for s in shown if s.node)) or "those nodes"
     return [
-        f"{KERNEL_GAP_START} at {len(gaps)} tensor(s); "
+        f"{KERNEL_GAP_START} at {gapped} tensor(s); "
         f"the gap opens at {where}{rest}. On x86 CPUs without VNNI, ORT's u8s8 MatMul/Conv kernels can "
         "saturate their 16-bit intermediates (ORT's documented U8S8 saturation, a kernel limit, not the "
         f"model's fault). {KERNEL_GAP_FIX}, or keep {producers} out of INT8"
@@ -204,8 +231,8 @@ def kernel_gap_notes(
 
 KERNEL_GAP_FIX = (
     "Fixes that keep INT8: re-quantize with --weight-type QUInt8 (U8U8 kernels do not saturate), or give "
-    "the nodes 7-bit weights (reduce_range: `qdebug propose` tries it per node where this gap opens, "
-    "--allow reduce-range, on by default)"
+    "the nodes 7-bit weights (reduce_range: `qdebug propose` tries it for the whole model where the gap opens "
+    "at several weighted nodes, else per node; --allow reduce-range, on by default)"
 )
 """The kernel-gap note's advice (ORT's saturation fixes, cheapest to the model first)."""
 

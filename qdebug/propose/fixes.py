@@ -14,6 +14,8 @@ recalibration):
   (:mod:`qdebug.propose.flipped`, measured once per run), where the evaluation data leaves the calibrated ranges.
 
 :func:`fix_for` returns ``None`` where a fix does not apply, so the search spends no evaluation on it.
+:func:`whole_reduce_range` is the reduce-range fix for every weighted node at once, tried right after
+per-channel weights when analyze measured the kernel gap at several nodes.
 """
 
 from __future__ import annotations
@@ -65,6 +67,40 @@ def fix_for(
     return None
 
 
+WHOLE_GAP_NODES = 2
+"""Weighted nodes with a measured kernel gap from which 7-bit weights for the whole model are tried."""
+
+
+def whole_reduce_range(structure: Structure, report: Report) -> Fix | None:
+    """7-bit weights for every weighted node at once -- ORT's own advice for u8s8 kernels on x86 CPUs without
+    VNNI -- when analyze measured the integer kernels' gap opening at :data:`WHOLE_GAP_NODES` or more weighted
+    nodes (:func:`~qdebug.analysis.notes.kernel_gap_starts`: where it opens, not the tensors downstream that
+    inherit it), and the weights are neither 7-bit already nor U8U8 (which does not saturate). One evaluation
+    that keeps every node INT8, where the per-node fix spends one per unit (on a chain of 800 MatMuls without
+    VNNI the gap opened at hundreds of them). None otherwise: one node's gap is the per-node fix's."""
+    from qdebug.analysis.notes import kernel_gap_starts
+
+    settings = report.config.quant
+    if settings.reduce_range or settings.weight_type == "QUInt8":
+        return None
+    starts, _ = kernel_gap_starts(report.tensors, nodes=report.nodes)
+    weighted = tuple(n.name for n in structure.model.graph.node if _in_graph_weighted(structure, n.name))
+    gaps = [n for n in dict.fromkeys(s.node for s in starts if s.node) if _in_graph_weighted(structure, n)]
+    if len(gaps) < WHOLE_GAP_NODES:
+        return None
+    weights = _weights(Unit("model", "model", weighted, (), 0.0, "", ""), structure)
+    overrides = tuple(TensorOverride(w, reduce_range=True) for w in dict.fromkeys(w for w, _ in weights))
+    if not overrides:
+        return None
+    why = (
+        f"7-bit weights (reduce_range) for the whole model: analyze measured the deployed integer kernels "
+        f"losing to fake-quant, the gap opening at {len(gaps)} weighted node(s) "
+        f"({', '.join(gaps[:3])}{'...' if len(gaps) > 3 else ''}): the u8s8 saturation of x86 CPUs without VNNI"
+    )
+    unit = Unit("reduce-range", "model", (), (), 0.0, "", "every weight of the model")
+    return Fix(unit, "reduce-range", overrides, why)
+
+
 def _clip(unit: Unit, tensors: dict[str, TensorRecord]) -> Fix | None:
     overrides, spans = [], []
     for name in unit.tensors or (unit.key,):
@@ -102,6 +138,10 @@ def _clipped_range(t: TensorRecord) -> tuple[float, float] | None:
     if not (math.isfinite(rmin) and math.isfinite(rmax)) or rmax <= rmin or full < CLIP_MIN_GAIN * (rmax - rmin):
         return None
     return float(rmin), float(rmax)
+
+
+def _in_graph_weighted(structure: Structure, node: str) -> bool:
+    return node in structure.graph and _weighted(structure, node)
 
 
 def _weighted(structure: Structure, node: str) -> bool:

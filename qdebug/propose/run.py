@@ -47,7 +47,7 @@ from qdebug.propose import switch
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
-from qdebug.propose.fixes import fix_for
+from qdebug.propose.fixes import fix_for, whole_reduce_range
 from qdebug.propose.flipped import flipped_ranges, leak_notes
 from qdebug.propose.frontier import dynamic_variant, missed_verdict, speed_verdict, verified_frontier
 from qdebug.propose.options import (  # re-exported: the request's options, target and result
@@ -241,10 +241,17 @@ def _propose(
     def fixer(unit: Unit, kind: str) -> Fix | None:
         return fix_for(unit, kind, structure, report, search.per_channel, flipped)
 
+    wholes = [
+        fix
+        for fix in (
+            whole_reduce_range(structure, report) if "reduce-range" in allow else None,
+            flipped.whole() if flipped is not None else None,
+        )
+        if fix is not None
+    ]
     plan, met, reranks = run_search(
-        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer,
-        whole=flipped.whole() if flipped is not None else None,
-    )  # fmt: skip
+        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer, wholes=wholes
+    )
     plan, final, spec, selective = _selective(search, report, plan, met)
     screen_notes: list[str] = [switch_note(switch)] if switch is not None else []
     if screen is not None:  # report every number on all samples, the answer confirmed there

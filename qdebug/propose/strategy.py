@@ -53,14 +53,16 @@ def run_search(
     widened: list[Unit] | None = None,
     diagnosed: Sequence[Unit] = (),
     fixer: Fixer | None = None,
-    whole: Fix | None = None,
+    wholes: Sequence[Fix] = (),
 ) -> tuple[Plan, Trial | None, int]:
-    """Baseline, per-channel, the ``whole`` model fix, diagnoses, then grow / minimize / cheapen; returns
+    """Baseline, per-channel, the whole-model fixes, diagnoses, then grow / minimize / cheapen; returns
     (plan, met trial or None, re-ranks).
 
-    ``whole`` (``--allow calib-flipped``: every range the flipped samples widen) is one evaluation after
-    per-channel; when it meets the target it is the answer (no node kept FP32), else the search goes on
-    without it and its per-unit form is tried on the answer's units like the other fixes.
+    ``wholes`` (7-bit weights for every weighted node where analyze measured the integer kernels' gap at
+    several; with ``--allow calib-flipped``, every range the flipped samples widen) are one evaluation each
+    after per-channel, in order; the first that meets the target is the answer (no node kept FP32), else the
+    search goes on without them and their per-unit forms are tried on the answer's units like the other
+    fixes.
 
     The ``diagnosed`` units (:mod:`qdebug.propose.diagnose`) are tried together before any growth: when
     they meet the target the answer is minimized from them alone; else they lead the ranking.
@@ -71,7 +73,7 @@ def run_search(
     sets (7 nodes at 91.0 % where 2 nodes give 92.4 % without). Only when that
     search fails, and per-channel helped, is it run again with per-channel on.
     """
-    _hint_start(search, allow, diagnosed, whole)
+    _hint_start(search, allow, diagnosed, wholes)
     base = search.evaluate("baseline", ())
     assert base is not None
     if base.met:
@@ -84,12 +86,16 @@ def run_search(
             return Plan(), pc, 0
         if pc is not None and search.score(pc) > search.score(base) + search.target.noise:
             pc_helped = pc
-    if whole is not None:
+    tried: list[tuple[Fix, Trial]] = []
+    for whole in wholes:
         trial = _evaluate_plan(search, f"whole {whole.kind}", Plan(fixed=(whole,)))
         if trial is not None and trial.met:
             return Plan(fixed=(whole,)), trial, 0
-    if "fp32" not in allow and "int16" not in allow:  # the whole-model fix kept so the best trial can name it
-        return Plan(fixed=(whole,) if whole is not None else ()), None, 0
+        if trial is not None:
+            tried.append((whole, trial))
+    if "fp32" not in allow and "int16" not in allow:  # the best whole-model fix kept so the best trial names it
+        best = max(tried, key=lambda ft: search.score(ft[1]), default=None)
+        return Plan(fixed=(best[0],) if best is not None else ()), None, 0
     action = "fp32" if "fp32" in allow else "int16"
     cap = max_nodes if action == "fp32" else None
     diagnosis = _diagnosed(search, diagnosed, action)
@@ -114,14 +120,13 @@ def run_search(
     return plan, met, reranks
 
 
-def _hint_start(search: Search, allow: Sequence[str], diagnosed: Sequence[Unit], whole: Fix | None) -> None:
-    """The first evaluations, likely all made: full static, per-channel weights, the whole-model fix, the
+def _hint_start(search: Search, allow: Sequence[str], diagnosed: Sequence[Unit], wholes: Sequence[Fix]) -> None:
+    """The first evaluations, likely all made: full static, per-channel weights, the whole-model fixes, the
     diagnoses together."""
     hints = [search.ask(())]
     if "per-channel" in allow and not search.per_channel:
         hints.append(search.ask((), per_channel=True))
-    if whole is not None:
-        hints.append(plan_ask(search, Plan(fixed=(whole,))))
+    hints.extend(plan_ask(search, Plan(fixed=(whole,))) for whole in wholes)
     if diagnosed and ("fp32" in allow or "int16" in allow):
         hints.append(plan_ask(search, Plan().with_units(diagnosed, "fp32" if "fp32" in allow else "int16")))
     search.prefetch(hints)

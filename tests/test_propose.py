@@ -915,6 +915,50 @@ def _whole(kind: str, tensor: str):
     return Fix(Unit(kind, "model", (), (), 0.0, "", "whole"), kind, (TensorOverride(tensor, reduce_range=True),), "why")
 
 
+class _ChannelAwareSearch(_FixAwareSearch):
+    """A :class:`_FixAwareSearch` whose metric also sees per-channel weights (as ``pc``), and which keeps
+    the hints it is given."""
+
+    def __init__(self, metric) -> None:
+        super().__init__(metric)
+        self.hints: list[list] = []
+
+    def evaluate(self, step, nodes, overrides=(), per_channel=None, keep_float=(), fixes=()):
+        seen = (*overrides, "pc") if per_channel else tuple(overrides)
+        return super().evaluate(step, nodes, seen, None, keep_float, fixes)
+
+    def prefetch(self, asked, sure=False) -> None:
+        self.hints.append(list(asked))
+
+
+def test_seven_bit_weights_for_the_whole_model_come_before_per_channel_weights():
+    """Where the kernels saturate at several nodes (the whole reduce-range fix is offered), 7-bit weights are
+    tried before per-channel weights, which do not cure it: where they meet the target, per-channel weights
+    are never built, not even ahead (the first hints are the baseline and the 7-bit model alone); where they
+    miss, per-channel weights come next, then the other whole-model fixes."""
+    seven_bit, flipped = _whole("reduce-range", "w_all"), _whole("calib-flipped", "w_flip")
+    allow = ("fp32", "per-channel")
+
+    search = _ChannelAwareSearch(lambda nodes, overrides: 0.95 if overrides & {"fix:w_all", "pc"} else 0.2)
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], allow, None, wholes=[seven_bit, flipped])
+    assert met is not None and plan.fixed == (seven_bit,) and not search.per_channel
+    assert [t.step for t in search.trials] == ["baseline", "whole reduce-range"]
+    assert len(search.hints) == 1 and len(search.hints[0]) == 2  # the baseline, the 7-bit model
+    assert not any(a[2] for a in search.hints[0])  # per-channel weights not hinted
+
+    search = _ChannelAwareSearch(lambda nodes, overrides: 0.95 if overrides & {"fix:w_flip"} else 0.2)
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], allow, None, wholes=[seven_bit, flipped])
+    assert plan.fixed == (flipped,)
+    assert [t.step for t in search.trials] == ["baseline", "whole reduce-range", "per-channel", "whole calib-flipped"]
+    assert any(a[2] for a in search.hints[1])  # per-channel weights hinted once the 7-bit model missed
+
+    # without the 7-bit fix, per-channel weights come first and are hinted at once, as before
+    search = _ChannelAwareSearch(lambda nodes, overrides: 0.95 if "pc" in overrides else 0.2)
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], allow, None, wholes=[flipped])
+    assert met is not None and search.per_channel and [t.step for t in search.trials] == ["baseline", "per-channel"]
+    assert len(search.hints) == 1 and any(a[2] for a in search.hints[0])
+
+
 def test_the_whole_model_fixes_are_tried_in_order_and_the_first_that_meets_is_the_answer():
     """7-bit weights for the whole model (where the kernels saturate) meet the target: one evaluation after
     the baseline, no node kept FP32; when it does not, the next whole fix is tried, then the node search."""

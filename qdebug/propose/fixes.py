@@ -14,8 +14,8 @@ recalibration):
   (:mod:`qdebug.propose.flipped`, measured once per run), where the evaluation data leaves the calibrated ranges.
 
 :func:`fix_for` returns ``None`` where a fix does not apply, so the search spends no evaluation on it.
-:func:`whole_reduce_range` is the reduce-range fix for every weighted node at once, tried right after
-per-channel weights when analyze measured the kernel gap at several nodes.
+:func:`whole_reduce_range` is the reduce-range fix for every weighted node at once, tried right after the
+baseline (before per-channel weights) when analyze measured the kernel gap at several nodes.
 """
 
 from __future__ import annotations

@@ -79,49 +79,89 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def from_jsonable(tp: Any, value: Any) -> Any:
     """Rebuild a value of type ``tp`` (a record, tuple, float, ...) from JSON data."""
+    return _decoder(tp)(value)
+
+
+@functools.cache
+def _decoder(tp: Any) -> Callable[[Any], Any]:
+    """The function that rebuilds a ``tp`` from JSON data, made once per type: a 3,200-node report holds a
+    million values, and working out each one's type again (``typing.get_origin`` per value) took most of the
+    3 s its loading took. A record's fields get their decoders on first use, so a record that holds its own
+    type needs no recursion here."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        non_none = [a for a in args if a is not type(None)]
-        return from_jsonable(non_none[0], value)
+        inner = _decoder(next(a for a in args if a is not type(None)))
+        return lambda value: None if value is None else inner(value)
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ValueError(f"expected an object for {tp.__name__}")
-        hints = _hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in value:
-                kwargs[f.name] = from_jsonable(hints[f.name], value[f.name])
-        return tp(**kwargs)
+        return _record_decoder(tp)
     if origin is tuple:
+        return _tuple_decoder(args)
+    return _SCALARS.get(tp, _as_is)
+
+
+def _record_decoder(cls: type) -> Callable[[Any], Any]:
+    fields: list[tuple[str, Callable[[Any], Any]]] = []
+
+    def decode(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an object for {cls.__name__}")
+        if not fields:
+            hints = _hints(cls)
+            fields.extend((f.name, _decoder(hints[f.name])) for f in dataclasses.fields(cls))
+        return cls(**{name: dec(value[name]) for name, dec in fields if name in value})
+
+    return decode
+
+
+def _tuple_decoder(args: tuple) -> Callable[[Any], Any]:
+    def checked(value: Any) -> list:
         if not isinstance(value, list):  # a string would otherwise become a tuple of its letters
             raise ValueError(f"expected a list, got {type(value).__name__} {str(value)[:40]!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            if args[0] in (int, float):  # histogram counts and edges: ~4M values in a 5,000-node report
-                return _numbers(args[0], value)
-            return tuple(from_jsonable(args[0], v) for v in value)
-        return tuple(from_jsonable(a, v) for a, v in zip(args, value, strict=True))
-    if tp is float:
-        if isinstance(value, str):
-            return _NONFINITE[value]
-        return float(value)
-    if tp is int:  # 3 and 3.0; not 1.5 (int() had truncated it), true or "3"
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"expected an integer, got {str(value)[:40]!r}")
-        if isinstance(value, float) and not value.is_integer():
-            raise ValueError(f"expected an integer, got {value!r}")
-        return int(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError("expected a string")
         return value
-    if tp is bool:
-        if not isinstance(value, bool):  # bool("false") is True
-            raise ValueError(f"expected true or false, got {str(value)[:40]!r}")
-        return value
+
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = args[0]
+        if item in (int, float):  # histogram counts and edges: ~4M values in a 5,000-node report
+            return lambda value: _numbers(item, checked(value))
+        each = _decoder(item)
+        return lambda value: tuple(map(each, checked(value)))
+    decoders = tuple(_decoder(a) for a in args)
+    return lambda value: tuple(dec(v) for dec, v in zip(decoders, checked(value), strict=True))
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, str):
+        return _NONFINITE[value]
+    return float(value)
+
+
+def _as_int(value: Any) -> int:
+    """3 and 3.0; not 1.5 (int() had truncated it), true or "3"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected an integer, got {str(value)[:40]!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
     return value
+
+
+def _as_bool(value: Any) -> bool:
+    if not isinstance(value, bool):  # bool("false") is True
+        raise ValueError(f"expected true or false, got {str(value)[:40]!r}")
+    return value
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+_SCALARS: dict[Any, Callable[[Any], Any]] = {float: _as_float, int: _as_int, str: _as_str, bool: _as_bool}
 
 
 def _numbers(tp: type, values: list) -> tuple:
@@ -136,7 +176,7 @@ def _numbers(tp: type, values: list) -> tuple:
         return tuple(int(v) for v in values)
     if all(type(v) is float or type(v) is int for v in values):
         return tuple(map(float, values))
-    return tuple(from_jsonable(float, v) for v in values)
+    return tuple(map(_as_float, values))
 
 
 def dumps(obj: Any) -> str:

@@ -137,3 +137,40 @@ def test_a_schema_2_proposal_loads_unchanged(tmp_path):
     loaded = load_proposal(tmp_path / "p.json")
     assert loaded.schema_version == SCHEMA_VERSION
     assert dumps(loaded) == dumps(dataclasses.replace(proposal, schema_version=SCHEMA_VERSION))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tree:
+    """A record holding its own type (the decoders are made per type, once)."""
+
+    label: str
+    weight: float | None
+    children: tuple[_Tree, ...] = ()
+
+
+def test_records_decode_with_their_types_checked_also_a_record_that_holds_its_own_type():
+    """from_jsonable builds each type's decoder once: the values still go through every check (a bool is not
+    a float's "inf", 1.5 not an int), defaults fill missing fields, and a recursive record decodes."""
+    from qdebug.report_io import from_jsonable, to_jsonable
+
+    tree = _Tree("root", None, (_Tree("a", float("inf")), _Tree("b", 2.0, (_Tree("c", -1.5),))))
+    assert from_jsonable(_Tree, json.loads(json.dumps(to_jsonable(tree)))) == tree
+    assert from_jsonable(_Tree, {"label": "x", "weight": 3}) == _Tree("x", 3.0)
+    assert from_jsonable(tuple[int, ...], [1, 2.0]) == (1, 2)
+    for tp, bad, why in (
+        (_Tree, {"label": 1, "weight": None}, "expected a string"),
+        (_Tree, {"label": "x", "weight": None, "children": "ab"}, "expected a list"),
+        (tuple[int, ...], [1, 1.5], "expected an integer"),
+        (tuple[int, str], [True, "a"], "expected an integer"),
+        (bool, "false", "expected true or false"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            from_jsonable(tp, bad)
+    with pytest.raises(TypeError):  # a field without default missing
+        from_jsonable(_Tree, {"weight": 1.0})
+
+
+def test_an_analyzed_report_round_trips_byte_for_byte(analyzed, tmp_path):
+    """The report analyze wrote loads back into records that write the same bytes again."""
+    path, _ = analyzed
+    assert dumps(load_report(path)) == path.read_text()

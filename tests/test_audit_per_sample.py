@@ -47,3 +47,28 @@ def test_the_graph_is_walked_once_for_all_samples(tmp_path, monkeypatch):
     assert fresh == shape
     added = [v for m in measured for v in m.added_noise_db if not math.isnan(v)]
     assert added
+
+
+def test_the_per_sample_added_noise_is_node_records_own_number(tmp_path):
+    """added_noise_by_output (what each flipped sample's drill-down computes) gives, per node output, the
+    added_noise_db node_records derives -- on the cnn and transformer fixtures' reports (folded Relus, tensors
+    with no accumulated error, residual adds), and with half of the tensors' numbers dropped."""
+    import onnx
+
+    from qdebug.cli.main import main
+    from qdebug.graph.match import GraphIndex
+    from qdebug.report_io import load_report
+
+    for name in ("cnn", "transformer"):
+        out = tmp_path / f"{name}.json"
+        assert main(["analyze", str(FIXTURES / name / "model.onnx"), "--calib", str(FIXTURES / name / "calib.npz"),
+                     "-o", str(out), "-q", "--no-cache"]) == 0
+        report = load_report(out)
+        fp32 = onnx.load(report.normalized_model)
+        for tensors in (report.tensors, report.tensors[::2]):
+            index = GraphIndex(fp32)
+            want = {o: n.added_noise_db for n in build.node_records(fp32, tensors, set(), {}) for o in n.outputs}
+            got = build.added_noise_by_output(fp32, tensors, index)
+            assert got.keys() == want.keys()
+            assert all(got[o] == want[o] or (math.isnan(got[o]) and math.isnan(want[o])) for o in want)
+            assert any(math.isfinite(v) for v in got.values())

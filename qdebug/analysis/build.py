@@ -174,13 +174,7 @@ def node_records(
         acc_out = _worst([t.accumulated.sqnr_db for t in outs if t.accumulated])
         acc_in = _worst([_upstream_sqnr(i, by_name, index) for i in node.input if i and i not in index.inits])
         local = _worst([t.local.sqnr_db for t in outs if t.local])
-        if math.isnan(acc_out):
-            introduced = added = math.nan
-        else:
-            in_db = SQNR_CAP_DB if math.isnan(acc_in) else acc_in
-            introduced = _nsr_db(acc_out) - _nsr_db(in_db)
-            delta = 10 ** (_nsr_db(acc_out) / 10) - 10 ** (_nsr_db(in_db) / 10)
-            added = 10 * math.log10(delta) if delta > 0 else -math.inf
+        introduced, added = _introduced_added(acc_out, acc_in)
         # accumulated, not local: binned by level, a tensor's own Q/DQ leaves KL at ~0 unless it clips, and
         # the column read 0 everywhere; the shift from FP32 at the node's output is what KL should show here
         kls = [t.accumulated.kl for t in outs if t.accumulated and not math.isnan(t.accumulated.kl)]
@@ -208,6 +202,34 @@ def node_records(
 def _excludable(node: onnx.NodeProto, quantized_nodes: set[str], ops: set[str]) -> bool:
     """ORT quantizes the node's op type (default domain) and did quantize it: excluding it changes the model."""
     return node.name in quantized_nodes and node.op_type in ops and not node.domain.startswith("com.")
+
+
+def _introduced_added(acc_out: float, acc_in: float) -> tuple[float, float]:
+    """(introduced_db, added_noise_db) of a node from the accumulated SQNRs at its worst output and input."""
+    if math.isnan(acc_out):
+        return math.nan, math.nan
+    in_db = SQNR_CAP_DB if math.isnan(acc_in) else acc_in
+    introduced = _nsr_db(acc_out) - _nsr_db(in_db)
+    delta = 10 ** (_nsr_db(acc_out) / 10) - 10 ** (_nsr_db(in_db) / 10)
+    return introduced, 10 * math.log10(delta) if delta > 0 else -math.inf
+
+
+def added_noise_by_output(
+    fp32: onnx.ModelProto, tensors: tuple[TensorRecord, ...], index: GraphIndex
+) -> dict[str, float]:
+    """Per output tensor of each node, the node's ``added_noise_db`` exactly as :func:`node_records` derives
+    it, without building the rest of every record: the per-sample drill-down needs only this number, once per
+    flipped sample, and whole records cost it about 0.1 s a sample at 3,200 nodes."""
+    by_name = {t.name: t for t in tensors}
+    out: dict[str, float] = {}
+    for node in fp32.graph.node:
+        outs = [by_name[o] for o in node.output if o in by_name]
+        acc_out = _worst([t.accumulated.sqnr_db for t in outs if t.accumulated])
+        acc_in = _worst([_upstream_sqnr(i, by_name, index) for i in node.input if i and i not in index.inits])
+        added = _introduced_added(acc_out, acc_in)[1]
+        for o in node.output:
+            out[o] = added
+    return out
 
 
 def _upstream_sqnr(tensor: str, by_name: dict[str, TensorRecord], index: GraphIndex, hops: int = 4) -> float:

@@ -4,8 +4,8 @@ The capture (:mod:`.measure`) sums every tensor's error over all samples; a flip
 numbers. :func:`sample_tensors` runs each chosen sample alone through the FP32 model and the quantized
 model with every paired tensor as an extra output (the :class:`~qdebug.capture.Tap` sessions the numpy
 engine uses) and measures, per tensor, the accumulated SQNR of that sample (:class:`ErrorAccumulator`),
-the noise each node adds for it (:func:`~.build.node_records` over those SQNRs, as the report's nodes are
-built) and its clip rate: the share of its FP32 values that the tensor's Q/DQ cannot represent (they fall
+the noise each node adds for it (:func:`~.build.added_noise_by_output` over those SQNRs, as the report's nodes
+are built) and its clip rate: the share of its FP32 values that the tensor's Q/DQ cannot represent (they fall
 outside the calibrated range). Only a handful of samples run, one at a time, so memory stays at one
 sample's tensors.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qdebug.analysis.build import node_depths, node_records
+from qdebug.analysis.build import added_noise_by_output, node_depths
 from qdebug.analysis.graph_engine import OptimizedSides
 from qdebug.analysis.measure import data_dependent_shapes
 from qdebug.analysis.numpy_engine import local_fake_quant, quant_params
@@ -204,16 +204,13 @@ def _read_from_sides(
 def _added_noise(
     fp32: onnx.ModelProto, pairs: Sequence[TensorPair], stats: dict, graph: tuple[GraphIndex, dict[str, int]]
 ) -> tuple[float, ...]:
-    """Per tensor, the noise its producer adds for this sample: :func:`node_records` over the sample's
+    """Per tensor, the noise its producer adds for this sample: :func:`added_noise_by_output` over the sample's
     accumulated SQNRs, exactly as the report's ``added_noise_db`` is derived from all samples' ones
     (``graph``: ``fp32``'s index and node depths, built once for every sample)."""
     records = tuple(
         TensorRecord(p.fp32, None, (), 0, None, None, None, stats[p.fp32], None) for p in pairs if p.fp32 in stats
     )
-    by_output = {}
-    for node in node_records(fp32, records, set(), {}, index=graph[0], depth=graph[1]):
-        for o in node.outputs:
-            by_output[o] = node.added_noise_db
+    by_output = added_noise_by_output(fp32, records, graph[0])
     return tuple(by_output.get(p.fp32, math.nan) for p in pairs)
 
 

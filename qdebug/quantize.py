@@ -169,10 +169,10 @@ def _run_quantizer(
 
     from qdebug import fast_quantize
 
-    work = copy.deepcopy(model)
+    work = model if fast else copy.deepcopy(model)  # fast: copied below, once it is known from what
     per_channel_weights = spec.per_channel or any(o.axis is not None for o in spec.tensor_overrides)
     if per_channel_weights and default_opset(work) < PER_CHANNEL_OPSET:
-        work = _upgrade_for_per_channel(work)
+        work = _upgrade_for_per_channel(copy.deepcopy(model) if fast else work)
     weight_type = _qtype(spec.weight_type)
     activation_type = _qtype(spec.activation_type)
     extra = spec.extra_options()
@@ -183,6 +183,8 @@ def _run_quantizer(
             work = update_opset_version(
                 work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
             )
+            if fast and work is model:  # not converted: the quantizer's own shape inference, made once per model
+                work = fast_quantize.shape_inferred(model)
             if default_opset(work) != default_opset(model):
                 carry_ranges_to_converted(model, work, tensors)
             nodes = (list(spec.nodes_to_quantize), spec.excluded(), spec.quantized_op_types())
@@ -512,26 +514,30 @@ def _explain_quantizer_error(e: Exception, spec: QuantSpec) -> QDebugError:
 
 
 def quantize_dynamic_model(
-    model_path: Path, out_path: Path, *, op_types: Sequence[str] | None = None, per_channel: bool = False
-) -> None:
-    """Dynamic quantization (QInt8 weights, activations quantized at run time): what ORT's
+    model_path: Path,
+    out_path: Path | None = None,
+    *,
+    op_types: Sequence[str] | None = None,
+    per_channel: bool = False,
+) -> onnx.ModelProto:
+    """Dynamic quantization (QInt8 weights, activations quantized at run time): the model ORT's
     ``quantize_dynamic`` writes, byte for byte, run over qdebug's indexed model where the sources it relies
     on are the verified ones (:mod:`qdebug.fast_quantize`; ORT's own function is quadratic in the node
-    count: 7.7 s of a 25 s propose on 3,200 nodes)."""
+    count: 7.7 s of a 25 s propose on 3,200 nodes). Written to ``out_path`` when given; returned either way
+    (on the fast path without a write and a read-back when there is no ``out_path``)."""
     from qdebug import fast_quantize
 
     try:
         with quiet_ort_logging(), collector_paused():
             if fast_quantize.use_fast_path("dynamic quantizer"):
                 try:
-                    _dynamic_indexed(Path(model_path), Path(out_path), op_types, per_channel)
-                    return
+                    return _dynamic_indexed(Path(model_path), out_path, op_types, per_channel)
                 except fast_quantize.IndexOutOfStep as e:
                     fast_quantize.note(
                         f"ORT's dynamic quantizer was run again on its plain path (quadratic in the node count): "
                         f"qdebug's index of the graph fell out of step with it ({e}); please report this model"
                     )
-            _dynamic_plain(model_path, out_path, op_types, per_channel)
+            return _dynamic_plain(Path(model_path), out_path, op_types, per_channel)
     except Exception as e:
         raise QDebugError(
             f"ONNX Runtime's dynamic quantizer failed ({e.__class__.__name__}: {str(e)[:200]})",
@@ -559,22 +565,32 @@ def collector_paused():
             gc.enable()
 
 
-def _dynamic_plain(model_path: Path, out_path: Path, op_types: Sequence[str] | None, per_channel: bool) -> None:
+def _dynamic_plain(
+    model_path: Path, out_path: Path | None, op_types: Sequence[str] | None, per_channel: bool
+) -> onnx.ModelProto:
+    import tempfile
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(model_path),
-        str(out_path),
-        op_types_to_quantize=list(op_types) if op_types else None,
-        per_channel=per_channel,
-        weight_type=QuantType.QInt8,
-    )
+    with tempfile.TemporaryDirectory(prefix="qdebug-dynamic-") as tmp:
+        path = out_path if out_path is not None else Path(tmp) / "dynamic.onnx"
+        quantize_dynamic(
+            str(model_path),
+            str(path),
+            op_types_to_quantize=list(op_types) if op_types else None,
+            per_channel=per_channel,
+            weight_type=QuantType.QInt8,
+        )
+        return onnx.load(str(path))
 
 
-def _dynamic_indexed(model_path: Path, out_path: Path, op_types: Sequence[str] | None, per_channel: bool) -> None:
+def _dynamic_indexed(
+    model_path: Path, out_path: Path | None, op_types: Sequence[str] | None, per_channel: bool
+) -> onnx.ModelProto:
     """The body of ORT's ``quantize_dynamic`` (its source is among the verified ones) with the quantizer
     over an :class:`~qdebug.fast_quantize.IndexedModel`; raises ``IndexOutOfStep`` before writing anything
-    if the index and the graph disagree at the end."""
+    if the index and the graph disagree at the end. Without ``out_path`` the model is returned as ORT's
+    ``save_model_to_file`` would write it (verified source too), without the write."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.quant_utils import (
@@ -606,4 +622,10 @@ def _dynamic_indexed(model_path: Path, out_path: Path, op_types: Sequence[str] |
         quantizer.quantize_model()
         if isinstance(quantizer.model, fast_quantize.IndexedModel):
             quantizer.model.check_in_step()
-        quantizer.model.save_model_to_file(str(out_path), False)
+        if out_path is not None:
+            quantizer.model.save_model_to_file(str(out_path), False)
+        else:  # what save_model_to_file does before onnx.save_model
+            quantizer.model.topological_sort()
+            for init in quantizer.model.model.graph.initializer:
+                quantizer.model._check_init(init, "end")
+        return quantizer.model.model

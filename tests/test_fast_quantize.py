@@ -185,6 +185,100 @@ def test_generated_graphs_quantize_byte_identically(blocks, tmp_path, indexed_ru
     assert indexed_runs and all(m.rebuilds <= 4 for m in indexed_runs), [m.rebuilds for m in indexed_runs]
 
 
+def test_the_quantizers_shape_inference_round_trip_runs_once_per_model_content(tmp_path, monkeypatch):
+    """ORT's quantizer shape-infers its input through a save / infer_shapes_path / load round trip; the fast
+    path makes it once per model content (fast_quantize.shape_inferred) and every build still equals ORT's
+    plain path -- also after the model changed between builds, for a model already carrying ORT's mark, and
+    above the size kept."""
+    import copy
+
+    from onnx import numpy_helper
+
+    model = bench_quantize.make_chain(3, seed=7)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    trips = []
+    real = quant_utils.save_and_reload_model_with_shape_infer
+    monkeypatch.setattr(quant_utils, "save_and_reload_model_with_shape_infer", lambda m: trips.append(1) or real(m))
+    monkeypatch.setattr(fast_quantize, "_INFERRED", {})
+    spec = QuantSpec()
+    first, plain = _both(prep.normalized, prep.ranges, spec)
+    assert isinstance(first, bytes) and first == plain
+    for _ in range(2):
+        assert _outcome(prep.normalized, prep.ranges, spec, "QDQ") == first
+    assert len(trips) == 1  # ORT's plain path makes its own (not counted: its module holds the function)
+
+    changed = copy.deepcopy(prep.normalized)
+    weight = next(t for t in changed.graph.initializer if len(t.dims) == 2)
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 2, weight.name))
+    fast, plain = _both(changed, prep.ranges, spec)
+    assert fast == plain and fast != first and len(trips) == 2
+
+    marked = copy.deepcopy(prep.normalized)
+    quant_utils.add_infer_metadata(marked)
+    assert fast_quantize.shape_inferred(marked) == marked and len(trips) == 2
+    fast, plain = _both(marked, prep.ranges, spec)
+    assert isinstance(fast, bytes) and fast == plain
+
+    monkeypatch.setattr(fast_quantize, "INFERRED_MAX_BYTES", 0)
+    assert _outcome(prep.normalized, prep.ranges, spec, "QDQ") == first
+    assert _outcome(prep.normalized, prep.ranges, spec, "QDQ") == first
+    assert len(trips) == 4
+
+
+def _cleaning_case(unused_inputs: bool, repeat: str, subgraph: bool) -> onnx.ModelProto:
+    """A graph with used and unused initializers (some also graph inputs), optionally a repeated initializer
+    or input name, optionally a node holding a subgraph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def init(name: str, value: float) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.full((2,), value, np.float32), name)
+
+    inits = [init("w0", 1), init("dead0", 2), init("w1", 3), init("dead1", 4), init("dead2", 5)]
+    if repeat == "initializer":
+        inits += [init("w1", 3), init("dead1", 4)]
+    nodes = [helper.make_node("Add", ["x", "w0"], ["a"], name="add0")]
+    nodes.append(helper.make_node("Mul", ["a", "w1"], ["y"], name="mul"))
+    if subgraph:
+        b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])
+        branch = helper.make_graph([helper.make_node("Identity", ["a"], ["b"])], "g", [], [b])
+        nodes.append(helper.make_node("If", ["cond"], ["z"], name="if", then_branch=branch, else_branch=branch))
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("x", "dead1", "dead2", "w0")]
+    if repeat == "input":
+        vi.append(helper.make_tensor_value_info("dead2", TensorProto.FLOAT, [2]))
+    vi = vi if unused_inputs else vi[:1]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]
+    return helper.make_model(helper.make_graph(nodes, "clean", vi, outputs, inits))
+
+
+@pytest.mark.parametrize("unused_inputs", [False, True])
+@pytest.mark.parametrize("repeat", ["", "initializer", "input"])
+@pytest.mark.parametrize("subgraph", [False, True])
+def test_unused_initializers_are_cleaned_as_orts_helper_cleans_them(unused_inputs, repeat, subgraph):
+    """IndexedModel.clean_initializers: ORT's _clean_initializers_helper's graph and names, the same bytes,
+    on graphs it takes the one-pass way and graphs it leaves to ORT (a subgraph, a repeated name)."""
+    import copy
+
+    from onnxruntime.quantization.onnx_model import _clean_initializers_helper
+
+    def outcome(clean, model):
+        try:
+            return clean(model)[1], model.SerializeToString(deterministic=True)
+        except ValueError as e:  # ORT's list.remove can fail on repeated names; it must fail alike
+            return f"error: {e}"
+
+    model = _cleaning_case(unused_inputs, repeat, subgraph)
+    ours, theirs = copy.deepcopy(model), copy.deepcopy(model)
+    repeated = repeat == "initializer" or (repeat == "input" and unused_inputs)
+    assert fast_quantize._plainly_cleanable(ours.graph) == (not subgraph and not repeated)
+    indexed = fast_quantize.IndexedModel(ours)
+    got = outcome(lambda m: indexed.clean_initializers(), ours)
+    assert got == outcome(lambda m: _clean_initializers_helper(m.graph, m), theirs)
+    if not repeated:
+        assert {t.name for t in ours.graph.initializer} == {"w0", "w1"}
+        assert indexed.get_initializer("dead0") is None and indexed.get_initializer("w1") is not None
+
+
 def _direct(model: onnx.ModelProto, ranges, extra: dict, fast: bool) -> bytes:
     """ORT's QDQQuantizer (indexed or not) with ``extra`` options qdebug's QuantSpec does not spell (yet)."""
     import copy
@@ -330,6 +424,31 @@ def test_an_index_out_of_step_is_caught_and_the_model_rebuilt_on_the_plain_path(
     assert "b2/res" in fast_quantize.notes()[0]
 
 
+def test_the_node_check_compares_again_after_any_change_made_through_the_index(monkeypatch):
+    """check_in_step does not compare a node list it found in step with nothing changed through the index
+    since (the end-of-run check after the clean-up of initializers); after an indexed change it compares
+    again, and finds a node changed behind the index."""
+    from onnx import helper
+
+    im = fast_quantize.IndexedModel(bench_quantize.make_chain(2))
+    compared = []
+    original = fast_quantize.IndexedModel._check_nodes
+    monkeypatch.setattr(
+        fast_quantize.IndexedModel, "_check_nodes", lambda self, c: compared.append(1) or original(self, c)
+    )
+    assert im.readers("x")  # builds the index
+    im.check_in_step()
+    im.check_in_step()
+    assert len(compared) == 1
+    im.add_node(helper.make_node("Identity", ["x"], ["x_copy"], name="extra"))
+    im.check_in_step()
+    assert len(compared) == 2
+    im.replace_input_of_all_nodes("x_copy", "x_copy2")
+    next(n for n in im.model.graph.node if n.name == "b1/res").input[1] = "x"  # a direct write
+    with pytest.raises(fast_quantize.IndexOutOfStep, match="b1/res"):
+        im.check_in_step()
+
+
 def test_the_environment_switch_runs_the_plain_path_without_a_note(tmp_path, monkeypatch, indexed_runs):
     model = bench_quantize.make_chain(2)
     onnx.save(model, tmp_path / "m.onnx")
@@ -464,6 +583,25 @@ def _dynamic_both(model_path: Path, tmp: Path, options: dict) -> tuple[bytes | s
         except QDebugError as e:
             out.append(f"error: {e}")
     return out[0], out[1]
+
+
+def test_the_dynamic_model_returned_without_a_file_is_the_one_written(tmp_path, indexed_runs):
+    """Without an output path the fast dynamic path returns the model unwritten (propose's frontier): it is
+    what ORT's quantize_dynamic writes, byte for byte, as is the plain path's read-back."""
+    from qdebug.quantize import quantize_dynamic_model
+
+    model = bench_quantize.make_chain(6, variety=True, seed=2)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    written, plain = _dynamic_both(prep.normalized_path, tmp_path, {})
+    assert isinstance(written, bytes) and written == plain
+    runs = len(indexed_runs)
+    returned = quantize_dynamic_model(prep.normalized_path)
+    assert len(indexed_runs) > runs  # the fast path ran
+    assert returned.SerializeToString() == written
+    with fast_quantize.plain_path():
+        assert quantize_dynamic_model(prep.normalized_path).SerializeToString() == written
+    assert not list(tmp_path.glob("**/dynamic.onnx"))
 
 
 @pytest.mark.parametrize("fixture", ["transformer", "cnn"])

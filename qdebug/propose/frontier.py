@@ -12,9 +12,7 @@ beyond the timing noise, and names the best option it measured.
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import onnx
 
@@ -101,13 +99,10 @@ def _size(trial: Trial) -> int:
 
 def dynamic_variant(prep: Prepared) -> onnx.ModelProto | QDebugError:
     """``quantize_dynamic`` of the normalized model (the error when ORT cannot build it)."""
-    with tempfile.TemporaryDirectory(prefix="qdebug-dynamic-") as tmp:
-        path = Path(tmp) / "dynamic.onnx"
-        try:
-            quantize_dynamic_model(prep.normalized_path, path)
-            return onnx.load(str(path))
-        except QDebugError as e:
-            return e
+    try:
+        return quantize_dynamic_model(prep.normalized_path)
+    except QDebugError as e:
+        return e
 
 
 def _dynamic(

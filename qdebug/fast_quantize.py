@@ -20,7 +20,11 @@ names as it grows (:class:`NamedList`; ORT's dynamic quantizer looks a name up i
 MatMul), the static quantizer computes a per-channel weight's scales and zero points for all its
 channels in one vector pass (:func:`channel_quant_params`, ORT's float32 / float64 steps element for
 element) instead of ``compute_data_quant_params`` per channel, and such a weight is quantized in one
-pass too (:func:`quantize_onnx_initializer`) instead of ``quantize_nparray`` per channel.
+pass too (:func:`quantize_onnx_initializer`) instead of ``quantize_nparray`` per channel. And two steps that
+repeat work are done once: the shape-inference round trip ORT's quantizer makes of its input (a save, an
+``infer_shapes_path`` and a load) runs once per model content (:func:`shape_inferred`), and the clean-up of
+unused initializers deletes them by position (:func:`clean_initializers`) instead of copying every node out and
+back and scanning the list once per removal.
 
 Three guards keep that true:
 

@@ -72,3 +72,46 @@ def test_the_per_sample_added_noise_is_node_records_own_number(tmp_path):
             assert got.keys() == want.keys()
             assert all(got[o] == want[o] or (math.isnan(got[o]) and math.isnan(want[o])) for o in want)
             assert any(math.isfinite(v) for v in got.values())
+
+
+def test_clip_rates_in_bulk_are_clip_rate_of_each_tensor(monkeypatch):
+    """per_sample.clip_rates (the drill-down's bulk path): clip_rate's number for every tensor, exactly --
+    per-tensor scales of every zero-point type and none, per-channel ones, NaN and inf values, empty
+    tensors, float16 data -- whole and with the joined chunks cut small."""
+    from qdebug.graph.reduce import FakeQuant
+
+    rng = np.random.default_rng(5)
+    items = []
+    for k in range(60):
+        x = rng.normal(0, 1 + k % 7, size=rng.integers(0, 40, size=rng.integers(1, 4))).astype(np.float32)
+        if k % 9 == 0 and x.size:
+            x.flat[0] = np.nan
+        if k % 11 == 0 and x.size:
+            x.flat[-1] = np.inf
+        kind = k % 6
+        if kind == 0:
+            fq = FakeQuant(np.float32(0.01 * (k + 1)), np.uint8(128))
+        elif kind == 1:
+            fq = FakeQuant(np.array(0.02, np.float32), np.array(3, np.int8))
+        elif kind == 2:
+            fq = FakeQuant(np.float32(0.001), np.array(30000, np.uint16))
+        elif kind == 3:
+            fq = FakeQuant(np.float32(0.05), None)
+        elif kind == 4 and x.ndim > 1:
+            n = x.shape[0]
+            fq = FakeQuant(np.linspace(0.01, 0.1, n).astype(np.float32), np.zeros(n, np.int8), axis=0)
+        else:
+            x = x.astype(np.float16)
+            fq = FakeQuant(np.float32(0.03), np.uint8(0))
+        items.append((x, fq) if k % 13 else None)
+    expected = [math.nan if i is None else per_sample.clip_rate(*i) for i in items]
+
+    def same(got):
+        return len(got) == len(expected) and all(
+            (math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(got, expected, strict=True)
+        )
+
+    assert any(0 < e < 1 for e in expected)  # some clip, some do not
+    assert same(per_sample.clip_rates(items))
+    monkeypatch.setattr(per_sample, "CLIP_CHUNK", 25)
+    assert same(per_sample.clip_rates(items))

@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -146,7 +147,7 @@ def sample_tensors(
     for sample in samples:
         feeds, copies = one_sample(sample, fixed_batch)
         ref, cand = fp_tap.run(feeds), q_tap.run(feeds)
-        stats, clip = {}, []
+        stats, clipping = {}, []
         for p in pairs:
             r_name, c_name = read.get(p.fp32, ("", ""))  # "": not measured, its numbers nan
             r, c = ref.get(r_name), cand.get(c_name)
@@ -156,7 +157,8 @@ def sample_tensors(
                 acc.update(r, c)
                 stats[p.fp32] = acc.result()
             quant = fq.get(r_name)
-            clip.append(clip_rate(r, quant) if ok and quant is not None else math.nan)
+            clipping.append((r, quant) if ok and quant is not None else None)
+        clip = clip_rates(clipping)
         sqnr = tuple(stats[p.fp32].sqnr_db if p.fp32 in stats else math.nan for p in pairs)
         added = _added_noise(fp32, pairs, stats, graph)
         output_sqnr = worst_output_sqnr([ref], [cand], outputs)
@@ -212,6 +214,57 @@ def _added_noise(
     )
     by_output = added_noise_by_output(fp32, records, graph[0])
     return tuple(by_output.get(p.fp32, math.nan) for p in pairs)
+
+
+CLIP_CHUNK = 1 << 22
+"""Values :func:`clip_rates` quantizes at once (16 MB of float32): tensors are joined up to this many."""
+
+
+def clip_rates(items: Sequence[tuple[np.ndarray, FakeQuant] | None]) -> list[float]:
+    """:func:`clip_rate` of each ``(x, fq)`` (nan for None), the same numbers, with the per-tensor ones done
+    in bulk: a flipped sample of a 3,200-node graph has 2,800 small tensors, and one call per tensor was a fifth
+    of the drill-down. Tensors with one scale and zero point of the same type are joined (up to
+    :data:`CLIP_CHUNK` values), quantized in one pass -- each value with its own tensor's scale and zero point,
+    the same float32 operations -- and their saturated and non-NaN values counted per tensor; the counts are
+    integers, so the shares are :func:`clip_rate`'s exactly."""
+    out = [math.nan] * len(items)
+    groups: dict[np.dtype, list[int]] = {}
+    for k, item in enumerate(items):
+        if item is None:
+            continue
+        x, fq = item
+        if np.size(fq.scale) == 1 and np.size(x) and (fq.zero_point is None or np.size(fq.zero_point) == 1):
+            zp = np.asarray(fq.zero_point) if fq.zero_point is not None else np.zeros((), np.uint8)
+            groups.setdefault(zp.dtype, []).append(k)
+        else:
+            out[k] = clip_rate(x, fq)
+    for dtype, ks in groups.items():
+        start = 0
+        while start < len(ks):
+            stop, size = start, 0
+            while stop < len(ks) and (stop == start or size + np.size(items[ks[stop]][0]) <= CLIP_CHUNK):
+                size += np.size(items[ks[stop]][0])
+                stop += 1
+            _clip_chunk(items, ks[start:stop], np.iinfo(dtype), out)
+            start = stop
+    return out
+
+
+def _clip_chunk(items: Sequence[Any], ks: Sequence[int], info: np.iinfo, out: list[float]) -> None:
+    """:func:`clip_rates` of the per-tensor items ``ks``, whose zero points share the integer type ``info``."""
+    xs = [np.asarray(items[k][0], dtype=np.float32).ravel() for k in ks]
+    lengths = np.array([x.size for x in xs])
+    scales = np.array([np.asarray(items[k][1].scale, dtype=np.float32).reshape(()) for k in ks], dtype=np.float32)
+    zps = np.array(
+        [0 if items[k][1].zero_point is None else np.asarray(items[k][1].zero_point).reshape(()) for k in ks]
+    ).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.rint(np.concatenate(xs) / np.repeat(scales, lengths)) + np.repeat(zps, lengths)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    seen = np.add.reduceat(~np.isnan(q), starts, dtype=np.int64)
+    clipped = np.add.reduceat((q < info.min) | (q > info.max), starts, dtype=np.int64)
+    for k, total, c in zip(ks, seen.tolist(), clipped.tolist(), strict=True):
+        out[k] = float(c) / total if total else math.nan
 
 
 def clip_rate(x: np.ndarray, fq: FakeQuant) -> float:

@@ -158,6 +158,60 @@ def test_initializer_params_are_orts_for_every_branch(scenario, monkeypatch):
     assert bool(calls) == vectorized, (scenario, calls)
 
 
+_C = np.linspace(-2, 3, 4, dtype=np.float32)
+_POSITIVE = np.abs(_W) + 0.5
+
+# per-tensor initializers (session 16's bulk pass): name: (model, weight type, extra options, groups in bulk)
+TENSOR_SCENARIOS = {
+    "int8 weight": (_model(_W), QuantType.QInt8, {}, 1),
+    "uint8 weight (asymmetric)": (_model(_W), QuantType.QUInt8, {}, 1),
+    "all-positive uint8 weight": (_model(_POSITIVE), QuantType.QUInt8, {}, 1),
+    "all-zero weight (tiny scale)": (_model(np.zeros((6, 4), np.float32)), QuantType.QInt8, {}, 1),
+    "a weight and an activation-typed initializer": (_model(_W, c=_C), QuantType.QInt8, {}, 2),
+    "activations symmetric": (_model(_W, c=_C), QuantType.QInt8, {"ActivationSymmetric": True}, 2),
+    "weights asymmetric": (_model(_W, c=_C), QuantType.QInt8, {"WeightSymmetric": False}, 2),
+    "minimum real range": (_model(_W, c=_C), QuantType.QInt8, {"MinimumRealRange": 50.0}, 2),
+    "override 16-bit": (_model(_W), QuantType.QInt8, {_OV: {"w": [{"quant_type": QuantType.QInt16}]}}, 1),
+    "override symmetric off": (_model(_W), QuantType.QInt8, {_OV: {"w": [{"symmetric": False}]}}, 1),
+    "override reduce range": (_model(_W, c=_C), QuantType.QInt8, {_OV: {"w": [{"reduce_range": True}]}}, 2),
+    "override rmin/rmax": (
+        _model(_W),
+        QuantType.QInt8,
+        {_OV: {"w": [{"rmin": np.float32(-5), "rmax": np.float32(5)}]}},
+        0,
+    ),
+    "override scale and zero point": (
+        _model(_W),
+        QuantType.QInt8,
+        {_OV: {"w": [{"scale": np.float32(0.1), "zero_point": np.int8(0)}]}},
+        0,
+    ),
+    "4-bit weight": (_model(_W), QuantType.QInt4, {}, 0),
+    "NaN in the weight": (_model(_NAN), QuantType.QInt8, {}, 0),
+    "float16 weight": (_model(_TINY_F16, TensorProto.FLOAT16), QuantType.QInt8, {}, 0),
+    "empty weight": (_model(np.zeros((0, 4), np.float32)), QuantType.QInt8, {}, 0),
+}
+
+
+@pytest.mark.parametrize("scenario", list(TENSOR_SCENARIOS))
+def test_per_tensor_initializer_params_are_orts_for_every_branch(scenario, monkeypatch):
+    """Per-tensor initializers (per_channel off): qdebug's bulk pass returns ORT's entries, order and bits,
+    and takes exactly the groups (type, symmetry, reduce_range) it should; the rest stays ORT's loop."""
+    model, weight, extra, groups = TENSOR_SCENARIOS[scenario]
+    calls = []
+    real = fast_quantize.range_quant_params
+
+    def counted(*args, **kwargs):
+        calls.append(args[2:5])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fast_quantize, "range_quant_params", counted)
+    with np.errstate(all="ignore"):
+        ours, theirs = _both(model, False, weight, extra)
+    assert ours == theirs, scenario
+    assert len(calls) == groups, (scenario, calls)
+
+
 def test_a_scale_of_exactly_float32_tiny_is_kept_as_ort_keeps_it():
     """ORT replaces a scale *below* float32's smallest normal by 1 (zero point 0); one exactly equal to it
     is kept. Channels whose range makes the scale exactly 2**-126 for int8 symmetric (absmax 127 * 2**-126)
@@ -202,14 +256,15 @@ def test_the_vector_pass_relies_on_hash_guarded_ort_sources(monkeypatch):
         "quant_utils.compute_data_quant_params",
         "quant_utils.compute_scale_zp",
         "quant_utils.get_qmin_qmax_for_qType",
+        "quant_utils._check_type",
+        "BaseQuantizer.is_weight_symmetric",
     )
     now = fast_quantize.current_sources()
     for label in guarded:
         assert label in fast_quantize.VERIFIED_SOURCES and now[label] == fast_quantize.VERIFIED_SOURCES[label]
-    for label in guarded:
-        monkeypatch.setattr(
-            fast_quantize, "VERIFIED_SOURCES", dict(fast_quantize.VERIFIED_SOURCES, **{label: "0" * 16})
-        )
+    verified = dict(fast_quantize.VERIFIED_SOURCES)
+    for label in guarded:  # one changed at a time
+        monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", dict(verified, **{label: "0" * 16}))
         monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
         monkeypatch.delenv(fast_quantize.PLAIN_ENV, raising=False)
         problem = fast_quantize.fast_path_problem("quantizer")

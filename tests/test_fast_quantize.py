@@ -815,8 +815,9 @@ def test_per_channel_parameters_are_orts_bit_for_bit(axis):
 
 
 def test_per_channel_weights_skip_orts_loop_and_build_the_same_model(tmp_path, monkeypatch):
-    """The vectorized branch really runs (ORT's per-channel loop sees no weight of the chain), and the
-    model is byte-identical with per-channel, reduce_range and a minimum real range."""
+    """The vectorized branches really run (ORT's loop computes no initializer of the chain: neither its
+    per-channel weights nor its per-tensor LayerNorm and Add initializers), and the model is byte-identical
+    with per-channel, reduce_range and a minimum real range."""
     model = bench_quantize.make_chain(3)
     onnx.save(model, tmp_path / "m.onnx")
     prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
@@ -838,7 +839,7 @@ def test_per_channel_weights_skip_orts_loop_and_build_the_same_model(tmp_path, m
         with fast_quantize.plain_path():
             plain = _outcome(prep.normalized, prep.ranges, spec, "QDQ")
         assert isinstance(fast, bytes) and fast == plain, extra
-        assert channels and len(calls) - on_fast == on_fast + channels, (on_fast, len(calls), channels)
+        assert channels and on_fast == 0 and len(calls) > channels, (on_fast, len(calls), channels)
 
 
 def _weight_cases():

@@ -269,3 +269,50 @@ def test_the_vector_pass_relies_on_hash_guarded_ort_sources(monkeypatch):
         monkeypatch.delenv(fast_quantize.PLAIN_ENV, raising=False)
         problem = fast_quantize.fast_path_problem("quantizer")
         assert problem is not None and label in problem, label
+
+
+def _bare_quantizer(cls):
+    ranges = {n: TensorData(lowest=np.float32(-1), highest=np.float32(1)) for n in ("x", "y", "z")}
+    return cls(
+        _model(_W), False, False, QuantType.QInt8, QuantType.QUInt8, TensorsData(CalibrationMethod.MinMax, ranges),
+        [], [], ["MatMul"], {},
+    )  # fmt: skip
+
+
+def test_scale_and_zero_point_initializers_are_orts_own(monkeypatch):
+    """make_scale_zp_initializers (the indexed quantizer's): the tensors ORT's method makes with
+    onnx.helper.make_tensor, byte for byte and added in the same order, for per-tensor parameters of every
+    8/16-bit type at their extremes and float32 scales down to subnormals, NaN and inf; per-channel
+    parameters, a zero point whose dtype is not its type's and float16 scales are ORT's method itself."""
+    from onnxruntime.quantization.base_quantizer import QuantizationParams
+
+    types = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
+             TensorProto.UINT16: np.uint16}  # fmt: skip
+    scales = [0.1, 1.0, np.finfo(np.float32).tiny, 1e-45, np.nan, np.inf, 3.4e38]
+    cases = []
+    for quant_type, dtype in types.items():
+        info = np.iinfo(dtype)
+        for k, zp in enumerate((info.min, 0, info.max)):
+            scale = np.array(scales[(k + quant_type) % len(scales)], dtype=np.float32)
+            cases.append((QuantizationParams(zero_point=np.array(zp, dtype), scale=scale, quant_type=quant_type), True))
+    per_channel = QuantizationParams(
+        zero_point=np.zeros(3, np.int8), scale=np.ones(3, np.float32), quant_type=TensorProto.INT8, axis=0
+    )
+    cases.append((per_channel, False))
+    wrong = QuantizationParams(zero_point=np.array(5, np.int32), scale=np.array(0.5, np.float32), quant_type=2)
+    cases.append((wrong, False))
+    half = QuantizationParams(zero_point=np.array(0, np.uint8), scale=np.array(0.5, np.float16), quant_type=2)
+    cases.append((half, False))
+    ours_q, theirs_q = _bare_quantizer(fast_quantize.indexed(QDQQuantizer)), _bare_quantizer(QDQQuantizer)
+    plain = []
+    real = QDQQuantizer._make_scale_zp_initializers
+    monkeypatch.setattr(QDQQuantizer, "_make_scale_zp_initializers", lambda *a: plain.append(1) or real(*a))
+    for k, (params, fast) in enumerate(cases):
+        before = len(plain)
+        ours = ours_q._make_scale_zp_initializers(f"t{k}", params, "_s")
+        assert (len(plain) == before) == fast, k
+        theirs = real(theirs_q, f"t{k}", params, "_s")
+        for a, b in ((ours.scale, theirs.scale), (ours.zero_point, theirs.zero_point)):
+            assert a.SerializeToString() == b.SerializeToString(), k
+    mine = [t.SerializeToString() for t in ours_q.model.model.graph.initializer]
+    assert mine == [t.SerializeToString() for t in theirs_q.model.model.graph.initializer]

@@ -277,6 +277,9 @@ def test_unused_initializers_are_cleaned_as_orts_helper_cleans_them(unused_input
     if not repeated:
         assert {t.name for t in ours.graph.initializer} == {"w0", "w1"}
         assert indexed.get_initializer("dead0") is None and indexed.get_initializer("w1") is not None
+        rebuilds = indexed.rebuilds
+        indexed.check_in_step()  # the index followed the deletions: in step, and not rebuilt
+        assert indexed.rebuilds == rebuilds and indexed._ni == len(ours.graph.initializer)
 
 
 def _direct(model: onnx.ModelProto, ranges, extra: dict, fast: bool) -> bytes:

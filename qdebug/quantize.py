@@ -279,8 +279,10 @@ def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto, *,
     clash = _activations_taken_by_weights(model, quantized) or _defined_twice(quantized) - _defined_twice(model)
     if clash:
         raise _invalid_quantized_model(model, quantized, sorted(clash), None)
+    if not load:  # before the sum: ``t.raw_data`` copies each weight's bytes out of the protobuf
+        return
     weights = sum(len(t.raw_data) or 4 * len(t.float_data) for t in quantized.graph.initializer)
-    if not load or weights > LOAD_CHECK_MAX_BYTES:
+    if weights > LOAD_CHECK_MAX_BYTES:
         return
     error = _ort_load_error(quantized)
     if error is None or _ort_load_error(model) is not None:  # the FP32 model fails too: not the quantizer's

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import onnx
 
 from qdebug import __version__
-from qdebug.analysis import DEFAULT_FAKEQUANT_SAMPLES, LayerErrors
+from qdebug.analysis import DEFAULT_FAKEQUANT_SAMPLES, LayerErrors, kernel_gap_nodes
 from qdebug.calibrate import Ranges, calibrate
 from qdebug.capture import check_providers
 from qdebug.data import DataSet, model_input_specs, open_data
@@ -444,4 +444,5 @@ def assemble_report(
         notes=tuple(notes),
         name_map=tuple(sorted(prep.name_map.items())),
         ranges=tuple((k, lo, hi) for k, (lo, hi) in sorted((ranges or {}).items())),
+        kernel_gap_nodes=kernel_gap_nodes(layers.tensors, layers.deployed_head, skip=layers.aliases, nodes=nodes),
     )

@@ -329,6 +329,29 @@ def test_kernel_gap_compares_the_same_samples(analyzed):
     assert kernel_gap_notes((bad_overall,), same) == [], "on the same samples there is no gap"
 
 
+def test_the_report_keeps_the_nodes_the_kernel_gap_note_names(analyzed):
+    """kernel_gap_nodes (written to the report) is the note's rule with the note's arguments: the same
+    nodes in the same order, on the same samples; () where no gap opens."""
+    import dataclasses
+
+    from qdebug.analysis import kernel_gap_nodes, kernel_gap_notes
+
+    report = analyzed[3]
+    assert report.kernel_gap_nodes == kernel_gap_nodes(report.tensors, nodes=report.nodes)
+    c2, bn2 = report.tensor("c2"), report.tensor("bn2")
+
+    def gap(t, db):
+        deployed = dataclasses.replace(t.accumulated, sqnr_db=t.accumulated_fakequant.sqnr_db - db)
+        return dataclasses.replace(t, accumulated=deployed)
+
+    gapped = (gap(c2, 4.0), gap(bn2, 9.0))  # without node records each tensor is its own start
+    assert kernel_gap_nodes(gapped) == ("bn2", "conv2")  # largest gap first, as the note lists them
+    (note,) = kernel_gap_notes(gapped)
+    assert note.index("from bn2") < note.index("from conv2")
+    same = {"bn2": dataclasses.replace(bn2.accumulated, sqnr_db=bn2.accumulated_fakequant.sqnr_db)}
+    assert kernel_gap_nodes(gapped, same) == ("conv2",)  # on the fake-quant view's samples bn2 has no gap
+
+
 def test_kernel_gap_note_names_where_the_gap_opens(analyzed):
     """A gap the producer's inputs already carry is inherited: the note names the node where it opens (it
     had named the tensors with the largest gap, three nodes downstream, and advised keeping those FP32)."""

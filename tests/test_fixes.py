@@ -141,7 +141,7 @@ def _with_gaps(report, normalized, nodes, gap_db: float):
         else dataclasses.replace(t, accumulated_fakequant=t.accumulated)
         for t in report.tensors
     )
-    return dataclasses.replace(report, tensors=tensors)
+    return dataclasses.replace(report, tensors=tensors, kernel_gap_nodes=None)  # as a report from before the field
 
 
 def test_seven_bit_weights_for_the_whole_model_where_the_kernels_lose_at_several_nodes(cnn_report):
@@ -178,6 +178,25 @@ def test_seven_bit_weights_for_the_whole_model_where_the_kernels_lose_at_several
     assert set(seven) == set(static) == weights
     assert all(v.min() >= -64 and v.max() <= 64 for v in seven.values())
     assert all(v.min() < -64 or v.max() > 64 for v in static.values())
+
+
+def test_the_whole_model_fix_counts_the_nodes_analyzes_note_named(cnn_report):
+    """The fix reads the report's kernel_gap_nodes -- where analyze's note found the gap opening, over the
+    samples the fake-quant view saw -- and not the full run's deployed error, which can open the gap
+    elsewhere when the view saw only the first samples."""
+    import dataclasses
+
+    from qdebug.propose.fixes import whole_reduce_range
+
+    report, normalized, structure = cnn_report
+    assert report.kernel_gap_nodes == ()  # analyze wrote the field: no gap on this fixture
+    conv1, _, fc = [n for n in normalized.graph.node if n.name in ("conv1", "conv2", "fc")]
+    full_run = _with_gaps(report, normalized, [conv1, fc], 10.0)  # two openings on the full run
+    assert whole_reduce_range(structure, full_run) is not None
+    assert whole_reduce_range(structure, dataclasses.replace(full_run, kernel_gap_nodes=("conv1",))) is None
+    named = dataclasses.replace(report, kernel_gap_nodes=("fc", "conv1", "relu1"))  # the note named these
+    fix = whole_reduce_range(structure, named)
+    assert fix is not None and "at 2 weighted node(s) (fc, conv1)" in fix.why
 
 
 def _int8_weights(model: onnx.ModelProto, weights: set[str]) -> dict[str, np.ndarray]:

@@ -42,6 +42,7 @@ from qdebug.analysis.notes import (
     concat_range_notes,
     eval_range_notes,
     instrumentation_notes,
+    kernel_gap_nodes,
     kernel_gap_notes,
 )
 from qdebug.analysis.numpy_engine import fake_quantize, local_fake_quant
@@ -63,6 +64,7 @@ __all__ = [
     "folded_activation_notes",
     "folded_into",
     "instrumentation_notes",
+    "kernel_gap_nodes",
     "kernel_gap_notes",
     "local_fake_quant",
     "measure_layers",

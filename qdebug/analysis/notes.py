@@ -86,6 +86,7 @@ __all__ = [
     "folded_activation_notes",
     "headline_notes",
     "instrumentation_notes",
+    "kernel_gap_nodes",
     "kernel_gap_notes",
     "kernel_gap_starts",
     "quantizer_notes",
@@ -198,6 +199,18 @@ def kernel_gap_starts(
     if not starts:
         starts = [start(g, g, t, d) for g, t, d in gaps.values()]
     return sorted(starts, key=lambda s: -s.opened), len(gaps)
+
+
+def kernel_gap_nodes(
+    tensors: Sequence[TensorRecord],
+    same_samples: dict[str, ErrorStats] | None = None,
+    skip: Collection[str] = (),
+    nodes: Sequence[NodeRecord] = (),
+) -> tuple[str, ...]:
+    """The nodes :func:`kernel_gap_starts` says the gap opens at (its first producer each), largest gap first:
+    the report's ``kernel_gap_nodes``, computed with the note's arguments."""
+    starts, _ = kernel_gap_starts(tensors, same_samples, skip, nodes)
+    return tuple(dict.fromkeys(s.node for s in starts if s.node))
 
 
 def kernel_gap_notes(

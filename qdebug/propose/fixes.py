@@ -77,15 +77,18 @@ def whole_reduce_range(structure: Structure, report: Report) -> Fix | None:
     nodes (:func:`~qdebug.analysis.notes.kernel_gap_starts`: where it opens, not the tensors downstream that
     inherit it), and the weights are neither 7-bit already nor U8U8 (which does not saturate). One evaluation
     that keeps every node INT8, where the per-node fix spends one per unit (on a chain of 800 MatMuls without
-    VNNI the gap opened at 41 of them). None otherwise: one node's gap is the per-node fix's."""
-    from qdebug.analysis.notes import kernel_gap_starts
+    VNNI the gap opened at 41 of them). None otherwise: one node's gap is the per-node fix's. The nodes are the
+    report's ``kernel_gap_nodes``, the ones analyze's kernel-gap note names (same rule, same samples)."""
+    from qdebug.analysis.notes import kernel_gap_nodes
 
     settings = report.config.quant
     if settings.reduce_range or settings.weight_type == "QUInt8":
         return None
-    starts, _ = kernel_gap_starts(report.tensors, nodes=report.nodes)
+    opened = report.kernel_gap_nodes
+    if opened is None:  # a report from before the field: the rule over the full run's deployed error
+        opened = kernel_gap_nodes(report.tensors, nodes=report.nodes)
     weighted = tuple(n.name for n in structure.model.graph.node if _in_graph_weighted(structure, n.name))
-    gaps = [n for n in dict.fromkeys(s.node for s in starts if s.node) if _in_graph_weighted(structure, n)]
+    gaps = [n for n in opened if _in_graph_weighted(structure, n)]
     if len(gaps) < WHOLE_GAP_NODES:
         return None
     weights = _weights(Unit("model", "model", weighted, (), 0.0, "", ""), structure)

@@ -395,6 +395,11 @@ class Report:
     """The per-sample drill-down (:mod:`qdebug.records.samples`): each sample's FP32 and static result, the
     samples that flip, and for the worst of them their divergence along the graph; ``None`` in reports
     written before it, and when the metric gives nothing per sample."""
+    kernel_gap_nodes: tuple[str, ...] | None = None
+    """The nodes where the deployed integer kernels' gap opens, largest gap first: what analyze's kernel-gap
+    note names, by its rule over the samples the fake-quant view saw (:func:`qdebug.analysis.notes.kernel_gap_starts`);
+    ``()`` where it opens nowhere or there was no fake-quant view. propose's whole-model 7-bit fix reads it, so
+    the fix and the note count the same nodes. ``None`` in reports written before it."""
 
     def node(self, name: str) -> NodeRecord:
         """Look up a node by normalized name (KeyError if absent)."""

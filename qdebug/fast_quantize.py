@@ -73,7 +73,9 @@ from onnxruntime.quantization.qdq_quantizer import (
     QDQQuantizer,
     QDQQuantTensorType,
     QDQScaleZpInitializers,
+    QDQTensorQuantParams,
     QuantizationParams,
+    TensorData,
 )
 
 PLAIN_ENV = "QDEBUG_PLAIN_QUANTIZER"
@@ -117,6 +119,8 @@ VERIFIED_SOURCES: dict[str, str] = {
     "quant_utils._check_type": "16bf98786c4b4a95",
     "BaseQuantizer.is_weight_symmetric": "940b77944df699dd",
     "QDQQuantizer._make_scale_zp_initializers": "5a2e48273af95ae9",
+    "QDQQuantizer.calc_graph_quant_params": "f399feee14e92b90",
+    "QDQQuantizer.calc_quant_params": "b9e9fd805bdff3ee",
     "BaseQuantizer.__init__": "f582453d7522e2bb",
     "QDQQuantizer.__init__": "3f023aaadb07e484",
     "ONNXQuantizer.__init__": "ab3d406180323ea8",
@@ -730,6 +734,7 @@ def indexed(quantizer_class: type) -> type:
         if issubclass(quantizer_class, QDQQuantizer):
             body["_calc_initializer_quant_params"] = calc_initializer_quant_params
             body["_make_scale_zp_initializers"] = make_scale_zp_initializers
+            body["calc_graph_quant_params"] = calc_graph_quant_params
         _CLASSES[quantizer_class] = type(f"Indexed{quantizer_class.__name__}", (quantizer_class,), body)
     return _CLASSES[quantizer_class]
 
@@ -816,6 +821,73 @@ def calc_initializer_quant_params(self: Any) -> dict[str, QuantizationParams]:
     finally:
         self.tensors_to_quantize = everything
     return {k: ours[k] if k in ours else theirs[k] for k in everything if k in ours or k in theirs}
+
+
+def calc_graph_quant_params(self: Any) -> dict[str, Any]:
+    """``QDQQuantizer.calc_graph_quant_params`` with the plain activation ranges done in bulk: tensors whose
+    parameters ORT's ``calc_quant_params`` computes from their own float32 range (finite, one value each;
+    an 8- or 16-bit type; no scale, zero-point, range or ``convert`` override; not ORT's restricted-asymmetric
+    uint8) are grouped by type, symmetry and reduce_range and computed in one :func:`range_quant_params` pass
+    per group -- ORT's ``compute_scale_zp`` steps element for element. The others are ORT's own
+    ``calc_quant_params``, as in ORT's loop (5,200 tensors of ~26 us each at 3,200 nodes). Same entries, ORT's
+    order, the ranges adjusted first by ORT's ``adjust_tensor_ranges``."""
+    if self.tensors_range is None:
+        return {}
+    self.adjust_tensor_ranges()
+    out: dict[str, Any] = {}
+    groups: dict[tuple[int, bool, bool], list[tuple[str, Any, Any]]] = {}
+    for name in self.tensors_range:
+        td = self.tensors_range[name]
+        if not isinstance(td, TensorData):
+            raise TypeError(f"Unexpected type {type(td)} for {name!r}.")
+        overrides = self.tensor_quant_overrides.get_per_tensor_overrides(name, default_val={})
+        found = _activation_range(self, td, overrides)
+        if found is None:
+            original = self.calc_quant_params(td, overrides)
+            converted = recv_nodes = None
+            if "convert" in overrides:
+                converted = self.calc_quant_params(td, overrides["convert"])
+                recv_nodes = overrides["convert"].get("recv_nodes")
+            out[name] = QDQTensorQuantParams(original, converted, recv_nodes)
+        else:
+            out[name] = None  # its place in ORT's order
+            groups.setdefault(found[0], []).append((name, *found[1]))
+    for (quant_type, symmetric, reduce_range), entries in groups.items():
+        rmin = np.array([e[1] for e in entries], dtype=np.float32)
+        rmax = np.array([e[2] for e in entries], dtype=np.float32)
+        zps, scales = range_quant_params(rmin, rmax, quant_type, symmetric, reduce_range, self.min_real_range)
+        for (name, _, _), zp, scale in zip(entries, zps, scales, strict=True):
+            params = QuantizationParams(zero_point=np.array(zp), scale=np.array(scale), quant_type=quant_type)
+            out[name] = QDQTensorQuantParams(params, None, None)
+    return out
+
+
+_COMPUTED_ELSEWHERE = ("scale", "zero_point", "convert", "rmin", "rmax")
+"""Per-tensor overrides with which ORT's ``calc_quant_params`` takes another branch, or other inputs."""
+
+
+def _activation_range(
+    self: Any, td: Any, overrides: dict[str, Any]
+) -> tuple[tuple[int, bool, bool], tuple[Any, Any]] | None:
+    """((quant type, symmetric, reduce_range), (lowest, highest)) of a tensor whose parameters ORT's
+    ``calc_quant_params`` computes from its own range, where :func:`range_quant_params` gives ORT's bits; None
+    for every other branch (ORT's conditions, in its order)."""
+    quant_type = overrides["quant_type"].tensor_type if "quant_type" in overrides else self.activation_qType
+    if quant_type not in _VECTOR_TYPES or any(k in overrides for k in _COMPUTED_ELSEWHERE):
+        return None
+    symmetric = bool(overrides.get("symmetric", self.is_activation_symmetric))
+    if self.is_activation_restricted_asymmetric and quant_type == onnx.TensorProto.UINT8 and not symmetric:
+        return None
+    lowest, highest = getattr(td, "lowest", None), getattr(td, "highest", None)
+    values = []
+    for v in (lowest, highest):
+        if not isinstance(v, (np.ndarray, np.floating)) or v.dtype != np.float32 or v.size != 1:
+            return None
+        value = np.float32(v.reshape(()) if isinstance(v, np.ndarray) else v)
+        if not np.isfinite(value):
+            return None
+        values.append(value)
+    return (quant_type, symmetric, bool(overrides.get("reduce_range", False))), (values[0], values[1])
 
 
 def _tensor_range(self: Any, name: str, info: Any) -> tuple[tuple[int, bool, bool], tuple[Any, Any]] | None:

@@ -8,6 +8,8 @@ takes are also checked to really take it."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -202,7 +204,8 @@ def test_per_tensor_initializer_params_are_orts_for_every_branch(scenario, monke
     real = fast_quantize.range_quant_params
 
     def counted(*args, **kwargs):
-        calls.append(args[2:5])
+        if sys._getframe(1).f_code.co_name == "calc_initializer_quant_params":  # not the activations' pass
+            calls.append(args[2:5])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fast_quantize, "range_quant_params", counted)
@@ -258,6 +261,9 @@ def test_the_vector_pass_relies_on_hash_guarded_ort_sources(monkeypatch):
         "quant_utils.get_qmin_qmax_for_qType",
         "quant_utils._check_type",
         "BaseQuantizer.is_weight_symmetric",
+        "QDQQuantizer._make_scale_zp_initializers",
+        "QDQQuantizer.calc_graph_quant_params",
+        "QDQQuantizer.calc_quant_params",
     )
     now = fast_quantize.current_sources()
     for label in guarded:
@@ -316,3 +322,116 @@ def test_scale_and_zero_point_initializers_are_orts_own(monkeypatch):
             assert a.SerializeToString() == b.SerializeToString(), k
     mine = [t.SerializeToString() for t in ours_q.model.model.graph.initializer]
     assert mine == [t.SerializeToString() for t in theirs_q.model.model.graph.initializer]
+
+
+def _activation_model():
+    """x -> MatMul(w) -> y -> Relu -> r -> Softmax -> s -> Add(c) -> z: a Relu whose input range ORT replaces
+    with its output's, a Softmax output ORT sets to [0, 1], an Add constant."""
+    inits = [numpy_helper.from_array(_W, "w"), numpy_helper.from_array(_C, "c")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+        helper.make_node("Relu", ["y"], ["r"], name="relu"),
+        helper.make_node("Softmax", ["r"], ["s"], name="softmax"),
+        helper.make_node("Add", ["s", "c"], ["z"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _ranges(**special):
+    base = {"x": (-1.5, 2.0), "y": (-3.0, 4.0), "r": (0.0, 4.0), "s": (0.0, 0.9), "z": (-2.0, 5.0)}
+    out = {}
+    for name, (lo, hi) in base.items():
+        lo, hi = special.get(name, (np.float32(lo), np.float32(hi)))
+        out[name] = TensorData(lowest=lo, highest=hi)
+    return TensorsData(CalibrationMethod.MinMax, out)
+
+
+_F32 = np.float32
+# name: (activation type, extra options, special ranges, tensors in bulk)
+ACTIVATION_SCENARIOS = {
+    "uint8 asymmetric": (QuantType.QUInt8, {}, {}, 5),
+    "int8 symmetric": (QuantType.QInt8, {"ActivationSymmetric": True}, {}, 5),
+    "16-bit": (QuantType.QUInt16, {}, {}, 5),
+    "minimum real range": (QuantType.QUInt8, {"MinimumRealRange": 3.0}, {}, 5),
+    "a zero range (tiny scale)": (QuantType.QUInt8, {}, {"x": (_F32(0), _F32(0))}, 5),
+    "0-d and 1-element array ranges": (
+        QuantType.QUInt8,
+        {},
+        {"x": (np.array(-1, _F32), np.array(1, _F32)), "z": (np.array([-2], _F32), np.array([3], _F32))},
+        5,
+    ),
+    "restricted asymmetric uint8": (QuantType.QUInt8, {"ActivationRestrictedAsymmetric": True}, {}, 0),
+    "restricted asymmetric, symmetric on": (
+        QuantType.QUInt8, {"ActivationRestrictedAsymmetric": True, "ActivationSymmetric": True}, {}, 5,
+    ),  # fmt: skip
+    "overrides": (
+        QuantType.QUInt8,
+        {
+            _OV: {
+                "x": [{"quant_type": QuantType.QUInt16}],
+                "y": [{"symmetric": True}],
+                "z": [{"reduce_range": True}],
+                "r": [{"rmin": _F32(-1), "rmax": _F32(1)}],
+                "s": [{"scale": np.array(0.01, _F32), "zero_point": np.array(0, np.uint8)}],
+            }
+        },
+        {},
+        3,
+    ),
+    "convert": (
+        QuantType.QUInt8,
+        {_OV: {"y": [{"quant_type": QuantType.QUInt8, "convert": {"quant_type": QuantType.QUInt16}}]}},
+        {},
+        4,
+    ),
+    "float16 range": (QuantType.QUInt8, {}, {"x": (np.float16(-1), np.float16(1))}, 4),
+    "NaN range (ORT refuses)": (QuantType.QUInt8, {}, {"x": (_F32(np.nan), _F32(1))}, 0),
+    "an infinite range (left to ORT)": (QuantType.QUInt8, {}, {"z": (_F32(-np.inf), _F32(2))}, 4),
+}
+
+
+@pytest.mark.parametrize("scenario", list(ACTIVATION_SCENARIOS))
+def test_activation_params_are_orts_for_every_branch(scenario, monkeypatch):
+    """calc_graph_quant_params (the indexed QDQQuantizer's): ORT's own loop's entries -- original, converted and
+    receiving nodes, ORT's order, the same bits -- with exactly the plain tensors computed in bulk; after ORT's
+    range adjustments (the Relu input takes its output's range, the Softmax output [0, 1])."""
+    activation, extra, special, bulk = ACTIVATION_SCENARIOS[scenario]
+    taken = []
+    real = fast_quantize.range_quant_params
+
+    def counted(*args, **kwargs):
+        if sys._getframe(1).f_code.co_name == "calc_graph_quant_params":
+            taken.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fast_quantize, "range_quant_params", counted)
+
+    def built(cls):
+        try:
+            with np.errstate(all="ignore"):
+                quantizer = cls(
+                    _activation_model(), False, False, QuantType.QInt8, activation, _ranges(**special), [], [],
+                    ["MatMul", "Relu", "Softmax", "Add"], extra,
+                )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 -- ORT's error is part of its behaviour
+            return f"{type(e).__name__}: {e}"
+        return quantizer, _flat_params(quantizer.quantization_params)  # computed by __init__
+
+    ours, theirs = built(fast_quantize.indexed(QDQQuantizer)), built(QDQQuantizer)
+    if isinstance(theirs, str):  # ORT refuses (a non-finite range): so does the bulk pass, alike
+        assert ours == theirs and not taken, scenario
+        return
+    assert ours[1] == theirs[1], scenario
+    assert sum(taken) == bulk, (scenario, taken)
+    assert [name for name, _ in ours[1]] == list(ours[0].tensors_range)
+
+
+def _flat_params(params) -> list:
+    def one(p):
+        return None if p is None else _flat({"": p})[0][1]
+
+    return [(name, (one(q.original), one(q.converted), q.converted_recv_nodes)) for name, q in params.items()]

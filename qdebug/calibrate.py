@@ -46,12 +46,21 @@ class Ranges:
     from_cache: bool
 
     def minmax(self) -> dict[str, tuple[float, float]]:
-        """Per-tensor (lowest, highest) as plain floats."""
+        """Per-tensor (lowest, highest) as plain floats (the min and max of each where a range holds several
+        values; a single value is taken as it is, without ``np.min``'s reduction machinery: every static
+        build calls this twice, over 5,200 tensors at 3,200 nodes)."""
         out = {}
         for name, td in self.tensors.items():
             lo, hi = td.range_value
-            out[name] = (float(np.min(lo)), float(np.max(hi)))
+            out[name] = (_one(lo, np.min), _one(hi, np.max))
         return out
+
+
+def _one(value: Any, reduce: Any) -> float:
+    """``float(reduce(value))``, with a numpy scalar or one-element array read directly (the same number)."""
+    if isinstance(value, (np.ndarray, np.generic)) and value.size == 1:
+        return float(value.reshape(()) if isinstance(value, np.ndarray) else value)
+    return float(reduce(value))
 
 
 def cache_dir() -> Path:

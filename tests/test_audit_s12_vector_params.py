@@ -435,3 +435,24 @@ def _flat_params(params) -> list:
         return None if p is None else _flat({"": p})[0][1]
 
     return [(name, (one(q.original), one(q.converted), q.converted_recv_nodes)) for name, q in params.items()]
+
+
+def test_ranges_minmax_reads_single_values_as_the_reduction_does():
+    """Ranges.minmax's direct read of a single value (numpy scalar, 0-d or one-element array, float16, NaN,
+    inf) gives float(np.min / np.max) of it; ranges of several values are still reduced."""
+    from qdebug.calibrate import Ranges
+
+    values = {
+        "scalar": (np.float32(-1.5), np.float32(2.25)),
+        "0-d": (np.array(-3, np.float32), np.array(7, np.float32)),
+        "one element": (np.array([-0.5], np.float32), np.array([[4.0]], np.float32)),
+        "float16": (np.float16(-1.0009766), np.float16(65504)),
+        "nan and inf": (np.float32(np.nan), np.float32(np.inf)),
+        "several": (np.array([3, -2, 1], np.float32), np.array([5, 9, 2], np.float32)),
+    }
+    data = {k: TensorData(lowest=lo, highest=hi) for k, (lo, hi) in values.items()}
+    got = Ranges("minmax", "k", TensorsData(CalibrationMethod.MinMax, data), None, False).minmax()
+    for k, (lo, hi) in values.items():
+        expected = (float(np.min(lo)), float(np.max(hi)))
+        assert np.array_equal(got[k], expected, equal_nan=True) and all(type(v) is float for v in got[k]), k
+    assert got["several"] == (-2.0, 9.0)

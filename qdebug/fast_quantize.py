@@ -58,7 +58,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -805,14 +805,8 @@ def calc_initializer_quant_params(self: Any) -> dict[str, QuantizationParams]:
         found = _tensor_range(self, name, info)
         if found is not None:
             ranged.setdefault(found[0], []).append((name, *found[1]))
-    for (quant_type, symmetric, reduce_range), entries in ranged.items():
-        rmin = np.array([e[1] for e in entries], dtype=np.float32)
-        rmax = np.array([e[2] for e in entries], dtype=np.float32)
-        zps, scales = range_quant_params(rmin, rmax, quant_type, symmetric, reduce_range, self.min_real_range)
-        for (name, _, _), zp, scale in zip(entries, zps, scales, strict=True):
-            ours[name] = QuantizationParams(
-                zero_point=np.array(zp), scale=np.array(scale), quant_type=quant_type, axis=None
-            )
+    for name, zero_point, scale, quant_type in _grouped_params(ranged, self.min_real_range):
+        ours[name] = QuantizationParams(zero_point=zero_point, scale=scale, quant_type=quant_type, axis=None)
     if not ours:
         return QDQQuantizer._calc_initializer_quant_params(self)
     self.tensors_to_quantize = {k: v for k, v in everything.items() if k not in ours}
@@ -852,14 +846,23 @@ def calc_graph_quant_params(self: Any) -> dict[str, Any]:
         else:
             out[name] = None  # its place in ORT's order
             groups.setdefault(found[0], []).append((name, *found[1]))
+    for name, zero_point, scale, quant_type in _grouped_params(groups, self.min_real_range):
+        params = QuantizationParams(zero_point=zero_point, scale=scale, quant_type=quant_type)
+        out[name] = QDQTensorQuantParams(params, None, None)
+    return out
+
+
+def _grouped_params(
+    groups: Mapping[tuple[int, bool, bool], Sequence[tuple[str, Any, Any]]], min_real_range: float | None
+) -> Iterator[tuple[str, np.ndarray, np.ndarray, int]]:
+    """(name, zero point, scale, type) of each ``(name, lowest, highest)`` of each (type, symmetric,
+    reduce_range) group, one :func:`range_quant_params` pass per group; the parameters as ORT's 0-d arrays."""
     for (quant_type, symmetric, reduce_range), entries in groups.items():
         rmin = np.array([e[1] for e in entries], dtype=np.float32)
         rmax = np.array([e[2] for e in entries], dtype=np.float32)
-        zps, scales = range_quant_params(rmin, rmax, quant_type, symmetric, reduce_range, self.min_real_range)
+        zps, scales = range_quant_params(rmin, rmax, quant_type, symmetric, reduce_range, min_real_range)
         for (name, _, _), zp, scale in zip(entries, zps, scales, strict=True):
-            params = QuantizationParams(zero_point=np.array(zp), scale=np.array(scale), quant_type=quant_type)
-            out[name] = QDQTensorQuantParams(params, None, None)
-    return out
+            yield name, np.array(zp), np.array(scale), quant_type
 
 
 _COMPUTED_ELSEWHERE = ("scale", "zero_point", "convert", "rmin", "rmax")
@@ -894,16 +897,10 @@ def _tensor_range(self: Any, name: str, info: Any) -> tuple[tuple[int, bool, boo
     """For an initializer ORT's loop quantizes per tensor from its own data: ((quant type, symmetric,
     reduce_range), (min, max of the data)); None where ORT takes another branch, or the data is one
     :func:`range_quant_params` leaves to ORT (the branch conditions are ORT's, in its order)."""
-    initializer = self.model.get_initializer(name)
-    if not initializer or initializer.data_type != onnx.TensorProto.FLOAT:
+    head = _computed_initializer(self, name, info)
+    if head is None:
         return None
-    is_weight = info.tensor_type is QDQQuantTensorType.WEIGHT
-    quant_type = self.weight_qType if is_weight else self.activation_qType
-    if self.tensor_quant_overrides.overrides_scale_zp(name):
-        return None
-    overrides = self.tensor_quant_overrides.get(name, [{}])
-    if "quant_type" in overrides[0]:
-        quant_type = overrides[0]["quant_type"].tensor_type
+    initializer, is_weight, quant_type, overrides = head
     if overrides[0].get("axis", info.axis) is not None or (is_weight and self.block_size > 0):
         return None
     if quant_type not in _VECTOR_TYPES or overrides[0].get("rmin") is not None or overrides[0].get("rmax") is not None:
@@ -960,10 +957,10 @@ def scalar_tensor(name: str, data_type: int, value: float) -> onnx.TensorProto:
 _VECTOR_TYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
 
 
-def _vector_params(self: Any, name: str, info: Any) -> QuantizationParams | None:
-    """The per-channel branch of ORT's loop for ``name``, vectorized; None where ORT takes another branch
-    or the data is one :func:`channel_quant_params` leaves to ORT (the branch conditions are ORT's, in its
-    order)."""
+def _computed_initializer(self: Any, name: str, info: Any) -> tuple[Any, bool, int, list[dict[str, Any]]] | None:
+    """The head of ORT's initializer loop for ``name``: (initializer, is a weight, quantization type, its
+    overrides) where ORT computes the parameters from the float32 data; None where it has no such
+    initializer or takes the parameters from a scale / zero-point override (ORT's conditions, in its order)."""
     initializer = self.model.get_initializer(name)
     if not initializer or initializer.data_type != onnx.TensorProto.FLOAT:
         return None
@@ -974,6 +971,17 @@ def _vector_params(self: Any, name: str, info: Any) -> QuantizationParams | None
     overrides = self.tensor_quant_overrides.get(name, [{}])
     if "quant_type" in overrides[0]:
         quant_type = overrides[0]["quant_type"].tensor_type
+    return initializer, is_weight, quant_type, overrides
+
+
+def _vector_params(self: Any, name: str, info: Any) -> QuantizationParams | None:
+    """The per-channel branch of ORT's loop for ``name``, vectorized; None where ORT takes another branch
+    or the data is one :func:`channel_quant_params` leaves to ORT (the branch conditions are ORT's, in its
+    order)."""
+    head = _computed_initializer(self, name, info)
+    if head is None:
+        return None
+    initializer, is_weight, quant_type, overrides = head
     axis = overrides[0].get("axis", info.axis)
     if axis is None or (is_weight and self.block_size > 0) or quant_type not in _VECTOR_TYPES:
         return None

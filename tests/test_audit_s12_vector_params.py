@@ -204,7 +204,7 @@ def test_per_tensor_initializer_params_are_orts_for_every_branch(scenario, monke
     real = fast_quantize.range_quant_params
 
     def counted(*args, **kwargs):
-        if sys._getframe(1).f_code.co_name == "calc_initializer_quant_params":  # not the activations' pass
+        if sys._getframe(2).f_code.co_name == "calc_initializer_quant_params":  # not the activations' pass
             calls.append(args[2:5])
         return real(*args, **kwargs)
 
@@ -404,7 +404,7 @@ def test_activation_params_are_orts_for_every_branch(scenario, monkeypatch):
     real = fast_quantize.range_quant_params
 
     def counted(*args, **kwargs):
-        if sys._getframe(1).f_code.co_name == "calc_graph_quant_params":
+        if sys._getframe(2).f_code.co_name == "calc_graph_quant_params":  # through _grouped_params
             taken.append(len(args[0]))
         return real(*args, **kwargs)
 

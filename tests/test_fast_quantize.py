@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import itertools
 import json
 import uuid
@@ -136,6 +137,25 @@ def test_this_ort_has_the_sources_the_fast_path_was_verified_on():
     fast_quantize.VERIFIED_SOURCES with fast_quantize.current_sources()."""
     assert fast_quantize.current_sources() == fast_quantize.VERIFIED_SOURCES
     assert fast_quantize.fast_path_problem() is None
+
+def test_the_sources_quick_reading_is_inspects_and_a_wrong_one_only_defers_to_inspect(monkeypatch):
+    """The digests are read off code objects' line numbers (no tokenizing): that text is exactly
+    ``inspect.getsource``'s for every verified entry, and where it were not, inspect's would decide."""
+    for label in fast_quantize.VERIFIED_SOURCES:
+        fn = fast_quantize._relied_on_one(label)
+        assert fast_quantize._code_lines_source(fn) == inspect.getsource(fn), label
+    truth = {label: fast_quantize._digest(inspect.getsource(fast_quantize._relied_on_one(label)))
+             for label in fast_quantize.VERIFIED_SOURCES}
+    monkeypatch.setattr(fast_quantize, "_HASHES", {})
+    monkeypatch.setattr(fast_quantize, "_code_lines_source", lambda fn: "not the source")
+    assert fast_quantize.current_sources() == truth
+    changed = dict(fast_quantize.VERIFIED_SOURCES, **{"ONNXModel.get_initializer": "0" * 16})
+    monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
+    monkeypatch.setattr(fast_quantize, "_HASHES", {})
+    monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+    monkeypatch.delenv(fast_quantize.PLAIN_ENV, raising=False)
+    assert "ONNXModel.get_initializer" in (fast_quantize.fast_path_problem("quantizer") or "")
+
 
 
 @pytest.mark.parametrize("fixture", ["transformer", "cnn"])

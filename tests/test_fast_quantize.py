@@ -218,8 +218,8 @@ def test_the_quantizers_shape_inference_round_trip_runs_once_per_model_content(t
     onnx.save(model, tmp_path / "m.onnx")
     prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
     trips = []
-    real = quant_utils.save_and_reload_model_with_shape_infer
-    monkeypatch.setattr(quant_utils, "save_and_reload_model_with_shape_infer", lambda m: trips.append(1) or real(m))
+    real = fast_quantize.reloaded_with_shape_infer
+    monkeypatch.setattr(fast_quantize, "reloaded_with_shape_infer", lambda m: trips.append(1) or real(m))
     monkeypatch.setattr(fast_quantize, "_INFERRED", {})
     spec = QuantSpec()
     first, plain = _both(prep.normalized, prep.ranges, spec)
@@ -964,3 +964,110 @@ def test_new_nodes_lookups_are_orts_first_match():
     assert [fast_quantize.find_by_name(n, nodes) for n in "xyzm"] == [
         quant_utils.find_by_name(n, plain) for n in "xyzm"
     ]
+
+
+# --- the shape-inference round trip with onnx's external-data steps in one pass -----------------------
+
+
+def _round_trip_model() -> onnx.ModelProto:
+    """Weights on each side of onnx's external-data threshold (991 bytes of raw data is
+    ``sys.getsizeof`` 1024), one in ``float_data`` (never moved), an int64 shape a Reshape reads, a
+    Constant-node weight and an output whose shape only inference gives."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    big = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w_big")
+    edge_bytes = bytes(range(256)) * 3 + bytes(223)
+    edge = onnx.TensorProto(name="edge", data_type=TensorProto.UINT8, dims=[991], raw_data=edge_bytes)
+    below = onnx.TensorProto(name="below", data_type=TensorProto.UINT8, dims=[990], raw_data=bytes(990))
+    listed = helper.make_tensor("w_list", TensorProto.FLOAT, [16, 16], rng.standard_normal(256).tolist())
+    shape = numpy_helper.from_array(np.array([4, 64], dtype=np.int64), "shape")
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.ones((16, 16), np.float32)))
+    nodes = [
+        const,
+        helper.make_node("MatMul", ["x", "w_big"], ["h"], name="mm"),
+        helper.make_node("MatMul", ["h", "w_list"], ["h2"], name="mm2"),
+        helper.make_node("MatMul", ["h2", "c"], ["h3"], name="mm3"),
+        helper.make_node("Reshape", ["h3", "shape"], ["y"], name="reshape"),
+        helper.make_node("Cast", ["edge"], ["e"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["below"], ["b"], name="cast2", to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 16])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "e", "b")],
+        [big, edge, below, listed, shape],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    "source", ["planted", "cnn", "transformer", "chain", "robustness/detect_concat.onnx", "robustness/lstm.onnx"]
+)
+def test_the_round_trip_in_one_pass_is_orts_byte_for_byte(source, monkeypatch):
+    """``reloaded_with_shape_infer`` gives what ORT's ``save_and_reload_model_with_shape_infer`` gives,
+    byte for byte, and moves the same tensors out of the model file (so inference reads the same)."""
+    if source == "planted":
+        model = _round_trip_model()
+    elif source == "chain":
+        model = bench_quantize.make_chain(6, variety=True)
+    elif "/" in source:
+        model = onnx.load(FIXTURES / source)
+    else:
+        model = onnx.load(FIXTURES / source / "model.onnx")
+    before = model.SerializeToString()
+    seen: list[list[str]] = []
+    plain_infer = onnx.shape_inference.infer_shapes_path
+
+    def spy(path, out="", *args):
+        moved = onnx.load(path, load_external_data=False)
+        seen.append(sorted(t.name for t in moved.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL))
+        return plain_infer(path, out, *args)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes_path", spy)
+    ours = fast_quantize.reloaded_with_shape_infer(model)
+    theirs = fast_quantize._PLAIN_RELOAD(model)
+    assert ours.SerializeToString() == theirs.SerializeToString()
+    assert len(seen) == 2 and seen[0] == seen[1]
+    assert model.SerializeToString() == before  # the input is not touched
+    if source == "planted":
+        assert seen[0] == ["edge", "w_big"]
+        assert {v.name for v in ours.graph.value_info} >= {"h", "h3"}
+
+
+def test_the_round_trip_leaves_subgraphs_external_tensors_and_changed_sources_to_ort(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fast_quantize, "_PLAIN_RELOAD", lambda m: calls.append(m) or m)
+    for name in ("if_subgraph.onnx", "loop.onnx"):
+        model = onnx.load(FIXTURES / "robustness" / name)
+        assert fast_quantize.reloaded_with_shape_infer(model) is model
+    external = _round_trip_model()
+    external.graph.initializer[0].data_location = onnx.TensorProto.EXTERNAL
+    assert fast_quantize.reloaded_with_shape_infer(external) is external
+    changed = dict(fast_quantize.VERIFIED_SOURCES, **{"external_data_helper.save_external_data": "0" * 16})
+    monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
+    monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+    monkeypatch.delenv(fast_quantize.PLAIN_ENV, raising=False)
+    model = _round_trip_model()
+    assert fast_quantize.reloaded_with_shape_infer(model) is model
+    assert len(calls) == 4
+    assert fast_quantize.fast_path_problem("quantizer") is None  # onnx's helpers concern the round trip only
+    with fast_quantize.plain_path():
+        label = "external_data_helper.save_external_data"
+        restored = dict(changed, **{label: fast_quantize._source_hash(label)})
+        monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", restored)
+        monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
+        assert fast_quantize.reloaded_with_shape_infer(model) is model  # plain_path() asks for ORT's
+    assert len(calls) == 5
+
+
+def test_the_dynamic_quantizers_second_round_trip_is_the_one_pass_one(tmp_path, monkeypatch, indexed_runs):
+    """``ONNXQuantizer.__init__`` re-infers shapes after its Gemm rewrite through the swapped function, and the
+    model is still ORT's ``quantize_dynamic``'s, byte for byte."""
+    model = bench_quantize.make_chain(4, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    calls = []
+    ours = fast_quantize.reloaded_with_shape_infer
+    monkeypatch.setattr(fast_quantize, "reloaded_with_shape_infer", lambda m: calls.append(1) or ours(m))
+    fast, plain = _dynamic_both(tmp_path / "m.onnx", tmp_path, {})
+    assert isinstance(fast, bytes) and fast == plain
+    assert calls == [1]

@@ -931,9 +931,11 @@ def test_the_bulk_weight_quantization_runs_inside_the_call_only(tmp_path, monkey
         axes.append(axis)
         return plain(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
 
+    fast_quantize.current_sources()  # ORT's digests read before the spy stands in for its function
     monkeypatch.setattr(fast_quantize, "_PLAIN_QUANTIZE_INITIALIZER", spy)
     for module in (qdq_quantizer, quant_utils):
         monkeypatch.setattr(module, "quantize_onnx_initializer", spy)
+    monkeypatch.setattr(fast_quantize, "PREQUANTIZE_MAX_BYTES", 0)  # the per-tensor weights go to ORT's
     quantize_static_model(prep.normalized, prep.ranges, QuantSpec(per_channel=True))
     assert axes and all(a is None for a in axes)  # only the per-tensor weights (biases, norms) reach ORT's
     assert qdq_quantizer.quantize_onnx_initializer is spy
@@ -1071,3 +1073,88 @@ def test_the_dynamic_quantizers_second_round_trip_is_the_one_pass_one(tmp_path, 
     fast, plain = _dynamic_both(tmp_path / "m.onnx", tmp_path, {})
     assert isinstance(fast, bytes) and fast == plain
     assert calls == [1]
+
+
+# --- per-tensor weights quantized in bulk ------------------------------------------------------------------
+
+
+def _gemm_chain(tmp: Path) -> tuple[onnx.ModelProto, Path]:
+    """Two Gemm layers with biases, the second's weight tiny next to its bias: ORT enlarges that weight's
+    scale (``_adjust_weight_quant_params_for_bias_tensors``) between computing it and quantizing the weight."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w0"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b0"),
+        numpy_helper.from_array((rng.standard_normal((8, 8)) * 1e-6).astype(np.float32), "w1"),
+        numpy_helper.from_array((rng.standard_normal(8) * 1e3).astype(np.float32), "b1"),
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w0", "b0"], ["h0"], name="g0"),
+        helper.make_node("Relu", ["h0"], ["r0"], name="relu"),
+        helper.make_node("Gemm", ["r0", "w1", "b1"], ["h1"], name="g1"),
+        helper.make_node("MatMul", ["h1", "w2"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp / "gemm.onnx"
+    onnx.save(model, path)
+    calib = tmp / "gemm_calib.npz"
+    np.savez(calib, x=rng.standard_normal((16, 8)).astype(np.float32))
+    return model, calib
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QuantSpec(),
+        QuantSpec(weight_type="QUInt8"),
+        QuantSpec(activation_type="QUInt16", weight_type="QInt16"),
+        QuantSpec(reduce_range=True),
+        QuantSpec(
+            tensor_overrides=(TensorOverride("w2", reduce_range=True), TensorOverride("w0", quant_type="QUInt8"))
+        ),
+    ],
+    ids=["s8", "u8", "16-bit", "reduce_range", "overrides"],
+)
+def test_per_tensor_weights_quantized_in_bulk_are_orts_and_a_rescaled_weight_is_left_to_ort(
+    tmp_path, monkeypatch, spec
+):
+    _, calib = _gemm_chain(tmp_path)
+    prep = _prepared(tmp_path / "gemm.onnx", calib, tmp_path / "w")
+    asked: dict[str, bool] = {}
+    real_take = fast_quantize._taken_prequantized
+
+    def take(weight, *args):
+        found = real_take(weight, *args)
+        asked[weight.name] = found is not None
+        return found
+
+    monkeypatch.setattr(fast_quantize, "_taken_prequantized", take)
+    fast, plain = _both(prep.normalized, prep.ranges, spec)
+    assert isinstance(fast, bytes) and fast == plain
+    signed = spec.weight_type in ("QInt8", "QInt16")  # ORT rescales a symmetric weight: it quantizes it itself
+    assert asked == {"w0": True, "w1": not signed, "w2": True}
+
+
+def test_bulk_quantization_keeps_to_its_caps(tmp_path, monkeypatch):
+    _, calib = _gemm_chain(tmp_path)
+    prep = _prepared(tmp_path / "gemm.onnx", calib, tmp_path / "w")
+    taken: list[str] = []
+    real_take = fast_quantize._taken_prequantized
+    monkeypatch.setattr(fast_quantize, "_taken_prequantized", lambda w, *a: (r := real_take(w, *a)) is not None
+                        and taken.append(w.name) or r)
+    monkeypatch.setattr(fast_quantize, "PREQUANTIZE_MAX_BYTES", 8 * 8 * 4)  # room for one weight
+    monkeypatch.setattr(fast_quantize, "_PREQUANTIZE_CHUNK", 1)  # one weight per chunk
+    fast, plain = _both(prep.normalized, prep.ranges, QuantSpec())
+    assert fast == plain and taken == ["w0"]
+    monkeypatch.setattr(fast_quantize, "PREQUANTIZE_MAX_BYTES", 1 << 20)
+    monkeypatch.setattr(fast_quantize, "PREQUANTIZE_MAX_ELEMENTS", 63)
+    taken.clear()
+    fast, plain = _both(prep.normalized, prep.ranges, QuantSpec())
+    assert fast == plain and not taken

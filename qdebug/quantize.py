@@ -132,9 +132,11 @@ def quantize_static_model(
             "use node names from the qdebug report (normalized names)",
             ExitCode.INPUT,
         )
-    _refuse_reserved_names(model)
-    _refuse_nan_outputs(model, ranges)
-    forced = float16_exclusions(model) + nonfinite_range_exclusions(model, ranges)[0]
+    before = _Names(model)
+    _refuse_reserved_names(model, before)
+    seen = ranges.minmax()
+    _refuse_nan_outputs(model, ranges, seen)
+    forced = float16_exclusions(model) + nonfinite_range_exclusions(model, ranges, seen)[0]
     if forced:
         extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
         spec = dataclasses.replace(spec, nodes_to_exclude=tuple(spec.nodes_to_exclude) + extra_excluded)
@@ -149,8 +151,9 @@ def quantize_static_model(
             f"the graph fell out of step with it ({e}); please report this model to qdebug"
         )
         result = _run_quantizer(model, ranges, spec, quant_format, False)
-    _exact_passthrough_outputs(result)
-    check_quantized_loads(model, result, load=load_check)
+    after = _Names(result)
+    _exact_passthrough_outputs(result, after)
+    check_quantized_loads(model, result, load=load_check, names=(before, after))
     if out_path is not None:
         save_model(result, out_path)
     return result
@@ -263,7 +266,13 @@ LOAD_CHECK_MAX_BYTES = 256 << 20
 """Quantized models with more weight bytes than this are not loaded by :func:`check_quantized_loads`."""
 
 
-def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto, *, load: bool = True) -> None:
+def check_quantized_loads(
+    model: onnx.ModelProto,
+    quantized: onnx.ModelProto,
+    *,
+    load: bool = True,
+    names: tuple[_Names, _Names] | None = None,
+) -> None:
     """Refuse a model ORT's quantizer wrote that ORT cannot load, naming the quantizer and the pattern.
 
     ``model`` (the normalized FP32 model) loaded for calibration, so a quantized model that does not
@@ -274,9 +283,11 @@ def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto, *,
     the bias, a model that fails to load -- or, where the shapes happen to broadcast, loads and
     computes garbage), and a tensor name defined twice. Then ORT loads the model with optimizations
     off: a few ms on small models, about 1 s for :data:`LOAD_CHECK_MAX_BYTES` of weights, above which
-    (propose builds dozens of variants) only the checks by name run.
+    (propose builds dozens of variants) only the checks by name run. ``names``: the two models' names, when
+    the caller has read them already (:class:`_Names`).
     """
-    clash = _activations_taken_by_weights(model, quantized) or _defined_twice(quantized) - _defined_twice(model)
+    before, after = names if names is not None else (_Names(model), _Names(quantized))
+    clash = _activations_taken_by_weights(before, after) or after.defined_twice() - before.defined_twice()
     if clash:
         raise _invalid_quantized_model(model, quantized, sorted(clash), None)
     if not load:  # before the sum: ``t.raw_data`` copies each weight's bytes out of the protobuf
@@ -290,23 +301,40 @@ def check_quantized_loads(model: onnx.ModelProto, quantized: onnx.ModelProto, *,
     raise _invalid_quantized_model(model, quantized, [], error)
 
 
-def _activations_taken_by_weights(model: onnx.ModelProto, quantized: onnx.ModelProto) -> set[str]:
+class _Names:
+    """A model's top-level names, read off the protobuf once: graph inputs, initializers, every node output
+    in order (empty ones included) and each output's producer (the last node writing it). Reading a field
+    of a protobuf message from Python is most of what qdebug's checks around ORT's quantizer cost (11,200
+    nodes and 16,400 initializers in a 3,200-node build), so each model is read once for all of them."""
+
+    __slots__ = ("inputs", "initializers", "written", "producer")
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.inputs = [i.name for i in graph.input]
+        self.initializers = [t.name for t in graph.initializer]
+        self.written: list[str] = []
+        self.producer: dict[str, Any] = {}
+        for node in graph.node:
+            outputs = list(node.output)
+            self.written.extend(outputs)
+            for name in outputs:
+                self.producer[name] = node
+
+    def defined_twice(self) -> set[str]:
+        """Tensor names the main graph defines more than once (graph inputs, initializers, node outputs)."""
+        from collections import Counter
+
+        defs = Counter([*self.inputs, *self.initializers, *(o for o in self.written if o)])
+        return {name for name, k in defs.items() if k > 1}
+
+
+def _activations_taken_by_weights(model: _Names, quantized: _Names) -> set[str]:
     """Activations of ``model`` that ``quantized`` has a weight named like (``T`` or ``T_quantized``)."""
-    weights = {t.name for t in model.graph.initializer}
-    activations = {o for n in model.graph.node for o in n.output if o and o not in weights}
-    added = {t.name for t in quantized.graph.initializer} - weights
+    weights = set(model.initializers)
+    activations = {o for o in model.written if o and o not in weights}
+    added = set(quantized.initializers) - weights
     return {a for a in activations if a in added or f"{a}_quantized" in added}
-
-
-def _defined_twice(model: onnx.ModelProto) -> set[str]:
-    """Tensor names the main graph defines more than once (graph inputs, initializers, node outputs)."""
-    from collections import Counter
-
-    g = model.graph
-    defs = Counter(
-        [i.name for i in g.input] + [t.name for t in g.initializer] + [o for n in g.node for o in n.output if o]
-    )
-    return {name for name, k in defs.items() if k > 1}
 
 
 def _ort_load_error(model: onnx.ModelProto) -> str | None:
@@ -371,19 +399,22 @@ def _invalid_quantized_model(
     )
 
 
-def _exact_passthrough_outputs(model: onnx.ModelProto) -> None:
+def _exact_passthrough_outputs(model: onnx.ModelProto, names: _Names | None = None) -> None:
     """A graph output that is an ``Identity`` of a graph input reads the input itself again.
 
     ORT rewires *every* reader of a quantized tensor to its DequantizeLinear output, the Identity that
     passes a graph input through to an output included (normalization adds one for an input listed as an
     output): the output then left the model quantized (54 dB instead of exact). Nothing is computed on
-    that path, so nothing of the quantization is lost by reading the input itself.
+    that path, so nothing of the quantization is lost by reading the input itself. ``names``: the model's,
+    read already (:class:`_Names`).
     """
-    inputs = {i.name for i in model.graph.input}
-    producer = {o: n for n in model.graph.node for o in n.output}
+    names = names if names is not None else _Names(model)
+    inputs = set(names.inputs)
+    producer = names.producer
     outputs = {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        if node.op_type != "Identity" or not node.output or node.output[0] not in outputs:
+    writers = {id(producer[o]): producer[o] for o in outputs if o in producer}  # the nodes writing an output
+    for node in writers.values():
+        if node.op_type != "Identity" or node.output[0] not in outputs:
             continue
         dq = producer.get(node.input[0])
         q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
@@ -395,13 +426,16 @@ _ORT_SUFFIXES = ("_QuantizeLinear_Output", "_DequantizeLinear_Output", "_Quantiz
 """Names ORT's quantizer gives the tensors it adds for tensor ``T`` (``T`` + suffix)."""
 
 
-def _refuse_nan_outputs(model: onnx.ModelProto, ranges: Ranges) -> None:
+def _refuse_nan_outputs(
+    model: onnx.ModelProto, ranges: Ranges, seen: dict[str, tuple[float, float]] | None = None
+) -> None:
     """Stop before quantizing a model whose FP32 outputs were entirely NaN during calibration.
 
     ORT's quantizer would fail later on with "scale issue"; the cause is the FP32 model (e.g. an attention
     mask computed as ``(1 - mask) * -inf``: 0 * inf is NaN), which no quantization setting fixes.
+    ``seen``: ``ranges.minmax()``, when the caller has it.
     """
-    seen = ranges.minmax()
+    seen = ranges.minmax() if seen is None else seen
     nan = [o.name for o in model.graph.output if o.name in seen and any(math.isnan(v) for v in seen[o.name])]
     if nan:
         raise QDebugError(
@@ -412,14 +446,15 @@ def _refuse_nan_outputs(model: onnx.ModelProto, ranges: Ranges) -> None:
         )
 
 
-def _refuse_reserved_names(model: onnx.ModelProto) -> None:
+def _refuse_reserved_names(model: onnx.ModelProto, names: _Names | None = None) -> None:
     """A tensor already named like one ORT's quantizer will add (``x_DequantizeLinear_Output`` next to a
     tensor ``x``) makes it write a model with two definitions of that name, which ORT then refuses with
     "check the model with onnx.checker". Said plainly, before quantizing."""
-    names = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
-    names |= {o for n in model.graph.node for o in n.output if o}
+    read = names if names is not None else _Names(model)
+    defined = {*read.inputs, *read.initializers, *(o for o in read.written if o)}
+    suffixed = [n for n in defined if n.endswith(_ORT_SUFFIXES)]  # one call per name; most end otherwise
     clash = sorted(
-        n for n in names for suffix in _ORT_SUFFIXES if n.endswith(suffix) and n[: -len(suffix)] in names
+        n for n in suffixed for suffix in _ORT_SUFFIXES if n.endswith(suffix) and n[: -len(suffix)] in defined
     )
     if clash:
         raise QDebugError(
@@ -430,7 +465,9 @@ def _refuse_reserved_names(model: onnx.ModelProto) -> None:
         )
 
 
-def nonfinite_range_exclusions(model: onnx.ModelProto, ranges: Ranges) -> tuple[list[str], list[str]]:
+def nonfinite_range_exclusions(
+    model: onnx.ModelProto, ranges: Ranges, seen: dict[str, tuple[float, float]] | None = None
+) -> tuple[list[str], list[str]]:
     """(nodes every static variant must exclude, tensors why): the producers and consumers of tensors whose
     calibrated range is not finite.
 
@@ -439,9 +476,8 @@ def nonfinite_range_exclusions(model: onnx.ModelProto, ranges: Ranges) -> tuple[
     infinite scale that turns the tensor into NaN. Keeping the nodes around it in FP32 is what a user of
     ORT has to do too; the analysis says so in a note.
     """
-    bad = sorted(
-        n for n, (lo, hi) in ranges.minmax().items() if not (math.isfinite(lo) and math.isfinite(hi))
-    )
+    seen = ranges.minmax() if seen is None else seen
+    bad = sorted(n for n, (lo, hi) in seen.items() if not (math.isfinite(lo) and math.isfinite(hi)))
     if not bad:
         return [], []
     wanted = set(bad)
@@ -460,6 +496,8 @@ def float16_nodes(model: onnx.ModelProto) -> list[str]:
     for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
         if vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
+    if not any(t in _HALF_TYPES for t in types.values()):
+        return []  # the common case, without reading every node
     return [
         n.name
         for n in model.graph.node

@@ -1158,3 +1158,33 @@ def test_bulk_quantization_keeps_to_its_caps(tmp_path, monkeypatch):
     taken.clear()
     fast, plain = _both(prep.normalized, prep.ranges, QuantSpec())
     assert fast == plain and not taken
+
+
+def test_dynamic_weights_answered_in_bulk_are_orts(tmp_path, monkeypatch):
+    """The dynamic quantizer's per-weight ``quantize_data`` is answered from one bulk pass over the graph's
+    weights (looked up by the weights' bytes and the options), and the model is ORT's byte for byte -- with
+    two weights of equal bytes among them, and the weights above the size cap left to ORT."""
+    from onnx import numpy_helper
+
+    model = bench_quantize.make_chain(6, variety=True, seed=5)
+    weights = [t for t in model.graph.initializer if list(t.dims) == [16, 16]]
+    weights[2].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weights[1]), weights[2].name))
+    onnx.save(model, tmp_path / "m.onnx")
+    monkeypatch.setattr(fast_quantize, "PREQUANTIZE_MAX_ELEMENTS", 256)  # the 48x16 weights are ORT's
+    tables: list[dict] = []
+    real = fast_quantize._weights_quantized
+    monkeypatch.setattr(fast_quantize, "_weights_quantized", lambda *a: tables.append(real(*a)) or tables[-1])
+    answered: list[int] = []
+    real_quantize_data = fast_quantize.quantize_data
+
+    def counted(data, *args, **kwargs):
+        out = real_quantize_data(data, *args, **kwargs)  # the first call makes the table
+        answered.append(data.size if any(data.tobytes() in t for t in tables) else -data.size)
+        return out
+
+    monkeypatch.setattr(fast_quantize, "quantize_data", counted)
+    fast, plain = _dynamic_both(tmp_path / "m.onnx", tmp_path, {})
+    assert isinstance(fast, bytes) and fast == plain
+    assert len(tables) == 1  # one bulk pass (its graph holds the Gemm weights ORT transposed too)
+    assert numpy_helper.to_array(weights[1]).tobytes() in tables[0]  # both equal weights' entry
+    assert sorted(set(answered)) == [-768, 256]

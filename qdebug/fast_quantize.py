@@ -665,12 +665,13 @@ class IndexedModel(ONNXModel):
                 break
 
     def clean_initializers(self) -> Any:
-        self.check_in_step()  # before the node list may be rewritten (the index is rebuilt from it after)
+        read: tuple[set[str], set[str]] = (set(), set())
+        compared = self.check_in_step(read)  # before the node list may be rewritten (the index is rebuilt after)
         graph = self.model.graph
         if _plainly_cleanable(graph):  # the nodes stay as they are
             c = self._sync_inits()
             removed: list[Any] = []
-            cleaned = clean_initializers(graph, removed)
+            cleaned = clean_initializers(graph, removed, read if compared else None)
             for tensor in removed:  # the order of the others is kept, and so are their sequence numbers
                 self._forget_init(tensor)
             self._ni = len(c)
@@ -680,8 +681,10 @@ class IndexedModel(ONNXModel):
 
     # -- the check ------------------------------------------------------------------------------------
 
-    def check_in_step(self) -> None:
-        """Raise :class:`IndexOutOfStep` unless the index says what a fresh scan of the graph says.
+    def check_in_step(self, read: tuple[set[str], set[str]] | None = None) -> bool:
+        """Raise :class:`IndexOutOfStep` unless the index says what a fresh scan of the graph says; True when
+        the node list was compared, and then ``read`` holds the names its nodes read and write (the clean-up
+        of initializers needs them: the same pass, 0.06 s less at 3,200 nodes).
 
         A list the tripwire sees changed (ORT rewrote the node list after its last indexed lookup) is not
         compared: the index will be rebuilt from it before it is used again. Nor is a node list this check
@@ -690,8 +693,9 @@ class IndexedModel(ONNXModel):
         what the clean-up's own check just compared (0.1 s at 3,200 nodes).
         """
         c = self.model.graph.node
-        if not self._nodes_moved(c) and self._checked != self._changes:
-            self._check_nodes(c)
+        compared = not self._nodes_moved(c) and self._checked != self._changes
+        if compared:
+            self._check_nodes(c, read)
             self._checked = self._changes
         for items, done, first in self._lists.values():
             fresh: dict[str, int] = {}
@@ -707,11 +711,14 @@ class IndexedModel(ONNXModel):
             indexed = {name: [id(t) for t in ts] for name, ts in self._by_name.items() if ts}
             if expected != indexed or len(self._ilive) != len(inits):
                 raise IndexOutOfStep("the initializer list changed behind the index")
+        return compared
 
-    def _check_nodes(self, c: Any) -> None:
+    def _check_nodes(self, c: Any, read: tuple[set[str], set[str]] | None = None) -> None:
         """Every node of ``c`` is indexed where it is, in order, and is among the readers / writers the index
-        holds for each of its inputs / outputs (compared by identity: the lists are one or two nodes long)."""
+        holds for each of its inputs / outputs (compared by identity: the lists are one or two nodes long);
+        ``read`` gets the names the nodes read and write."""
         live, readers, writers = self._live, self._readers, self._writers
+        reads, writes = read if read is not None else (None, None)
         if len(c) != len(live):
             raise IndexOutOfStep(f"{len(live)} nodes indexed, {len(c)} in the graph")
         last = -1
@@ -720,13 +727,15 @@ class IndexedModel(ONNXModel):
             if entry is None or entry[1] is not node or entry[0] <= last:
                 raise IndexOutOfStep(f"node {node.name!r} is not indexed where it is")
             last = entry[0]
-            for names, index in ((node.input, readers), (node.output, writers)):
+            for names, index, into in ((node.input, readers, reads), (node.output, writers, writes)):
                 for name in names:
                     for known in index.get(name, ()):
                         if known is node:
                             break
                     else:
                         raise IndexOutOfStep(f"the inputs or outputs of node {node.name!r} changed behind the index")
+                    if into is not None:
+                        into.add(name)
 
 
 def _plainly_cleanable(graph: Any) -> bool:
@@ -741,17 +750,25 @@ def _plainly_cleanable(graph: Any) -> bool:
     return len(set(inits)) == len(inits) and len(set(inputs)) == len(inputs)
 
 
-def clean_initializers(graph: Any, removed: list[Any] | None = None) -> tuple[Any, set[str]]:
+def clean_initializers(
+    graph: Any, removed: list[Any] | None = None, read: tuple[set[str], set[str]] | None = None
+) -> tuple[Any, set[str]]:
     """ORT's ``_clean_initializers_helper`` for a graph :func:`_plainly_cleanable` accepts, in one pass.
 
     ORT copies every node out of the graph and back (the same nodes, where none holds a subgraph) and
     removes each unused initializer, and its graph input, with ``list.remove`` -- a scan comparing protobuf
     messages, per removal. Here the nodes stay and the unused elements are deleted by position: the same
     graph (13-17 % of a dynamic build at 3,200 nodes). Returns what ORT's returns: the graph and the names
-    read but produced by nothing in it; ``removed`` gets the initializers taken out."""
-    requesting = {name for node in graph.node for name in node.input if name}
+    read but produced by nothing in it; ``removed`` gets the initializers taken out. ``read``: the names the
+    graph's nodes read and write, when the caller has just read them (:meth:`IndexedModel.check_in_step`)."""
+    if read is None:
+        requesting = {name for node in graph.node for name in node.input if name}
+        produced: Any = (out for node in graph.node for out in node.output)
+    else:
+        requesting = {name for name in read[0] if name}
+        produced = read[1]
     requesting.update(out.name for out in graph.output if out.name)
-    requesting.difference_update(out for node in graph.node for out in node.output)
+    requesting.difference_update(produced)
     unused: list[int] = []
     for k, init in enumerate(graph.initializer):
         if init.name in requesting:

@@ -124,9 +124,9 @@ def indexed_runs(monkeypatch):
     runs = []
     original = fast_quantize.IndexedModel.check_in_step
 
-    def counted(self):
+    def counted(self, *args):
         runs.append(self)
-        return original(self)
+        return original(self, *args)
 
     monkeypatch.setattr(fast_quantize.IndexedModel, "check_in_step", counted)
     return runs
@@ -457,7 +457,7 @@ def test_the_node_check_compares_again_after_any_change_made_through_the_index(m
     compared = []
     original = fast_quantize.IndexedModel._check_nodes
     monkeypatch.setattr(
-        fast_quantize.IndexedModel, "_check_nodes", lambda self, c: compared.append(1) or original(self, c)
+        fast_quantize.IndexedModel, "_check_nodes", lambda self, c, *r: compared.append(1) or original(self, c, *r)
     )
     assert im.readers("x")  # builds the index
     im.check_in_step()
@@ -1188,3 +1188,23 @@ def test_dynamic_weights_answered_in_bulk_are_orts(tmp_path, monkeypatch):
     assert len(tables) == 1  # one bulk pass (its graph holds the Gemm weights ORT transposed too)
     assert numpy_helper.to_array(weights[1]).tobytes() in tables[0]  # both equal weights' entry
     assert sorted(set(answered)) == [-768, 256]
+
+
+def test_the_clean_up_takes_the_names_the_index_check_read(tmp_path, monkeypatch, indexed_runs):
+    """The clean-up of initializers reads the nodes' input and output names off the index check's own pass
+    over the graph: the names a fresh scan gives, and the model still ORT's."""
+    model = bench_quantize.make_chain(4, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    seen = []
+    real = fast_quantize.clean_initializers
+
+    def spy(graph, removed=None, read=None):
+        fresh = ({n for node in graph.node for n in node.input}, {n for node in graph.node for n in node.output})
+        seen.append(read == fresh)
+        return real(graph, removed, read)
+
+    monkeypatch.setattr(fast_quantize, "clean_initializers", spy)
+    fast, plain = _both(prep.normalized, prep.ranges, QuantSpec())
+    assert isinstance(fast, bytes) and fast == plain
+    assert seen == [True]

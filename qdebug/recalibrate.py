@@ -14,7 +14,6 @@ bound): the note says so; to keep it, add such inputs to the calibration data an
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -102,7 +101,7 @@ def _wider(td: object, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray] | 
 def widened(ranges: Ranges, seen: Mapping[str, tuple[float, float]]) -> tuple[Ranges, list[tuple]]:
     """``ranges`` with each tensor's range widened to hold ``seen``; and the widened tensors
     (:func:`growth`)."""
-    tensors = copy.deepcopy(ranges.tensors)
+    tensors = ranges.private_tensors()
     for name, (lo, hi) in seen.items():
         wider = _wider(tensors[name], lo, hi) if name in tensors else None
         if wider is not None:

@@ -14,6 +14,7 @@ environment switch), each with its note.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import inspect
 import itertools
@@ -561,6 +562,49 @@ def test_calibrated_ranges_are_the_same_on_both_paths(tmp_path):
         plain = calibrate(prep.normalized_path, "x", prep.calib, use_cache=False)
     assert json.dumps(_dump_tensors_data(fast.tensors)) == json.dumps(_dump_tensors_data(plain.tensors))
     assert np.isfinite([v for lo_hi in fast.minmax().values() for v in lo_hi]).all()
+
+
+def _state(tensors) -> list:
+    """Everything a ``TensorsData`` holds, as comparable values (arrays with their dtypes)."""
+    out = [tensors.calibration_method, list(tensors.data)]
+    for td in tensors.data.values():
+        out.append(sorted((k, repr(v.dtype), v.tolist()) if isinstance(v, np.ndarray) else (k, repr(type(v)), repr(v))
+                          for k, v in vars(td).items()))
+    return out
+
+
+def test_the_quantizers_private_ranges_are_a_deep_copy_sharing_nothing(tmp_path):
+    from onnxruntime.quantization.calibrate import TensorData
+
+    model = bench_quantize.make_chain(6, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    ranges = calibrate(prep.normalized_path, "x", prep.calib, use_cache=False)
+    name = next(iter(ranges.tensors.data))
+    edges = np.linspace(-1, 1, 5, dtype=np.float32)
+    ranges.tensors.data["with_hist"] = TensorData(
+        lowest=np.float32(-1), highest=np.array([1], np.float32), hist=np.arange(4), hist_edges=edges, bins=4
+    )
+    copied = ranges.private_tensors()
+    assert _state(copied) == _state(copy.deepcopy(ranges.tensors))
+    assert copied is not ranges.tensors and copied.data is not ranges.tensors.data
+    for key, td in ranges.tensors.data.items():
+        twin = copied.data[key]
+        assert twin is not td and vars(twin)["_attrs"] is not vars(td)["_attrs"]
+        for attr, value in vars(td).items():
+            if isinstance(value, np.ndarray):
+                assert not np.shares_memory(value, vars(twin)[attr])
+    before = _state(ranges.tensors)
+    copied[name] = TensorData(lowest=np.float32(-9), highest=np.float32(9))  # what ORT's adjust_tensor_ranges does
+    copied.data["with_hist"].hist_edges[0] = 42.0
+    copied.data["with_hist"]._attrs.append("avg")
+    assert _state(ranges.tensors) == before
+    # a shape it does not know (an object array) is deep-copied as before
+    ranges.tensors.data["odd"] = TensorData(lowest=np.float32(0), highest=np.float32(1))
+    ranges.tensors.data["odd"].hist = np.array([object()], dtype=object)
+    odd = ranges.private_tensors()
+    assert odd.data["odd"].hist[0] is not ranges.tensors.data["odd"].hist[0]
+    assert _state(odd)[:2] == _state(ranges.tensors)[:2]
 
 
 def test_a_fallback_to_the_plain_path_is_a_note_of_the_report(tmp_path, monkeypatch, indexed_runs):

@@ -348,12 +348,50 @@ def test_orts_other_rewiring_paths_are_byte_identical_too(tmp_path):
         convert("b3/proj.out", some=False),
         {"DedicatedQDQPair": True},
         {"AddQDQPairToWeight": True, "QDQKeepRemovableActivations": True},
+        {"UseQDQContribOps": True},  # the Q/DQ nodes made in place carry the domain
     ]
-    marks = [b"_convert", b"_convert", b"_convert", b"_DequantizeLinear_Output_2", b"b0.w1_QuantizeLinear_Output"]
+    marks = [b"_convert", b"_convert", b"_convert", b"_DequantizeLinear_Output_2", b"b0.w1_QuantizeLinear_Output",
+             b"com.microsoft"]  # fmt: skip
     for extra, mark in zip(options, marks, strict=True):
         fast = _direct(prep.normalized, prep.ranges, extra, True)
         assert fast == _direct(prep.normalized, prep.ranges, extra, False), extra
         assert mark in fast, extra  # the option took its own path
+
+
+def test_qdq_nodes_made_in_place_are_orts_and_a_float_zero_point_fails_alike():
+    """The indexed quantizer's Q/DQ node makers give ORT's node list, for each maker, with and without the
+    contrib domain and an axis; where ORT's check refuses a float zero point both raise the same error and
+    leave the same nodes behind (ORT adds the Q node of a pair before the DQ node fails)."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import QuantType
+
+    def run(fast: bool, domain: bool, zp: str):
+        model = bench_quantize.make_chain(1)
+        model.graph.initializer.extend([
+            numpy_helper.from_array(np.array(0, np.uint8), "zp8"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "zpf"),
+            numpy_helper.from_array(np.array(0.1, np.float32), "sc"),
+        ])  # fmt: skip
+        cls = fast_quantize.indexed(QDQQuantizer) if fast else QDQQuantizer
+        scope = fast_quantize.installed() if fast else fast_quantize.plain_path()
+        with scope:
+            q = cls(model, False, False, QuantType.QInt8, QuantType.QUInt8, None, [], [], ["MatMul"],
+                    {"UseQDQContribOps": domain})  # fmt: skip
+            error = None
+            try:
+                q._create_qdq_nodes("x", "x_q", "x_Q", "x_q", "x_dq", "x_DQ", "sc", zp)
+                q._create_q_node("x", "x_q2", "x_Q2", "sc", zp)
+                q._create_dq_node("x_q2", "x_dq2", "x_DQ2", "sc", zp)
+                q._create_dq_node("x_q2", "x_dq3", "x_DQ3", "sc", zp, axis=0)
+            except Exception as e:
+                error = (type(e), str(e))
+        return error, [n.SerializeToString(deterministic=True) for n in q.model.model.graph.node]
+
+    for domain, zp in itertools.product((False, True), ("zp8", "zpf")):
+        fast = run(True, domain, zp)
+        assert fast == run(False, domain, zp), (domain, zp)
+        assert (fast[0] is not None) == (zp == "zpf")
 
 
 def test_the_fast_path_does_not_scan(tmp_path, monkeypatch):
@@ -471,6 +509,35 @@ def test_the_node_check_compares_again_after_any_change_made_through_the_index(m
     next(n for n in im.model.graph.node if n.name == "b1/res").input[1] = "x"  # a direct write
     with pytest.raises(fast_quantize.IndexOutOfStep, match="b1/res"):
         im.check_in_step()
+
+
+def test_the_initializer_check_compares_again_after_any_change_made_through_the_index(monkeypatch):
+    """Likewise for the initializer list: compared once while nothing changes through the index, still in
+    step (and not compared again) after the clean-up's own deletions, compared again after an indexed
+    change -- and then a rename made behind the index is caught."""
+    from onnx import numpy_helper
+
+    model = bench_quantize.make_chain(2)
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), "dead"))
+    im = fast_quantize.IndexedModel(model)
+    compared = []
+    original = fast_quantize.IndexedModel._check_inits
+    monkeypatch.setattr(
+        fast_quantize.IndexedModel, "_check_inits", lambda self, c: compared.append(1) or original(self, c)
+    )
+    assert im.get_initializer("dead") is not None  # builds the index
+    im.check_in_step()
+    im.check_in_step()
+    assert len(compared) == 1
+    im.clean_initializers()  # its own check compares nothing new; its deletions keep the index in step
+    assert im.get_initializer("dead") is None and len(compared) == 1
+    im.check_in_step()
+    assert len(compared) == 1
+    im.add_initializer(numpy_helper.from_array(np.zeros(2, np.float32), "extra"))
+    next(t for t in model.graph.initializer if t.name != "extra").name = "renamed"  # a direct write
+    with pytest.raises(fast_quantize.IndexOutOfStep, match="initializer list"):
+        im.check_in_step()
+    assert len(compared) == 2
 
 
 def test_the_environment_switch_runs_the_plain_path_without_a_note(tmp_path, monkeypatch, indexed_runs):

@@ -111,6 +111,7 @@ VERIFIED_SOURCES: dict[str, str] = {
     "ONNXModel._check_init": "7ff484d0442990d9",
     "ONNXModel.save_model_to_file": "5057f82633d31ba6",
     "ONNXModel.clean_initializers": "09b9fb821866a815",
+    "ONNXModel.topological_sort": "1feb35a3069478d3",
     "onnx_model._clean_initializers_helper": "a9b3358dff2116bd",
     "quant_utils.find_by_name": "40cf7740b42609de",
     "MinMaxCalibrater.augment_graph": "fce1d4bdb6e14d7a",
@@ -709,6 +710,47 @@ class IndexedModel(ONNXModel):
             if graph_input.name == tensor.name:
                 self.model.graph.input.remove(graph_input)
                 break
+
+    def topological_sort(self) -> None:
+        """ORT's ``ONNXModel.topological_sort`` step for step (Kahn's algorithm: the nodes without inputs in
+        graph order, then those freed by the sorted graph inputs and initializers, then breadth first by
+        outputs), each node's inputs and outputs read once and the nodes by position in a Python list rather
+        than through ``graph.node`` per step; a graph already in that order is left as it is, where ORT
+        clears the list and copies the same nodes back in (the dynamic model's save: 4,000 nodes at 3,200)."""
+        graph = self.model.graph
+        nodes = list(graph.node)
+        deps_count = [0] * len(nodes)
+        deps_to_nodes: dict[str, list[int]] = {}
+        order: list[int] = []
+        for k, node in enumerate(nodes):
+            names = [name for name in node.input if name]
+            deps_count[k] = len(names)
+            if not names:
+                order.append(k)
+            for name in names:
+                deps_to_nodes.setdefault(name, []).append(k)
+        previous = None
+        for name in sorted([t.name for t in graph.initializer] + [i.name for i in graph.input]):
+            if name == previous:
+                continue
+            previous = name
+            for k in deps_to_nodes.get(name, ()):
+                deps_count[k] -= 1
+                if deps_count[k] == 0:
+                    order.append(k)
+        start = 0
+        while start < len(order):
+            for output in nodes[order[start]].output:
+                for k in deps_to_nodes.get(output, ()):
+                    deps_count[k] -= 1
+                    if deps_count[k] == 0:
+                        order.append(k)
+            start += 1
+        assert len(order) == len(graph.node), "Graph is not a DAG"
+        if any(k != position for position, k in enumerate(order)):
+            self._freeze_views()
+            graph.ClearField("node")
+            graph.node.extend([nodes[k] for k in order])
 
     def clean_initializers(self) -> Any:
         read: tuple[set[str], set[str]] = (set(), set())

@@ -394,6 +394,55 @@ def test_qdq_nodes_made_in_place_are_orts_and_a_float_zero_point_fails_alike():
         assert (fast[0] is not None) == (zp == "zpf")
 
 
+def _sort_case(order: list[int], cyclic: bool = False) -> onnx.ModelProto:
+    """A small graph exercising every branch of ORT's topological sort: a Constant (no inputs), an empty
+    optional input, a node reading one tensor twice, an initializer that is also a graph input (sorted
+    once: counted twice, it would free ``add`` and ``sub`` before ``neg``), nodes freed by one sorted input;
+    its nodes listed in ``order``; ``cyclic``: two nodes feed each other."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Constant", [], ["c"], name="const", value=numpy_helper.from_array(np.ones(2, np.float32))),
+        helper.make_node("Neg", ["x"], ["n"], name="neg"),
+        helper.make_node("Add", ["x", "w"], ["a"], name="add"),
+        helper.make_node("Mul", ["a", "a"], ["m"], name="square"),
+        helper.make_node("Clip", ["m", "", "c"], ["k"], name="clip"),
+        helper.make_node("Sub", ["w", "x"], ["s"], name="sub"),
+        helper.make_node("Sum", ["k", "y" if cyclic else "s", "n"], ["z"], name="out"),
+        helper.make_node("Identity", ["z"], ["y"], name="tail"),
+    ]
+    w = numpy_helper.from_array(np.ones(2, np.float32), "w")
+    graph = helper.make_graph(
+        [nodes[k] for k in order], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("x", "w")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4, 5, 6, 7], [7, 6, 4, 3, 1, 2, 5, 0], [5, 2, 0, 1, 3, 7, 4, 6]])
+def test_the_indexed_topological_sort_is_orts(order):
+    """The same node list as ORT's ``topological_sort`` (byte for byte) from three orders, none of them
+    ORT's; a list already in ORT's order is left in place (the same node objects); a cycle fails with ORT's
+    assertion."""
+    expected = _sort_case(order)
+    ONNXModel(expected).topological_sort()
+    got = _sort_case(order)
+    before = list(got.graph.node)
+    fast_quantize.IndexedModel(got).topological_sort()
+    assert got.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
+    assert any(a is not b for a, b in zip(before, got.graph.node, strict=True))  # none of these is in order
+    again = copy.deepcopy(expected)
+    before = list(again.graph.node)
+    fast_quantize.IndexedModel(again).topological_sort()  # in ORT's order already: left as it is
+    assert all(a is b for a, b in zip(before, again.graph.node, strict=True))
+    assert again.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
+    for sort in (ONNXModel.topological_sort, fast_quantize.IndexedModel.topological_sort):
+        model = _sort_case(order, cyclic=True)
+        with pytest.raises(AssertionError, match="not a DAG"):
+            sort(fast_quantize.IndexedModel(model) if sort is not ONNXModel.topological_sort else ONNXModel(model))
+
+
 def test_the_fast_path_does_not_scan(tmp_path, monkeypatch):
     """What keeps it linear: no initializer list is scanned by name, and ORT's per-node input replacement
     runs about once per rewired reader (the plain path: once per node of the graph per rewired tensor)."""

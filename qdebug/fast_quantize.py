@@ -1282,6 +1282,18 @@ def make_scale_zp_initializers(
     return QDQScaleZpInitializers(init_scale, init_zp)
 
 
+def _in_place(self: Any, zp_name: str, axis: int | None, block_size: int, dequantizes: bool) -> IndexedModel | None:
+    """The indexed model to make a Q/DQ node in place in, or None where ORT's own maker must run: an axis or
+    a block size (``make_node`` then sets attributes), another model class, or -- for a DequantizeLinear --
+    a zero point ORT's ``_check_node`` refuses (ORT's maker then raises ORT's error)."""
+    model = self.model
+    if axis is not None or block_size or type(model) is not IndexedModel:
+        return None
+    if dequantizes and not model.qdq_node_addable(zp_name):
+        return None
+    return model
+
+
 def create_qdq_nodes(
     self: Any,
     q_input: str,
@@ -1295,20 +1307,19 @@ def create_qdq_nodes(
     axis: int | None = None,
     block_size: int = 0,
 ) -> None:
-    """``QDQQuantizer._create_qdq_nodes`` for a per-tensor pair (no axis, no block size: ``make_node`` then
-    sets no attribute) whose DequantizeLinear passes ORT's check: both nodes made in place in the graph
-    (:meth:`IndexedModel.add_qdq_node`), in ORT's order. Anything else is ORT's own method, which raises
-    where ORT raises."""
-    model = self.model
-    if axis is not None or block_size or type(model) is not IndexedModel or not model.qdq_node_addable(zp_name):
+    """``QDQQuantizer._create_qdq_nodes`` for a per-tensor pair whose DequantizeLinear passes ORT's check
+    (:func:`_in_place`): both nodes made in place in the graph (:meth:`IndexedModel.add_qdq_node`), in ORT's
+    order. Anything else is ORT's own method."""
+    model = _in_place(self, zp_name, axis, block_size, dequantizes=True)
+    if model is None:
         return QDQQuantizer._create_qdq_nodes(
             self, q_input, q_output, quant_node_name, dq_input, dq_output, dequant_node_name,
             scale_name, zp_name, axis, block_size,
         )  # fmt: skip
-    model.add_qdq_node(quant_utils.QUANT_OP_NAME, [q_input, scale_name, zp_name], q_output, quant_node_name,
-                       self.qdq_op_domain)  # fmt: skip
+    domain = self.qdq_op_domain
+    model.add_qdq_node(quant_utils.QUANT_OP_NAME, [q_input, scale_name, zp_name], q_output, quant_node_name, domain)
     model.add_qdq_node(quant_utils.DEQUANT_OP_NAME, [dq_input, scale_name, zp_name], dq_output, dequant_node_name,
-                       self.qdq_op_domain)  # fmt: skip
+                       domain)  # fmt: skip
     return None
 
 
@@ -1317,8 +1328,8 @@ def create_q_node(
     axis: int | None = None, block_size: int = 0,
 ) -> None:  # fmt: skip
     """``QDQQuantizer._create_q_node`` the way :func:`create_qdq_nodes` makes its first node."""
-    model = self.model
-    if axis is not None or block_size or type(model) is not IndexedModel:
+    model = _in_place(self, zp_name, axis, block_size, dequantizes=False)
+    if model is None:
         return QDQQuantizer._create_q_node(self, q_input, q_output, quant_node_name, scale_name, zp_name, axis,
                                            block_size)  # fmt: skip
     model.add_qdq_node(quant_utils.QUANT_OP_NAME, [q_input, scale_name, zp_name], q_output, quant_node_name,
@@ -1331,8 +1342,8 @@ def create_dq_node(
     axis: int | None = None, block_size: int = 0,
 ) -> None:  # fmt: skip
     """``QDQQuantizer._create_dq_node`` the way :func:`create_qdq_nodes` makes its second node."""
-    model = self.model
-    if axis is not None or block_size or type(model) is not IndexedModel or not model.qdq_node_addable(zp_name):
+    model = _in_place(self, zp_name, axis, block_size, dequantizes=True)
+    if model is None:
         return QDQQuantizer._create_dq_node(self, dq_input, dq_output, dequant_node_name, scale_name, zp_name,
                                             axis, block_size)  # fmt: skip
     model.add_qdq_node(quant_utils.DEQUANT_OP_NAME, [dq_input, scale_name, zp_name], dq_output, dequant_node_name,

@@ -589,6 +589,41 @@ def test_the_initializer_check_compares_again_after_any_change_made_through_the_
     assert len(compared) == 2
 
 
+@pytest.mark.parametrize("repeated", [False, True])
+@pytest.mark.parametrize("tamper", ["", "rename", "rename to another's", "rename back and forth"])
+def test_the_initializer_check_agrees_with_a_full_comparison(repeated, tamper):
+    """The initializer check's quick form (one lookup per initializer) raises exactly where comparing the
+    index's map of name -> initializers with the list's does, with unique and with repeated names."""
+    from onnx import numpy_helper
+
+    model = bench_quantize.make_chain(2)
+    if repeated:
+        model.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), model.graph.initializer[0].name))
+    im = fast_quantize.IndexedModel(model)
+    assert im.get_initializer("nothing") is None  # builds the index
+    inits = model.graph.initializer
+    if tamper == "rename":
+        inits[1].name = "renamed"
+    elif tamper == "rename to another's":
+        inits[1].name = inits[2].name
+    elif tamper == "rename back and forth":  # two names swapped between two initializers
+        inits[1].name, inits[2].name = inits[2].name, inits[1].name
+
+    def full() -> bool:
+        expected: dict[str, list[int]] = {}
+        for t in inits:
+            expected.setdefault(t.name, []).append(id(t))
+        indexed = {name: [id(t) for t in ts] for name, ts in im._by_name.items() if ts}
+        return expected == indexed and len(im._ilive) == len(inits)
+
+    try:
+        im._check_inits(inits)
+        quick = True
+    except fast_quantize.IndexOutOfStep:
+        quick = False
+    assert quick == full() == (tamper == "")
+
+
 def test_the_environment_switch_runs_the_plain_path_without_a_note(tmp_path, monkeypatch, indexed_runs):
     model = bench_quantize.make_chain(2)
     onnx.save(model, tmp_path / "m.onnx")

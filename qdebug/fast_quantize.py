@@ -819,7 +819,7 @@ class IndexedModel(ONNXModel):
         for t in inits:
             expected.setdefault(t.name, []).append(id(t))
         indexed = {name: [id(t) for t in ts] for name, ts in self._by_name.items() if ts}
-        if expected != indexed or len(self._ilive) != len(inits):
+        if expected != indexed:  # the counts were compared above
             raise IndexOutOfStep("the initializer list changed behind the index")
 
     def _check_nodes(self, c: Any, read: tuple[set[str], set[str]] | None = None) -> None:
@@ -1334,32 +1334,35 @@ def create_qdq_nodes(
     return None
 
 
+def _one_node(
+    self: Any, op_type: str, plain: Callable[..., None], node_input: str, output: str, name: str, scale_name: str,
+    zp_name: str, axis: int | None, block_size: int,
+) -> None:  # fmt: skip
+    """One Q or DQ node the way :func:`create_qdq_nodes` makes each of its pair; ``plain``: ORT's maker of it
+    (``_create_q_node`` / ``_create_dq_node``, which take the same arguments)."""
+    model = _in_place(self, zp_name, axis, block_size, dequantizes=op_type == quant_utils.DEQUANT_OP_NAME)
+    if model is None:
+        return plain(self, node_input, output, name, scale_name, zp_name, axis, block_size)
+    model.add_qdq_node(op_type, [node_input, scale_name, zp_name], output, name, self.qdq_op_domain)
+    return None
+
+
 def create_q_node(
     self: Any, q_input: str, q_output: str, quant_node_name: str, scale_name: str, zp_name: str,
     axis: int | None = None, block_size: int = 0,
 ) -> None:  # fmt: skip
-    """``QDQQuantizer._create_q_node`` the way :func:`create_qdq_nodes` makes its first node."""
-    model = _in_place(self, zp_name, axis, block_size, dequantizes=False)
-    if model is None:
-        return QDQQuantizer._create_q_node(self, q_input, q_output, quant_node_name, scale_name, zp_name, axis,
-                                           block_size)  # fmt: skip
-    model.add_qdq_node(quant_utils.QUANT_OP_NAME, [q_input, scale_name, zp_name], q_output, quant_node_name,
-                       self.qdq_op_domain)  # fmt: skip
-    return None
+    """``QDQQuantizer._create_q_node`` through :func:`_one_node`."""
+    return _one_node(self, quant_utils.QUANT_OP_NAME, QDQQuantizer._create_q_node, q_input, q_output,
+                     quant_node_name, scale_name, zp_name, axis, block_size)  # fmt: skip
 
 
 def create_dq_node(
     self: Any, dq_input: str, dq_output: str, dequant_node_name: str, scale_name: str, zp_name: str,
     axis: int | None = None, block_size: int = 0,
 ) -> None:  # fmt: skip
-    """``QDQQuantizer._create_dq_node`` the way :func:`create_qdq_nodes` makes its second node."""
-    model = _in_place(self, zp_name, axis, block_size, dequantizes=True)
-    if model is None:
-        return QDQQuantizer._create_dq_node(self, dq_input, dq_output, dequant_node_name, scale_name, zp_name,
-                                            axis, block_size)  # fmt: skip
-    model.add_qdq_node(quant_utils.DEQUANT_OP_NAME, [dq_input, scale_name, zp_name], dq_output, dequant_node_name,
-                       self.qdq_op_domain)  # fmt: skip
-    return None
+    """``QDQQuantizer._create_dq_node`` through :func:`_one_node`."""
+    return _one_node(self, quant_utils.DEQUANT_OP_NAME, QDQQuantizer._create_dq_node, dq_input, dq_output,
+                     dequant_node_name, scale_name, zp_name, axis, block_size)  # fmt: skip
 
 
 def scalar_tensor(name: str, data_type: int, value: float) -> onnx.TensorProto:
@@ -1547,7 +1550,7 @@ def find_by_name(item_name: str, item_list: Any) -> Any:
     an indexed quantizer's ``new_nodes``."""
     if type(item_list) is NamedList:
         return item_list.first_named(item_name)
-    for model in _ACTIVE if len(_ACTIVE) == 1 else tuple(_ACTIVE):
+    for model in tuple(_ACTIVE):
         inits = model.model.graph.initializer
         if item_list is inits:
             return model.get_initializer(item_name, inits)

@@ -320,8 +320,15 @@ def test_scale_and_zero_point_initializers_are_orts_own(monkeypatch):
         theirs = real(theirs_q, f"t{k}", params, "_s")
         for a, b in ((ours.scale, theirs.scale), (ours.zero_point, theirs.zero_point)):
             assert a.SerializeToString() == b.SerializeToString(), k
+    again = QuantizationParams(zero_point=np.array(7, np.uint8), scale=np.array(0.25, np.float32), quant_type=2)
+    ours, theirs = ours_q._make_scale_zp_initializers("t0", again, "_s"), real(theirs_q, "t0", again, "_s")
+    for a, b in ((ours.scale, theirs.scale), (ours.zero_point, theirs.zero_point)):  # names taken: not added,
+        assert a.SerializeToString() == b.SerializeToString()  # and the tensors returned are the ones made
+        assert a.float_data[:] == [0.25] or a.int32_data[:] == [7]
     mine = [t.SerializeToString() for t in ours_q.model.model.graph.initializer]
     assert mine == [t.SerializeToString() for t in theirs_q.model.model.graph.initializer]
+    assert isinstance(ours_q.model, fast_quantize.IndexedModel)
+    ours_q.model.check_in_step()  # the tensors made in place are indexed where they are
 
 
 def _activation_model():

@@ -260,9 +260,12 @@ def _cleaning_case(unused_inputs: bool, repeat: str, subgraph: bool) -> onnx.Mod
         inits += [init("w1", 3), init("dead1", 4)]
     nodes = [helper.make_node("Add", ["x", "w0"], ["a"], name="add0")]
     nodes.append(helper.make_node("Mul", ["a", "w1"], ["y"], name="mul"))
+    nodes.append(helper.make_node("Softmax", ["a"], ["s"], name="soft", axis=0))  # an attribute, no subgraph
     if subgraph:
         b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])
-        branch = helper.make_graph([helper.make_node("Identity", ["a"], ["b"])], "g", [], [b])
+        branch = helper.make_graph(  # ORT's helper cleans a subgraph's unused initializers too
+            [helper.make_node("Identity", ["a"], ["b"])], "g", [], [b], [init("sub_dead", 6)]
+        )
         nodes.append(helper.make_node("If", ["cond"], ["z"], name="if", then_branch=branch, else_branch=branch))
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("x", "dead1", "dead2", "w0")]
     if repeat == "input":
@@ -275,9 +278,12 @@ def _cleaning_case(unused_inputs: bool, repeat: str, subgraph: bool) -> onnx.Mod
 @pytest.mark.parametrize("unused_inputs", [False, True])
 @pytest.mark.parametrize("repeat", ["", "initializer", "input"])
 @pytest.mark.parametrize("subgraph", [False, True])
-def test_unused_initializers_are_cleaned_as_orts_helper_cleans_them(unused_inputs, repeat, subgraph):
+@pytest.mark.parametrize("indexed_first", [False, True])
+def test_unused_initializers_are_cleaned_as_orts_helper_cleans_them(unused_inputs, repeat, subgraph, indexed_first):
     """IndexedModel.clean_initializers: ORT's _clean_initializers_helper's graph and names, the same bytes,
-    on graphs it takes the one-pass way and graphs it leaves to ORT (a subgraph, a repeated name)."""
+    on graphs it takes the one-pass way and graphs it leaves to ORT (a subgraph, a repeated name); with the
+    index not built yet (the clean-up reads the graph itself) and built (it takes what the index check read:
+    the names, and whether a node holds a subgraph)."""
     import copy
 
     from onnxruntime.quantization.onnx_model import _clean_initializers_helper
@@ -293,7 +299,16 @@ def test_unused_initializers_are_cleaned_as_orts_helper_cleans_them(unused_input
     repeated = repeat == "initializer" or (repeat == "input" and unused_inputs)
     assert fast_quantize._plainly_cleanable(ours.graph) == (not subgraph and not repeated)
     indexed = fast_quantize.IndexedModel(ours)
-    got = outcome(lambda m: indexed.clean_initializers(), ours)
+    if indexed_first:
+        assert indexed.readers("a") and indexed.get_initializer("w0") is not None
+        checked = []
+        real = fast_quantize.IndexedModel._check_nodes
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fast_quantize.IndexedModel, "_check_nodes", lambda *a: checked.append(1) or real(*a))
+            got = outcome(lambda m: indexed.clean_initializers(), ours)
+        assert checked == [1]
+    else:
+        got = outcome(lambda m: indexed.clean_initializers(), ours)
     assert got == outcome(lambda m: _clean_initializers_helper(m.graph, m), theirs)
     if not repeated:
         assert {t.name for t in ours.graph.initializer} == {"w0", "w1"}
@@ -572,7 +587,7 @@ def test_the_initializer_check_compares_again_after_any_change_made_through_the_
     compared = []
     original = fast_quantize.IndexedModel._check_inits
     monkeypatch.setattr(
-        fast_quantize.IndexedModel, "_check_inits", lambda self, c: compared.append(1) or original(self, c)
+        fast_quantize.IndexedModel, "_check_inits", lambda self, c, *r: compared.append(1) or original(self, c, *r)
     )
     assert im.get_initializer("dead") is not None  # builds the index
     im.check_in_step()
@@ -1396,10 +1411,31 @@ def test_the_clean_up_takes_the_names_the_index_check_read(tmp_path, monkeypatch
 
     def spy(graph, removed=None, read=None):
         fresh = ({n for node in graph.node for n in node.input}, {n for node in graph.node for n in node.output})
-        seen.append(read == fresh)
+        inits = [t.name for t in graph.initializer]
+        seen.append((read.reads, read.writes) == fresh and read.initializers == inits and read.subgraph is False)
         return real(graph, removed, read)
 
     monkeypatch.setattr(fast_quantize, "clean_initializers", spy)
     fast, plain = _both(prep.normalized, prep.ranges, QuantSpec())
     assert isinstance(fast, bytes) and fast == plain
     assert seen == [True]
+
+
+def test_quantized_weights_are_made_as_numpy_helper_makes_them():
+    """integer_tensor (the quantized weight's tensor): from_array's message for the 8- and 16-bit integer
+    types at their extremes, of every rank and empty, named or not; data of a dtype other than its ONNX type's
+    is from_array's own (it types the tensor by the dtype)."""
+    from onnx import TensorProto, numpy_helper
+
+    types = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
+             TensorProto.UINT16: np.uint16}  # fmt: skip
+    for data_type, dtype in types.items():
+        info = np.iinfo(dtype)
+        values = np.array([info.min, 0, 1, info.max] * 3, dtype)
+        for data in (values.reshape(3, 4), values.reshape(2, 3, 2), values[:1].reshape(()), values[:0]):
+            for name in ("w_quantized", ""):
+                ours = fast_quantize.integer_tensor(data, name, data_type)
+                assert ours.SerializeToString() == numpy_helper.from_array(data, name).SerializeToString()
+    other = np.arange(4, dtype=np.int32)
+    ours = fast_quantize.integer_tensor(other, "w", TensorProto.INT8)
+    assert ours.data_type == TensorProto.INT32 and ours == numpy_helper.from_array(other, "w")

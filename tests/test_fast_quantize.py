@@ -1439,3 +1439,72 @@ def test_quantized_weights_are_made_as_numpy_helper_makes_them():
     other = np.arange(4, dtype=np.int32)
     ours = fast_quantize.integer_tensor(other, "w", TensorProto.INT8)
     assert ours.data_type == TensorProto.INT32 and ours == numpy_helper.from_array(other, "w")
+
+
+def _weights_model() -> onnx.ModelProto:
+    """MatMuls over weights of several kinds: plain, overridden (scale and zero point; symmetry), constant,
+    holding a NaN, and a float16 one nothing reads."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "w": rng.normal(size=(4, 3)).astype(np.float32),
+        "w_over": rng.normal(size=(4, 3)).astype(np.float32),
+        "w_sym": rng.normal(size=(4, 3)).astype(np.float32),
+        "w_const": np.full((4, 3), 0.5, np.float32),
+        "w_nan": np.array([[1, np.nan, 2]] * 4, np.float32),
+        "w_half": rng.normal(size=(4, 3)).astype(np.float16),
+    }
+    read = [k for k in weights if k != "w_half"]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", k], [f"y_{k}"], name=f"mm_{k}") for k in read], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info(f"y_{k}", TensorProto.FLOAT, [2, 3]) for k in read],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_the_dynamic_quantizers_weights_are_made_as_orts_method_makes_them(reduce_range, monkeypatch):
+    """quantize_initializer_impl (the indexed ONNXQuantizer's): ORT's names, tensors and errors, appended in
+    ORT's order -- for 8- and 16-bit types, kept float weights, a constant weight and one holding a NaN (ORT's
+    assertion) -- with weights that have overrides, and float16 ones, left to ORT's own method; the tensors
+    made in place are indexed where they are."""
+    import copy
+
+    from onnx import TensorProto
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+    from onnxruntime.quantization.quant_utils import QuantizationMode, QuantType
+
+    extra = {"TensorQuantOverrides": {"w_over": [{"scale": np.float32(0.05), "zero_point": np.int8(3)}],
+                                      "w_sym": [{"symmetric": False}]}}  # fmt: skip
+
+    def quantizer(cls):
+        return cls(_weights_model(), False, reduce_range, QuantizationMode.IntegerOps, False, QuantType.QInt8,
+                   QuantType.QUInt8, None, [], [], ["MatMul"], copy.deepcopy(extra))  # fmt: skip
+
+    def outcome(q, name, qtype, keep):
+        try:
+            return q.quantize_initializer_impl(q.model.get_initializer(name), qtype, True, keep)
+        except Exception as e:  # noqa: BLE001 -- compared with ORT's
+            return repr(e)
+
+    plain = []
+    real = fast_quantize._PLAIN_QUANTIZE_INITIALIZER_IMPL
+    monkeypatch.setattr(fast_quantize, "_PLAIN_QUANTIZE_INITIALIZER_IMPL", lambda *a: plain.append(a[1].name) or real(*a))
+    with fast_quantize.installed():
+        ours, theirs = quantizer(fast_quantize.indexed(ONNXQuantizer)), quantizer(ONNXQuantizer)
+        results = []
+        for name in ("w", "w_over", "w_sym", "w_const", "w_nan", "w_half"):
+            for qtype in (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16):
+                for keep in (False, True):
+                    mine = outcome(ours, name, qtype, keep)
+                    assert mine == outcome(theirs, name, qtype, keep), (name, qtype, keep)
+                    results.append(mine)
+        assert isinstance(ours.model, fast_quantize.IndexedModel)
+        ours.model.check_in_step()
+    assert sorted(set(plain)) == ["w_half", "w_over", "w_sym"]
+    assert sum("scale issue" in str(r) for r in results) == 6  # w_nan: ORT's assertion, through ours
+    mine = [t.SerializeToString() for t in ours.model.model.graph.initializer]
+    assert mine == [t.SerializeToString() for t in theirs.model.model.graph.initializer]

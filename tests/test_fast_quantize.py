@@ -1508,3 +1508,45 @@ def test_the_dynamic_quantizers_weights_are_made_as_orts_method_makes_them(reduc
     assert sum("scale issue" in str(r) for r in results) == 6  # w_nan: ORT's assertion, through ours
     mine = [t.SerializeToString() for t in ours.model.model.graph.initializer]
     assert mine == [t.SerializeToString() for t in theirs.model.model.graph.initializer]
+
+
+def test_float32_tensors_are_read_as_numpy_helper_reads_them(tmp_path, monkeypatch):
+    """float32_array: to_array's array (values, dtype, shape, read-only flag) for float32 tensors in raw_data
+    and in float_data, of every rank and empty; tensors stored elsewhere (external data, a segment) and of
+    other types are to_array's own, errors included. The swapped tensor_proto_to_array raises ORT's error for
+    an integer tensor, and ORT's modules hold ORT's function again once the quantizer is done."""
+    from onnx import TensorProto, external_data_helper, helper, numpy_helper
+    from onnxruntime.quantization import base_quantizer
+
+    def outcome(read, tensor):
+        try:
+            a = read(tensor)
+            return a.dtype, a.shape, a.tobytes(), a.flags.writeable
+        except Exception as e:  # noqa: BLE001 -- compared with to_array's
+            return repr(e)
+
+    values = np.array([1.5, -0.0, np.finfo(np.float32).tiny, 3e38, np.nan, -np.inf], np.float32)
+    tensors = []
+    for data in (values.reshape(2, 3), values.reshape(3, 1, 2), values[:1].reshape(()), values[:0]):
+        tensors.append(numpy_helper.from_array(data, "raw"))
+        tensors.append(helper.make_tensor("floats", TensorProto.FLOAT, data.shape, data.ravel().tolist()))
+    tensors.append(numpy_helper.from_array(np.array([1.5, -2, 0.25], np.float16), "half"))
+    tensors.append(numpy_helper.from_array(np.arange(4, dtype=np.int8), "int8"))
+    segmented = numpy_helper.from_array(values, "segmented")
+    segmented.segment.begin = 0
+    tensors.append(segmented)
+    external = numpy_helper.from_array(values, "external")
+    external_data_helper.set_external_data(external, "w.bin")
+    (tmp_path / "w.bin").write_bytes(values.tobytes())
+    external.ClearField("raw_data")
+    for tensor in tensors:
+        assert outcome(fast_quantize.float32_array, tensor) == outcome(numpy_helper.to_array, tensor), tensor.name
+        theirs = outcome(fast_quantize._PLAIN_TENSOR_PROTO_TO_ARRAY, tensor)
+        assert outcome(fast_quantize.tensor_proto_to_array, tensor) == theirs, tensor.name
+    assert "Only float type is supported" in str(outcome(fast_quantize.tensor_proto_to_array, tensors[-2]))
+    monkeypatch.chdir(tmp_path)  # the external file's path is relative: to_array looks it up from here
+    ours, theirs = outcome(fast_quantize.float32_array, external), outcome(numpy_helper.to_array, external)
+    assert ours == theirs and ours[2] == values.tobytes()
+    with fast_quantize.installed():
+        assert base_quantizer.tensor_proto_to_array is fast_quantize.tensor_proto_to_array
+    assert base_quantizer.tensor_proto_to_array is fast_quantize._PLAIN_TENSOR_PROTO_TO_ARRAY

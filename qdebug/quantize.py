@@ -143,14 +143,15 @@ def quantize_static_model(
     from qdebug import fast_quantize
 
     fast = fast_quantize.use_fast_path()
-    try:
-        result = _run_quantizer(model, ranges, spec, quant_format, fast)
-    except fast_quantize.IndexOutOfStep as e:
-        fast_quantize.note(
-            f"ORT's quantizer was run again on its plain path (quadratic in the node count): qdebug's index of "
-            f"the graph fell out of step with it ({e}); please report this model to qdebug"
-        )
-        result = _run_quantizer(model, ranges, spec, quant_format, False)
+    with collector_paused():  # back on once _run_quantizer's quantizer is freed (see collector_paused)
+        try:
+            result = _run_quantizer(model, ranges, spec, quant_format, fast)
+        except fast_quantize.IndexOutOfStep as e:
+            fast_quantize.note(
+                f"ORT's quantizer was run again on its plain path (quadratic in the node count): qdebug's index "
+                f"of the graph fell out of step with it ({e}); please report this model to qdebug"
+            )
+            result = _run_quantizer(model, ranges, spec, quant_format, False)
     after = _Names(result)
     _exact_passthrough_outputs(result, after)
     check_quantized_loads(model, result, load=load_check, names=(before, after))
@@ -182,7 +183,7 @@ def _run_quantizer(
     tensors = ranges.private_tensors()
     scope = fast_quantize.installed() if fast else contextlib.nullcontext()
     try:
-        with quiet_ort_logging(), scope, collector_paused():
+        with quiet_ort_logging(), scope:
             work = update_opset_version(
                 work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
             )
@@ -595,6 +596,11 @@ def collector_paused():
     collector walks the process's live objects: 12-15 % of a 3,200-node per-channel build, with few or a
     million other live objects (``benchmarks/bench_collector.py``, docs/benchmarks.md). Whatever cyclic garbage
     the call leaves is collected once the collector is back.
+
+    The block must end after the quantizer's objects are released: the first allocation once the collector
+    is back runs a collection over every young object still alive, and a quantizer still referenced is
+    ~160,000 of them (24 ms at 3,200 nodes; once it is freed, a few hundred are left).
+    So the callers wrap the call that holds the quantizer, not the block inside it.
     """
     was = gc.isenabled()
     gc.disable()

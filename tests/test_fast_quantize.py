@@ -988,6 +988,7 @@ def test_the_collector_is_paused_inside_the_quantizer_and_restored_after(tmp_pat
         seen.append(gc.isenabled())
         return real(*args, **kwargs)
 
+    fast_quantize.current_sources()  # ORT's digests read before the spy stands in for its function
     monkeypatch.setattr(quant_utils, "update_opset_version", spy)
     prep = _prepared(FIXTURES / "cnn" / "model.onnx", FIXTURES / "cnn" / "calib.npz", tmp_path)
     assert gc.isenabled()
@@ -1003,6 +1004,40 @@ def test_the_collector_is_paused_inside_the_quantizer_and_restored_after(tmp_pat
     with pytest.raises(RuntimeError), quantize.collector_paused():
         raise RuntimeError("quantizer failed")
     assert gc.isenabled()
+
+
+def test_the_collector_comes_back_after_the_quantizer_is_freed(tmp_path, monkeypatch):
+    """The collector is switched back on once ORT's quantizer and qdebug's index are freed: the first
+    allocation after that runs a collection over every young object still alive (24 ms at 3,200 nodes
+    with the quantizer still referenced)."""
+    import gc
+    import weakref
+
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    made = []
+    real_quantize = QDQQuantizer.quantize_model
+
+    def spy(self):
+        assert isinstance(self.model, fast_quantize.IndexedModel)
+        made.append((weakref.ref(self), weakref.ref(self.model)))
+        return real_quantize(self)
+
+    monkeypatch.setattr(QDQQuantizer, "quantize_model", spy)
+    alive_at_enable = []
+    real_enable = gc.enable
+
+    def enable():
+        alive_at_enable.append([r() is not None for pair in made for r in pair])
+        real_enable()
+
+    monkeypatch.setattr(gc, "enable", enable)
+    prep = _prepared(FIXTURES / "cnn" / "model.onnx", FIXTURES / "cnn" / "calib.npz", tmp_path)
+    alive_at_enable.clear()
+    made.clear()
+    quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    assert len(made) == 1 and made[0][1]() is None
+    assert alive_at_enable == [[False, False]]
 
 
 def _orts_channels(data, axis, quant_type, symmetric, reduce_range, min_real_range):

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import gc
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,28 +125,29 @@ def quantize_static_model(
     form (QLinearConv, QLinearMatMul...) instead, through ORT's ``ONNXQuantizer``
     (what ``quantize_static(quant_format=QuantFormat.QOperator)`` runs).
     """
-    names = {n.name for n in model.graph.node}
-    unknown = [n for n in spec.nodes_to_exclude if n not in names]
+    from qdebug import fast_quantize
+
+    key = fast_quantize.content_key(model)
+    facts = _facts(model, key)
+    unknown = [n for n in spec.nodes_to_exclude if n not in facts.node_names]
     if unknown:
         raise QDebugError(
             f"nodes_to_exclude names {len(unknown)} node(s) not in the model: {unknown[:5]}",
             "use node names from the qdebug report (normalized names)",
             ExitCode.INPUT,
         )
-    before = _Names(model)
+    before = facts.names
     _refuse_reserved_names(model, before)
     seen = ranges.minmax()
     _refuse_nan_outputs(model, ranges, seen)
-    forced = float16_exclusions(model) + nonfinite_range_exclusions(model, ranges, seen)[0]
+    forced = facts.float16_exclusions(model) + nonfinite_range_exclusions(model, ranges, seen)[0]
     if forced:
         extra_excluded = tuple(n for n in forced if n not in spec.nodes_to_exclude)
         spec = dataclasses.replace(spec, nodes_to_exclude=tuple(spec.nodes_to_exclude) + extra_excluded)
-    from qdebug import fast_quantize
-
     fast = fast_quantize.use_fast_path()
     with collector_paused():  # back on once _run_quantizer's quantizer is freed (see collector_paused)
         try:
-            result = _run_quantizer(model, ranges, spec, quant_format, fast)
+            result = _run_quantizer(model, ranges, spec, quant_format, fast, key)
         except fast_quantize.IndexOutOfStep as e:
             fast_quantize.note(
                 f"ORT's quantizer was run again on its plain path (quadratic in the node count): qdebug's index "
@@ -161,12 +163,13 @@ def quantize_static_model(
 
 
 def _run_quantizer(
-    model: onnx.ModelProto, ranges: Ranges, spec: QuantSpec, quant_format: str, fast: bool
+    model: onnx.ModelProto, ranges: Ranges, spec: QuantSpec, quant_format: str, fast: bool, key: bytes | None = None
 ) -> onnx.ModelProto:
     """ORT's ``QDQQuantizer`` (or ``ONNXQuantizer`` for QOperator) over a copy of ``model``, as
     ``quantize_static`` runs it after calibrating. ``fast`` runs the same quantizer over qdebug's indexed
     model (:mod:`qdebug.fast_quantize`: the same model, in time linear in the graph); it raises
-    :class:`~qdebug.fast_quantize.IndexOutOfStep` if its index and the graph disagree at the end."""
+    :class:`~qdebug.fast_quantize.IndexOutOfStep` if its index and the graph disagree at the end. ``key``:
+    ``model``'s :func:`~qdebug.fast_quantize.content_key`, when the caller has it."""
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
     from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
@@ -188,7 +191,7 @@ def _run_quantizer(
                 work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
             )
             if fast and work is model:  # not converted: the quantizer's own shape inference, made once per model
-                work = fast_quantize.shape_inferred(model)
+                work = fast_quantize.shape_inferred(model, key)
             if default_opset(work) != default_opset(model):
                 carry_ranges_to_converted(model, work, tensors)
             nodes = (list(spec.nodes_to_quantize), spec.excluded(), spec.quantized_op_types())
@@ -304,13 +307,14 @@ def check_quantized_loads(
 
 class _Names:
     """A model's top-level names, read off the protobuf once: graph inputs, initializers, every node output
-    in order (empty ones included) and each output's producer (the last node writing it). Reading a field
-    of a protobuf message from Python is most of what qdebug's checks around ORT's quantizer cost (11,200
-    nodes and 16,400 initializers in a 3,200-node build), so each model is read once for all of them."""
+    in order (empty ones included) and each output's producer (the last node writing it; not read with
+    ``producers=False``). Reading a field of a protobuf message from Python is most of what qdebug's checks
+    around ORT's quantizer cost (11,200 nodes and 16,400 initializers in a 3,200-node build), so each model
+    is read once for all of them."""
 
     __slots__ = ("inputs", "initializers", "written", "producer")
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, producers: bool = True) -> None:
         graph = model.graph
         self.inputs = [i.name for i in graph.input]
         self.initializers = [t.name for t in graph.initializer]
@@ -319,8 +323,9 @@ class _Names:
         for node in graph.node:
             outputs = list(node.output)
             self.written.extend(outputs)
-            for name in outputs:
-                self.producer[name] = node
+            if producers:
+                for name in outputs:
+                    self.producer[name] = node
 
     def defined_twice(self) -> set[str]:
         """Tensor names the main graph defines more than once (graph inputs, initializers, node outputs)."""
@@ -328,6 +333,44 @@ class _Names:
 
         defs = Counter([*self.inputs, *self.initializers, *(o for o in self.written if o)])
         return {name for name, k in defs.items() if k > 1}
+
+
+class _Facts:
+    """What :func:`quantize_static_model` reads of its input model before each build -- its node names, its
+    :class:`_Names` (without producers: nothing here holds the model's nodes) and its float16 exclusions,
+    read on first use -- a function of the model's content alone: propose and verify build tens of variants
+    of one normalized model (25 ms a build at 3,200 nodes), so they are kept for the latest content key."""
+
+    __slots__ = ("node_names", "names", "_half")
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.node_names = frozenset(n.name for n in model.graph.node)
+        self.names = _Names(model, producers=False)
+        self._half: list[str] | None = None
+
+    def float16_exclusions(self, model: onnx.ModelProto) -> list[str]:
+        """:func:`float16_exclusions` of the model (its refusal is raised each time, never kept)."""
+        if self._half is None:
+            self._half = float16_exclusions(model)
+        return list(self._half)
+
+
+_FACTS: dict[bytes, _Facts] = {}
+_FACTS_LOCK = threading.Lock()
+
+
+def _facts(model: onnx.ModelProto, key: bytes | None) -> _Facts:
+    """``model``'s :class:`_Facts`, kept for its content ``key`` (None: read afresh, not kept)."""
+    if key is None:
+        return _Facts(model)
+    with _FACTS_LOCK:
+        kept = _FACTS.get(key)
+    if kept is None:
+        kept = _Facts(model)
+        with _FACTS_LOCK:
+            _FACTS.clear()
+            _FACTS[key] = kept
+    return kept
 
 
 def _activations_taken_by_weights(model: _Names, quantized: _Names) -> set[str]:

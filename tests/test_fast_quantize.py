@@ -1585,3 +1585,52 @@ def test_float32_tensors_are_read_as_numpy_helper_reads_them(tmp_path, monkeypat
     with fast_quantize.installed():
         assert base_quantizer.tensor_proto_to_array is fast_quantize.tensor_proto_to_array
     assert base_quantizer.tensor_proto_to_array is fast_quantize._PLAIN_TENSOR_PROTO_TO_ARRAY
+
+
+def test_find_by_name_answers_for_the_list_it_is_given_after_the_model_is_replaced():
+    """The swapped find_by_name answers from the index for the list the index was built over, and for the
+    graph's list: after an indexed model's proto is replaced, both the old list and the new one get ORT's
+    answer (the first element of that name in that list), and a None list is ORT's error."""
+    from onnx import numpy_helper
+
+    def tensor(name: str, value: float) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.full(2, value, np.float32), name)
+
+    old, new = bench_quantize.make_chain(2), bench_quantize.make_chain(2)
+    old.graph.initializer.append(tensor("extra", 1))
+    new.graph.initializer.extend([tensor("extra", 2), tensor("extra", 3)])
+    with fast_quantize.installed():
+        im = fast_quantize.IndexedModel(old)
+        with pytest.raises(TypeError):  # before the index is built as after
+            fast_quantize.find_by_name("extra", None)
+        old_list = old.graph.initializer
+        assert fast_quantize.find_by_name("extra", old_list) is im.get_initializer("extra")  # the index built
+        im.model = new
+        for items in (old_list, new.graph.initializer, old_list):
+            assert fast_quantize.find_by_name("extra", items) == fast_quantize._PLAIN_FIND_BY_NAME("extra", items)
+            assert fast_quantize.find_by_name("nothing", items) is None
+        assert numpy_helper.to_array(fast_quantize.find_by_name("extra", new.graph.initializer))[0] == 2
+        with pytest.raises(TypeError):
+            fast_quantize.find_by_name("extra", None)
+
+
+def test_what_is_read_of_the_input_model_is_kept_for_its_content_only(tmp_path, monkeypatch):
+    """quantize_static_model reads its input model's node names, names and float16 exclusions once per
+    content: a second build of the same content reads nothing again, and the same object changed in place
+    (a node renamed) is read afresh -- the new name is excludable, the old one refused."""
+    from qdebug import quantize
+
+    prep = _prepared(FIXTURES / "cnn" / "model.onnx", FIXTURES / "cnn" / "calib.npz", tmp_path)
+    model = copy.deepcopy(prep.normalized)
+    reads = []
+    real = quantize._Facts.__init__
+    monkeypatch.setattr(quantize._Facts, "__init__", lambda self, m: reads.append(1) or real(self, m))
+    monkeypatch.setattr(quantize, "_FACTS", {})
+    first = quantize_static_model(model, prep.ranges, QuantSpec())
+    assert quantize_static_model(model, prep.ranges, QuantSpec()) == first and len(reads) == 1
+    node = next(n for n in model.graph.node if n.op_type == "Conv")
+    old, node.name = node.name, node.name + "_renamed"
+    quantize_static_model(model, prep.ranges, QuantSpec(nodes_to_exclude=(node.name,)))
+    assert len(reads) == 2
+    with pytest.raises(QDebugError, match="not in the model"):
+        quantize_static_model(model, prep.ranges, QuantSpec(nodes_to_exclude=(old,)))

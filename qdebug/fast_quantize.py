@@ -113,6 +113,8 @@ VERIFIED_SOURCES: dict[str, str] = {
     "ONNXModel.save_model_to_file": "5057f82633d31ba6",
     "ONNXModel.clean_initializers": "09b9fb821866a815",
     "ONNXModel.topological_sort": "1feb35a3069478d3",
+    "ONNXModel.replace_gemm_with_matmul": "d776dd69a6c46023",
+    "ONNXModel._ONNXModel__replace_gemm_with_matmul": "93157c7a38387f1b",
     "onnx_model._clean_initializers_helper": "a9b3358dff2116bd",
     "quant_utils.find_by_name": "40cf7740b42609de",
     "MinMaxCalibrater.augment_graph": "fce1d4bdb6e14d7a",
@@ -737,6 +739,15 @@ class IndexedModel(ONNXModel):
             if graph_input.name == tensor.name:
                 self.model.graph.input.remove(graph_input)
                 break
+
+    def replace_gemm_with_matmul(self) -> dict[str, str]:
+        """ORT's ``replace_gemm_with_matmul`` (the dynamic quantizer's first step). On a graph with no Gemm
+        node and no node holding a subgraph ORT reads every tensor name (for the names of transposed
+        weights it then makes none of), copies every node out of the graph and back -- the same nodes --
+        and returns ``{}``: here the graph is left as it is (35 ms of a dynamic build at 3,200 nodes)."""
+        if any(n.op_type == "Gemm" or (n.attribute and _holds_subgraph(n)) for n in self.model.graph.node):
+            return super().replace_gemm_with_matmul()
+        return {}
 
     def topological_sort(self) -> None:
         """ORT's ``ONNXModel.topological_sort`` step for step (Kahn's algorithm: the nodes without inputs in

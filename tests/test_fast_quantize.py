@@ -1634,3 +1634,34 @@ def test_what_is_read_of_the_input_model_is_kept_for_its_content_only(tmp_path, 
     assert len(reads) == 2
     with pytest.raises(QDebugError, match="not in the model"):
         quantize_static_model(model, prep.ranges, QuantSpec(nodes_to_exclude=(old,)))
+
+
+@pytest.mark.parametrize("case", ["no gemm", "gemm", "gemm in a subgraph"])
+def test_gemm_replacement_is_orts_and_leaves_a_graph_without_gemm_alone(case):
+    """IndexedModel.replace_gemm_with_matmul: ORT's graph and transposed names; a graph with no Gemm and no
+    subgraph is left as it is (its nodes the same objects), where ORT copies every node out and back."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "w")
+    gemm = helper.make_node("Gemm", ["x", "w"], ["g"], name="gemm", transB=1)
+    soft = helper.make_node("Softmax", ["x"], ["s"], name="soft", axis=1)
+    nodes = [soft, helper.make_node("MatMul", ["x", "w2"], ["m"], name="mm")]
+    if case == "gemm":
+        nodes.append(gemm)
+    elif case == "gemm in a subgraph":
+        out = helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 3])
+        branch = helper.make_graph([gemm], "b", [], [out])
+        nodes.append(helper.make_node("If", ["c"], ["z"], name="if", then_branch=branch, else_branch=branch))
+    w2 = numpy_helper.from_array(np.ones((2, 2), np.float32), "w2")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 2])], [w, w2])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    ours_model, theirs_model = copy.deepcopy(model), copy.deepcopy(model)
+    first = ours_model.graph.node[0]
+    ours = fast_quantize.IndexedModel(ours_model).replace_gemm_with_matmul()
+    theirs = ONNXModel(theirs_model).replace_gemm_with_matmul()
+    assert ours == theirs and ours_model.SerializeToString() == theirs_model.SerializeToString()
+    assert (ours_model.graph.node[0] is first) == (case == "no gemm")
+    assert any(n.op_type == "Gemm" for n in model.graph.node) == (case == "gemm")
+    if case == "gemm":
+        assert ours == {"w_Transposed": "w"}

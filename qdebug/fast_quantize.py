@@ -1838,9 +1838,10 @@ def shape_inferred(model: onnx.ModelProto, key: bytes | None = None) -> onnx.Mod
 
     That round trip is 8 % of a static build at 3,200 nodes and its result depends only on ``model``, while
     propose and verify build tens of variants of one normalized model: it runs once per model content (a
-    blake2b digest of the serialized model, 4 ms there against the round trip's 130 ms) and each build gets a
-    deep copy. Only the latest model is kept, and none above :data:`INFERRED_MAX_BYTES`. ``key``: the
-    model's :func:`content_key`, when the caller has it."""
+    blake2b digest of the serialized model, 4 ms there against the round trip's 60-130 ms) and each build
+    gets a deep copy. Only the latest model is kept, and none above :data:`INFERRED_MAX_BYTES`. A copy another
+    process saved for the same content (:func:`save_inferred`, :func:`offer_inferred`: analyze's, read by
+    propose) is taken instead of making it. ``key``: the model's :func:`content_key`, when the caller has it."""
     if quant_utils.model_has_infer_metadata(model):
         return copy.deepcopy(model)
     key = key if key is not None else content_key(model)
@@ -1849,11 +1850,91 @@ def shape_inferred(model: onnx.ModelProto, key: bytes | None = None) -> onnx.Mod
     with _INFERRED_LOCK:
         kept = _INFERRED.get(key)
     if kept is None:
+        kept = _offered_copy(key) if not _FORCE_PLAIN.get() else None
+    if kept is None:
         kept = reloaded_with_shape_infer(model)
         with _INFERRED_LOCK:
             _INFERRED.clear()
             _INFERRED[key] = kept
     return copy.deepcopy(kept)
+
+
+INFERRED_FILE = "normalized.inferred.onnx"
+"""In a report's files: the normalized model as ORT's quantizer shape-infers it (:func:`save_inferred`), which
+propose takes instead of making that round trip again (:func:`offer_inferred`)."""
+_OFFERED: dict[bytes, Any] = {}
+"""content key -> the file another process saved its shape-inferred copy in (:func:`offer_inferred`)."""
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+
+    from qdebug import __version__
+
+    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "qdebug": __version__}
+
+
+def save_inferred(model: onnx.ModelProto, path: Any) -> bool:
+    """Save the shape-inferred copy :func:`shape_inferred` keeps for ``model``'s content to ``path`` (and its
+    content key, the versions that made it and its sha256 to ``path`` + ``.json``), each atomically, for a
+    later process to take instead of making the round trip again (:func:`offer_inferred`: analyze's, for
+    propose). False, writing nothing, when no copy is kept for that content."""
+    from pathlib import Path
+
+    from qdebug.files import atomic_write_bytes, atomic_write_text
+
+    key = content_key(model)
+    with _INFERRED_LOCK:
+        kept = _INFERRED.get(key) if key is not None else None
+    if kept is None:
+        return False
+    data = kept.SerializeToString()
+    atomic_write_bytes(path, data)
+    sidecar = {"key": key.hex(), "sha256": hashlib.sha256(data).hexdigest(), **_versions()}
+    import json
+
+    atomic_write_text(Path(str(path) + ".json"), json.dumps(sidecar, sort_keys=True))
+    return True
+
+
+def offer_inferred(path: Any) -> bool:
+    """Let :func:`shape_inferred` take the copy :func:`save_inferred` wrote at ``path`` for its content key,
+    when it was made by the same onnx, ORT and qdebug; True when offered. The file is read, and its sha256
+    checked, only when a build asks for that content."""
+    import json
+    from pathlib import Path
+
+    try:
+        sidecar = json.loads(Path(str(path) + ".json").read_text())
+        key = bytes.fromhex(sidecar["key"])
+        made = {name: sidecar[name] for name in ("onnx", "onnxruntime", "qdebug")}
+        sha = str(sidecar["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if made != _versions() or not Path(path).is_file():
+        return False
+    with _INFERRED_LOCK:
+        _OFFERED[key] = (Path(path), sha)
+    return True
+
+
+def _offered_copy(key: bytes) -> onnx.ModelProto | None:
+    """The model offered for ``key`` (:func:`offer_inferred`), read and checked; None when none is, or the file
+    is not the one offered any more."""
+    with _INFERRED_LOCK:
+        entry = _OFFERED.pop(key, None)
+    if entry is None:
+        return None
+    path, sha = entry
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != sha:
+        return None
+    loaded = onnx.ModelProto()
+    loaded.ParseFromString(data)
+    return loaded
 
 
 _PLAIN_RELOAD = quant_utils.save_and_reload_model_with_shape_infer

@@ -61,6 +61,7 @@ from qdebug.files import (
     record_path,
     removed_on_failure,
 )
+from qdebug.fast_quantize import INFERRED_FILE
 from qdebug.graph.load import load_model
 from qdebug.graph.match import Pairing, is_qdq_model, pair_models
 from qdebug.graph.match_dynamic import pair_dynamic
@@ -138,6 +139,8 @@ def _check_spared(
             f"{which}report": out,
             f"{which}normalized model": workdir / "normalized.onnx",
             f"{which}quantized model": workdir / "quantized.onnx" if quantized is None else None,
+            f"{which}shape-inferred model": workdir / INFERRED_FILE if quantized is None else None,
+            f"{which}shape-inferred model's key": workdir / f"{INFERRED_FILE}.json" if quantized is None else None,
         },
         {
             "the model": model,
@@ -404,7 +407,10 @@ def _quantized_model(
 def _built_model(
     prep: Prepared, options: AnalyzeOptions, workdir: Path, notes: list[str]
 ) -> tuple[onnx.ModelProto, ModelInfo]:
-    """ORT's static QDQ model from the calibrated ranges, saved as ``<workdir>/quantized.onnx``."""
+    """ORT's static QDQ model from the calibrated ranges, saved as ``<workdir>/quantized.onnx`` (and the
+    shape-inferred normalized model the quantizer made on the way, as ``fast_quantize.INFERRED_FILE``)."""
+    from qdebug import fast_quantize
+
     assert prep.ranges is not None
     settings = prep.settings
     quantized_path = workdir / "quantized.onnx"
@@ -412,6 +418,7 @@ def _built_model(
     qproto = quantize_static_model(
         prep.normalized, prep.ranges, QuantSpec.of(settings), quantized_path, load_check=False
     )
+    fast_quantize.save_inferred(prep.normalized, workdir / fast_quantize.INFERRED_FILE)
     notes.extend(
         quantizer_notes(
             prep.normalized,

@@ -1665,3 +1665,71 @@ def test_gemm_replacement_is_orts_and_leaves_a_graph_without_gemm_alone(case):
     assert any(n.op_type == "Gemm" for n in model.graph.node) == (case == "gemm")
     if case == "gemm":
         assert ours == {"w_Transposed": "w"}
+
+
+def test_a_shape_inferred_copy_saved_by_one_process_is_taken_by_the_next(tmp_path, monkeypatch):
+    """save_inferred / offer_inferred: the copy kept for a model's content, saved with its key, versions and
+    sha256, is taken by a later build of that content instead of the round trip -- the same model as ORT's
+    plain path -- and is not taken when the file changed, when another onnx / ORT / qdebug made it, or for
+    another content (the round trip runs)."""
+    model = bench_quantize.make_chain(4, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    trips = []
+    real = fast_quantize.reloaded_with_shape_infer
+    monkeypatch.setattr(fast_quantize, "reloaded_with_shape_infer", lambda m: trips.append(1) or real(m))
+    monkeypatch.setattr(fast_quantize, "_INFERRED", {})
+    monkeypatch.setattr(fast_quantize, "_OFFERED", {})
+    saved = tmp_path / "files" / fast_quantize.INFERRED_FILE
+    assert not fast_quantize.save_inferred(prep.normalized, saved)  # nothing kept yet: nothing written
+    first = quantize_static_model(prep.normalized, prep.ranges, QuantSpec())
+    assert len(trips) == 1 and fast_quantize.save_inferred(prep.normalized, saved)
+
+    def build_in_a_new_process() -> bytes:
+        fast_quantize._INFERRED.clear()
+        return quantize_static_model(prep.normalized, prep.ranges, QuantSpec()).SerializeToString()
+
+    assert fast_quantize.offer_inferred(saved)
+    assert build_in_a_new_process() == first.SerializeToString() and len(trips) == 1  # taken: no round trip
+    with fast_quantize.plain_path():
+        assert quantize_static_model(prep.normalized, prep.ranges, QuantSpec()) == first
+    assert build_in_a_new_process() == first.SerializeToString() and len(trips) == 2  # an offer is taken once
+
+    data = saved.read_bytes()
+    saved.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # changed after it was offered
+    assert fast_quantize.offer_inferred(saved)
+    assert build_in_a_new_process() == first.SerializeToString() and len(trips) == 3
+    saved.write_bytes(data)
+    with pytest.MonkeyPatch.context() as other_versions:
+        other_versions.setattr(fast_quantize, "_versions", lambda: {"onnx": "0", "onnxruntime": "0", "qdebug": "0"})
+        assert not fast_quantize.offer_inferred(saved)  # made by other versions
+    assert fast_quantize.offer_inferred(saved)
+    other = copy.deepcopy(prep.normalized)
+    other.graph.node[0].name += "_other"
+    fast_quantize._INFERRED.clear()
+    quantize_static_model(other, prep.ranges, QuantSpec())  # another content: its own round trip
+    assert len(trips) == 4
+    assert not fast_quantize.offer_inferred(tmp_path / "missing.onnx")
+
+
+def test_propose_takes_the_shape_inferred_model_analyze_saved(tmp_path, monkeypatch):
+    """analyze saves the normalized model as its quantizer shape-inferred it next to its static model, and
+    propose's first static build takes it (in a fresh process nothing else is kept)."""
+    from qdebug.cli.main import main
+
+    monkeypatch.setenv("QDEBUG_CACHE_DIR", str(tmp_path / "cache"))
+    model = bench_quantize.make_chain(4, variety=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    calib = bench_quantize.chain_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(tmp_path / "m.onnx"), "--calib", str(calib), "-o", str(report), "-q"]) == 0
+    files = tmp_path / "r_files"
+    assert (files / fast_quantize.INFERRED_FILE).is_file() and (files / f"{fast_quantize.INFERRED_FILE}.json").is_file()
+    fast_quantize._INFERRED.clear()  # what a new process starts with
+    taken = []
+    real = fast_quantize._offered_copy
+    monkeypatch.setattr(fast_quantize, "_offered_copy", lambda key: taken.append(real(key)) or taken[-1])
+    argv = ["propose", str(report), "--model", str(tmp_path / "m.onnx"), "--calib", str(calib), "-o",
+            str(tmp_path / "p.json"), "--max-evaluations", "4", "--time-runs", "0", "-q"]  # fmt: skip
+    assert main(argv) in (0, 6)
+    assert taken and isinstance(taken[0], onnx.ModelProto)

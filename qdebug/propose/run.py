@@ -60,7 +60,7 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     _check_allow,
     make_target,
 )
-from qdebug.propose.reuse import analyzed_static
+from qdebug.propose.reuse import analyzed_static, offer_analyzed_inference
 from qdebug.propose.screen import confirm_on_all, screening_evaluator, start_on_all
 from qdebug.propose.search import (
     Fix,
@@ -503,6 +503,7 @@ def _search(
     )
     if options.max_evaluations is None:
         search.held = held_back(_candidate_nodes(initial))
+    offer_analyzed_inference(report)
     static = analyzed_static(report, prep.normalized_path, prep.ranges, search.spec((), ()))
     if static is not None:  # not quantized again: analyze built exactly this model
         search.adopt_static(static)

@@ -413,6 +413,7 @@ class IndexedModel(ONNXModel):
         self._checked: int | None = None
         """``_changes`` when the node index was last found in step (None: not since it was built)."""
         self._ichanges = 0
+        self._final: tuple[GraphNames, tuple[Any, ...]] | None = None
         self._ichecked: int | None = None
         """The same two for the initializer index: ``_ichanges`` counts the initializers it indexed or forgot."""
         self.prequantized: dict[str, tuple[Any, Any, Any, int, tuple[bytes, bytes], np.ndarray]] = {}
@@ -807,8 +808,32 @@ class IndexedModel(ONNXModel):
             self._last_init = c[self._ni - 1] if self._ni else None
             if in_step:  # the deletions were made by position on both sides: the index is still the list's
                 self._ichecked = self._ichanges
+                if read.written is not None:
+                    self._final = (read, self._stamp())
             return cleaned
         return super().clean_initializers()
+
+    def _stamp(self) -> tuple[Any, ...]:
+        """What tells that the graph's lists are still the ones last read: each list, its length and last
+        element, and the counts of changes made through the index."""
+        nodes, inits = self.model.graph.node, self.model.graph.initializer
+        return (
+            nodes, len(nodes), nodes[len(nodes) - 1] if len(nodes) else None, self._changes,
+            inits, len(inits), inits[len(inits) - 1] if len(inits) else None, self._ichanges,
+        )  # fmt: skip
+
+    def final_names(self) -> GraphNames | None:
+        """The names the clean-up's index check read off the quantized graph (its outputs in order, their
+        producers, the initializers kept), when the graph's lists are still those it read and nothing was
+        changed through the index since: after the clean-up ORT's quantizer only names itself in the model
+        and adds an opset (``QDQQuantizer.quantize_model``). None otherwise (read the graph again)."""
+        final = self._final
+        if final is None:
+            return None
+        read, stamp = final
+        now = self._stamp()
+        same = len(now) == len(stamp) and all(a is b or (type(a) is int and a == b) for a, b in zip(now, stamp))
+        return read if same else None
 
     # -- the check ------------------------------------------------------------------------------------
 
@@ -877,7 +902,9 @@ class IndexedModel(ONNXModel):
         holds for each of its inputs / outputs (compared by identity: the lists are one or two nodes long);
         ``read`` gets the names the nodes read and write, and whether one holds a subgraph."""
         live, readers, writers = self._live, self._readers, self._writers
-        reads, writes = (set(), set()) if read is not None else (None, None)
+        reads: set[str] = set()
+        written: list[str] = []
+        producer: dict[str, Any] = {}
         subgraph = False
         if len(c) != len(live):
             raise IndexOutOfStep(f"{len(live)} nodes indexed, {len(c)} in the graph")
@@ -887,33 +914,47 @@ class IndexedModel(ONNXModel):
             if entry is None or entry[1] is not node or entry[0] <= last:
                 raise IndexOutOfStep(f"node {node.name!r} is not indexed where it is")
             last = entry[0]
-            for names, index, into in ((node.input, readers, reads), (node.output, writers, writes)):
-                for name in names:
-                    for known in index.get(name, ()):
-                        if known is node:
-                            break
-                    else:
-                        raise IndexOutOfStep(f"the inputs or outputs of node {node.name!r} changed behind the index")
-                    if into is not None:
-                        into.add(name)
+            for name in node.input:
+                for known in readers.get(name, ()):
+                    if known is node:
+                        break
+                else:
+                    raise IndexOutOfStep(f"the inputs of node {node.name!r} changed behind the index")
+                if read is not None:
+                    reads.add(name)
+            for name in node.output:
+                for known in writers.get(name, ()):
+                    if known is node:
+                        break
+                else:
+                    raise IndexOutOfStep(f"the outputs of node {node.name!r} changed behind the index")
+                if read is not None:
+                    written.append(name)
+                    producer[name] = node
             if read is not None and not subgraph and node.attribute:
                 subgraph = _holds_subgraph(node)
         if read is not None:
-            read.reads, read.writes, read.subgraph = reads, writes, subgraph
+            read.reads, read.writes, read.subgraph = reads, set(written), subgraph
+            read.written, read.producer = written, producer
 
 
 class GraphNames:
     """What the clean-up of initializers reads off a graph, each read once (reading a name off a protobuf
     message is ~1 us from Python): ``reads`` / ``writes``, the names its nodes read and write; ``subgraph``,
-    whether a node holds one; ``initializers``, the initializers' names in list order. None: not read yet."""
+    whether a node holds one; ``initializers``, the initializers' names in list order (after the clean-up:
+    those it kept). The index check also records ``written`` (every node output in order, empty ones
+    included) and ``producer`` (output -> the last node writing it), which the checks after the quantizer
+    take for the result's names (:meth:`IndexedModel.final_names`). None: not read yet."""
 
-    __slots__ = ("reads", "writes", "subgraph", "initializers")
+    __slots__ = ("reads", "writes", "subgraph", "initializers", "written", "producer")
 
     def __init__(self) -> None:
         self.reads: set[str] | None = None
         self.writes: set[str] | None = None
         self.subgraph = False
         self.initializers: list[str] | None = None
+        self.written: list[str] | None = None
+        self.producer: dict[str, Any] | None = None
 
     def read_nodes(self, graph: Any) -> None:
         """The nodes' part, in one pass."""
@@ -982,6 +1023,7 @@ def clean_initializers(graph: Any, removed: list[Any] | None = None, read: Graph
     unused = [k for k, name in enumerate(names) if name not in requesting]  # the names are unique here
     requesting.difference_update(names)
     gone = {names[k] for k in unused}
+    read.initializers = [name for name in names if name not in gone] if gone else names
     if removed is not None:
         removed.extend(graph.initializer[k] for k in unused)
     for k in reversed(unused):

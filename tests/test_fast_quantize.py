@@ -458,6 +458,41 @@ def test_the_indexed_topological_sort_is_orts(order):
             sort(fast_quantize.IndexedModel(model) if sort is not ONNXModel.topological_sort else ONNXModel(model))
 
 
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4, 5, 6, 7], [7, 6, 4, 3, 1, 2, 5, 0]])
+@pytest.mark.parametrize("change", ["", "indexed node", "list rewritten"])
+def test_the_sort_after_a_clean_up_takes_its_reading_only_while_nothing_changed(order, change):
+    """After a clean-up that read the nodes itself (the dynamic quantizer rewrote the list), the sort takes
+    each node's inputs and outputs from that reading while the list is the one read and nothing changed
+    through the index; after a change it reads the nodes again. Either way, ORT's order."""
+    from onnx import helper
+
+    def changed(model: onnx.ModelProto, im: Any) -> None:
+        if change == "indexed node":
+            im.add_node(helper.make_node("Identity", ["y"], ["y2"], name="extra"))
+        elif change == "list rewritten":
+            nodes = list(model.graph.node)
+            model.graph.ClearField("node")
+            model.graph.node.extend(nodes)
+
+    expected = _sort_case(order)
+    ONNXModel(expected).topological_sort()
+    got = _sort_case(order)
+    im = fast_quantize.IndexedModel(got)
+    nodes = list(got.graph.node)
+    got.graph.ClearField("node")
+    got.graph.node.extend(nodes)  # as ORT's dynamic quantizer does before its clean-up
+    im.clean_initializers()
+    assert im._slots_read() is not None
+    changed(got, im)
+    if change:
+        assert im._slots_read() is None
+        if change != "list rewritten":
+            changed(expected, fast_quantize.IndexedModel(expected))
+            ONNXModel(expected).topological_sort()
+    im.topological_sort()
+    assert got.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
+
+
 def test_the_fast_path_does_not_scan(tmp_path, monkeypatch):
     """What keeps it linear: no initializer list is scanned by name, and ORT's per-node input replacement
     runs about once per rewired reader (the plain path: once per node of the graph per rewired tensor)."""

@@ -206,7 +206,18 @@ def test_generated_graphs_quantize_byte_identically(blocks, tmp_path, indexed_ru
     assert indexed_runs and all(m.rebuilds <= 4 for m in indexed_runs), [m.rebuilds for m in indexed_runs]
 
 
-def test_the_quantizers_shape_inference_round_trip_runs_once_per_model_content(tmp_path, monkeypatch):
+@pytest.fixture
+def round_trips(monkeypatch):
+    """The shape-inference round trips made (one entry each), with nothing kept from other tests."""
+    trips: list[int] = []
+    real = fast_quantize.reloaded_with_shape_infer
+    monkeypatch.setattr(fast_quantize, "reloaded_with_shape_infer", lambda m: trips.append(1) or real(m))
+    monkeypatch.setattr(fast_quantize, "_INFERRED", {})
+    monkeypatch.setattr(fast_quantize, "_OFFERED", {})
+    return trips
+
+
+def test_the_quantizers_shape_inference_round_trip_runs_once_per_model_content(tmp_path, monkeypatch, round_trips):
     """ORT's quantizer shape-infers its input through a save / infer_shapes_path / load round trip; the fast
     path makes it once per model content (fast_quantize.shape_inferred) and every build still equals ORT's
     plain path -- also after the model changed between builds, for a model already carrying ORT's mark, and
@@ -218,10 +229,7 @@ def test_the_quantizers_shape_inference_round_trip_runs_once_per_model_content(t
     model = bench_quantize.make_chain(3, seed=7)
     onnx.save(model, tmp_path / "m.onnx")
     prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
-    trips = []
-    real = fast_quantize.reloaded_with_shape_infer
-    monkeypatch.setattr(fast_quantize, "reloaded_with_shape_infer", lambda m: trips.append(1) or real(m))
-    monkeypatch.setattr(fast_quantize, "_INFERRED", {})
+    trips = round_trips
     spec = QuantSpec()
     first, plain = _both(prep.normalized, prep.ranges, spec)
     assert isinstance(first, bytes) and first == plain
@@ -1702,7 +1710,7 @@ def test_gemm_replacement_is_orts_and_leaves_a_graph_without_gemm_alone(case):
         assert ours == {"w_Transposed": "w"}
 
 
-def test_a_shape_inferred_copy_saved_by_one_process_is_taken_by_the_next(tmp_path, monkeypatch):
+def test_a_shape_inferred_copy_saved_by_one_process_is_taken_by_the_next(tmp_path, round_trips):
     """save_inferred / offer_inferred: the copy kept for a model's content, saved with its key, versions and
     sha256, is taken by a later build of that content instead of the round trip -- the same model as ORT's
     plain path -- and is not taken when the file changed, when another onnx / ORT / qdebug made it, or for
@@ -1710,11 +1718,7 @@ def test_a_shape_inferred_copy_saved_by_one_process_is_taken_by_the_next(tmp_pat
     model = bench_quantize.make_chain(4, variety=True)
     onnx.save(model, tmp_path / "m.onnx")
     prep = _prepared(tmp_path / "m.onnx", bench_quantize.chain_data(tmp_path / "c.npz"), tmp_path / "w")
-    trips = []
-    real = fast_quantize.reloaded_with_shape_infer
-    monkeypatch.setattr(fast_quantize, "reloaded_with_shape_infer", lambda m: trips.append(1) or real(m))
-    monkeypatch.setattr(fast_quantize, "_INFERRED", {})
-    monkeypatch.setattr(fast_quantize, "_OFFERED", {})
+    trips = round_trips
     saved = tmp_path / "files" / fast_quantize.INFERRED_FILE
     assert not fast_quantize.save_inferred(prep.normalized, saved)  # nothing kept yet: nothing written
     first = quantize_static_model(prep.normalized, prep.ranges, QuantSpec())

@@ -56,6 +56,7 @@ import copy
 import hashlib
 import importlib
 import inspect
+import json
 import linecache
 import math
 import os
@@ -65,6 +66,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -208,7 +210,11 @@ def _relied_on_one(label: str) -> Callable[..., Any]:
         "numpy_helper": lambda: numpy_helper,
         "external_data_helper": lambda: importlib.import_module("onnx.external_data_helper"),
     }[owner]()
-    return getattr(holder, name)
+    fn = getattr(holder, name)
+    for _, plain, ours in _swaps():  # asked while installed(): ORT's function, not the stand-in swapped in
+        if fn is ours:
+            return plain
+    return fn
 
 
 def _digest(text: str) -> str:
@@ -803,8 +809,8 @@ class IndexedModel(ONNXModel):
         slots, stamp = self._slots
         nodes = self.model.graph.node
         last = nodes[len(nodes) - 1] if len(nodes) else None
-        same = stamp[0] is nodes and stamp[1] == len(nodes) == len(slots) and stamp[2] is last and stamp[3] == self._changes
-        return slots if same else None
+        same = stamp[0] is nodes and stamp[1] == len(nodes) == len(slots) and stamp[2] is last
+        return slots if same and stamp[3] == self._changes else None
 
     def clean_initializers(self) -> Any:
         read = GraphNames()
@@ -813,7 +819,8 @@ class IndexedModel(ONNXModel):
         if read.reads is None:  # the check did not compare the nodes: one pass for what the clean-up needs
             read.read_nodes(graph, slots=True)
             nodes = graph.node
-            self._slots = (read.slots, (nodes, len(nodes), nodes[len(nodes) - 1] if len(nodes) else None, self._changes))
+            last = nodes[len(nodes) - 1] if len(nodes) else None
+            self._slots = (read.slots, (nodes, len(nodes), last, self._changes))
         if _plainly_cleanable(graph, read):  # the nodes stay as they are
             c = self._sync_inits()
             in_step = self._ichecked == self._ichanges
@@ -849,7 +856,7 @@ class IndexedModel(ONNXModel):
             return None
         read, stamp = final
         now = self._stamp()
-        same = len(now) == len(stamp) and all(a is b or (type(a) is int and a == b) for a, b in zip(now, stamp))
+        same = all(a is b or (type(a) is int and a == b) for a, b in zip(now, stamp, strict=True))
         return read if same else None
 
     # -- the check ------------------------------------------------------------------------------------
@@ -1028,7 +1035,9 @@ def _plainly_cleanable(graph: Any, read: GraphNames | None = None) -> bool:
     return len(set(inits)) == len(inits) and len(set(inputs)) == len(inputs)
 
 
-def clean_initializers(graph: Any, removed: list[Any] | None = None, read: GraphNames | None = None) -> tuple[Any, set[str]]:
+def clean_initializers(
+    graph: Any, removed: list[Any] | None = None, read: GraphNames | None = None
+) -> tuple[Any, set[str]]:
     """ORT's ``_clean_initializers_helper`` for a graph :func:`_plainly_cleanable` accepts, in one pass.
 
     ORT copies every node out of the graph and back (the same nodes, where none holds a subgraph) and
@@ -1948,8 +1957,6 @@ def save_inferred(model: onnx.ModelProto, path: Any) -> bool:
     content key, the versions that made it and its sha256 to ``path`` + ``.json``), each atomically, for a
     later process to take instead of making the round trip again (:func:`offer_inferred`: analyze's, for
     propose). False, writing nothing, when no copy is kept for that content."""
-    from pathlib import Path
-
     from qdebug.files import atomic_write_bytes, atomic_write_text
 
     key = content_key(model)
@@ -1960,8 +1967,6 @@ def save_inferred(model: onnx.ModelProto, path: Any) -> bool:
     data = kept.SerializeToString()
     atomic_write_bytes(path, data)
     sidecar = {"key": key.hex(), "sha256": hashlib.sha256(data).hexdigest(), **_versions()}
-    import json
-
     atomic_write_text(Path(str(path) + ".json"), json.dumps(sidecar, sort_keys=True))
     return True
 
@@ -1970,9 +1975,6 @@ def offer_inferred(path: Any) -> bool:
     """Let :func:`shape_inferred` take the copy :func:`save_inferred` wrote at ``path`` for its content key,
     when it was made by the same onnx, ORT and qdebug; True when offered. The file is read, and its sha256
     checked, only when a build asks for that content."""
-    import json
-    from pathlib import Path
-
     try:
         sidecar = json.loads(Path(str(path) + ".json").read_text())
         key = bytes.fromhex(sidecar["key"])
@@ -2029,7 +2031,6 @@ def reloaded_with_shape_infer(model: onnx.ModelProto) -> onnx.ModelProto:
     functions changed: the ``round trip`` entries of :data:`VERIFIED_SOURCES`) takes ORT's function."""
     import tempfile
     import uuid
-    from pathlib import Path
 
     if _FORCE_PLAIN.get() or fast_path_problem("round trip") is not None or not _plainly_saved(model):
         return _PLAIN_RELOAD(model)

@@ -54,6 +54,7 @@ from qdebug.capture import SessionConfig, make_session
 from qdebug.data import DataSet, data_notes, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluate import EvalResult, Evaluator, metric_scope_note
+from qdebug.fast_quantize import INFERRED_FILE
 from qdebug.files import (
     artifacts_dir,
     check_outputs_spare_inputs,
@@ -61,7 +62,6 @@ from qdebug.files import (
     record_path,
     removed_on_failure,
 )
-from qdebug.fast_quantize import INFERRED_FILE
 from qdebug.graph.load import load_model
 from qdebug.graph.match import Pairing, is_qdq_model, pair_models
 from qdebug.graph.match_dynamic import pair_dynamic

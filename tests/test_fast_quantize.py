@@ -1849,3 +1849,60 @@ def test_the_sources_are_checked_alike_while_qdebugs_stand_ins_are_swapped_in(mo
         assert fast_quantize.current_sources() == fast_quantize.VERIFIED_SOURCES
         assert fast_quantize.fast_path_problem() is None
         assert fast_quantize.fast_path_problem("dynamic quantizer") is None
+
+
+def test_biases_are_quantized_as_orts_method_quantizes_them(caplog):
+    """quantize_bias_static_impl (the indexed QDQQuantizer's): ORT's names, tensors, scale data and warning,
+    appended in ORT's order, for a bias, a zero one, beta 0, one past int32 (ORT's warning) and per-channel
+    weight scales; float16 biases, an explicit bias-scale dtype and a missing bias are ORT's own method
+    (its error alike); the tensors made in place are indexed where they are."""
+    import copy
+    import logging
+
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import QuantType
+
+    biases = {"b": np.array([0.5, -1.25, 3.0], np.float32), "b_zero": np.zeros(3, np.float32),
+              "b_huge": np.array([1e12, -1e12, 1.0], np.float32),
+              "b_half": np.array([0.5, 1, 2], np.float16)}  # fmt: skip
+    graph = helper.make_graph(
+        [], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])], [],
+        [numpy_helper.from_array(v, k) for k, v in biases.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    def quantizer(cls):
+        return cls(copy.deepcopy(model), False, False, QuantType.QInt8, QuantType.QUInt8, None, [], [], [], {})
+
+    def outcome(q, *args):
+        try:
+            with caplog.at_level(logging.WARNING):
+                caplog.clear()
+                out = q.quantize_bias_static_impl(*args)
+                return (*out[:3], out[3].dtype, out[3].tobytes(), *out[4:]), [r.getMessage() for r in caplog.records]
+        except Exception as e:  # noqa: BLE001 -- compared with ORT's
+            return repr(e)
+
+    scalar, channels = np.array(0.02, np.float32), np.array([0.1, 0.2, 0.4], np.float32)
+    cases = [("b", scalar, scalar, 1.0, None), ("b_zero", scalar, scalar, 1.0, None), ("b", scalar, scalar, 0.0, None),
+             ("b_huge", scalar, np.array(1e-6, np.float32), 1.0, None), ("b", scalar, channels, 1.0, None),
+             ("b_half", scalar, scalar, 1.0, None), ("b", scalar, scalar, 1.0, np.float32),
+             ("missing", scalar, scalar, 1.0, None)]  # fmt: skip
+    ours, theirs = quantizer(fast_quantize.indexed(QDQQuantizer)), quantizer(QDQQuantizer)
+    plain = []
+    real = fast_quantize._PLAIN_QUANTIZE_BIAS_IMPL
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            fast_quantize, "_PLAIN_QUANTIZE_BIAS_IMPL", lambda q, name, *a: plain.append(name) or real(q, name, *a)
+        )
+        results = []
+        for case in cases:
+            results.append(outcome(ours, *case))
+            assert results[-1] == outcome(theirs, *case), case
+    assert plain == ["b_half", "b", "missing"]
+    assert "exceeds the range of a int32" in str(results[3]) and "scale" not in str(results[0][1])
+    assert isinstance(ours.model, fast_quantize.IndexedModel)
+    ours.model.check_in_step()
+    mine = [t.SerializeToString() for t in ours.model.model.graph.initializer]
+    assert mine == [t.SerializeToString() for t in theirs.model.model.graph.initializer]

@@ -536,6 +536,12 @@ class IndexedModel(ONNXModel):
         if victim.data_type == onnx.TensorProto.FLOAT8E4M3FN:
             self._n_f8 -= 1
 
+    def holds_float8(self) -> bool:
+        """The graph holds a float8 initializer (the index synced first): ORT's ``initializer_extend`` then
+        checks every initializer, so nothing is added to it in place."""
+        self._sync_inits()
+        return self._n_f8 > 0
+
     def _append_init(self, c: Any, tensor: Any) -> None:
         c.append(tensor)  # a copy: the element to index is the one in the list
         self._ni = len(c)
@@ -729,7 +735,7 @@ class IndexedModel(ONNXModel):
         if len(inits) == 0:
             raise ValueError("Can add an empty list.")
         c = self._sync_inits()
-        if self._n_f8:  # only a float8 initializer can fail ORT's check: otherwise the scan is a no-op
+        if self.holds_float8():  # only a float8 initializer can fail ORT's check: otherwise the scan is a no-op
             for init in c:
                 self._check_init(init, "gain")
         for init in inits:
@@ -809,10 +815,7 @@ class IndexedModel(ONNXModel):
         if self._slots is None:
             return None
         slots, stamp = self._slots
-        nodes = self.model.graph.node
-        last = nodes[len(nodes) - 1] if len(nodes) else None
-        same = stamp[0] is nodes and stamp[1] == len(nodes) == len(slots) and stamp[2] is last
-        return slots if same and stamp[3] == self._changes else None
+        return slots if self._unchanged_since(stamp) else None
 
     def clean_initializers(self) -> Any:
         read = GraphNames()
@@ -820,9 +823,6 @@ class IndexedModel(ONNXModel):
         graph = self.model.graph
         if read.reads is None:  # the check did not compare the nodes: one pass for what the clean-up needs
             read.read_nodes(graph, slots=True)
-            nodes = graph.node
-            last = nodes[len(nodes) - 1] if len(nodes) else None
-            self._slots = (read.slots, (nodes, len(nodes), last, self._changes))
         if _plainly_cleanable(graph, read):  # the nodes stay as they are
             c = self._sync_inits()
             in_step = self._ichecked == self._ichanges
@@ -836,6 +836,8 @@ class IndexedModel(ONNXModel):
                 self._ichecked = self._ichanges
                 if read.written is not None:
                     self._final = (read, self._stamp())
+            if read.slots is not None:  # the nodes were left as read: the sort may take their names
+                self._slots = (read.slots, self._stamp())
             return cleaned
         return super().clean_initializers()
 
@@ -857,9 +859,11 @@ class IndexedModel(ONNXModel):
         if final is None:
             return None
         read, stamp = final
-        now = self._stamp()
-        same = all(a is b or (type(a) is int and a == b) for a, b in zip(now, stamp, strict=True))
-        return read if same else None
+        return read if self._unchanged_since(stamp) else None
+
+    def _unchanged_since(self, stamp: tuple[Any, ...]) -> bool:
+        """The graph's lists are those :meth:`_stamp` gave ``stamp`` for, and nothing changed through the index."""
+        return all(a is b or (type(a) is int and a == b) for a, b in zip(self._stamp(), stamp, strict=True))
 
     # -- the check ------------------------------------------------------------------------------------
 
@@ -941,23 +945,15 @@ class IndexedModel(ONNXModel):
                 raise IndexOutOfStep(f"node {node.name!r} is not indexed where it is")
             last = entry[0]
             for name in node.input:
-                for known in readers.get(name, ()):
-                    if known is node:
-                        break
-                else:
+                if not _held(readers, name, node):
                     raise IndexOutOfStep(f"the inputs of node {node.name!r} changed behind the index")
-                if read is not None:
-                    reads.add(name)
+                reads.add(name)
             for name in node.output:
-                for known in writers.get(name, ()):
-                    if known is node:
-                        break
-                else:
+                if not _held(writers, name, node):
                     raise IndexOutOfStep(f"the outputs of node {node.name!r} changed behind the index")
-                if read is not None:
-                    written.append(name)
-                    producer[name] = node
-            if read is not None and not subgraph and node.attribute:
+                written.append(name)
+                producer[name] = node
+            if not subgraph and node.attribute:
                 subgraph = _holds_subgraph(node)
         if read is not None:
             read.reads, read.writes, read.subgraph = reads, set(written), subgraph
@@ -1016,6 +1012,14 @@ _FLOAT_ZERO_POINTS = frozenset(
 """The zero-point types ORT's ``ONNXModel._check_node`` refuses in a DequantizeLinear node."""
 
 _SUBGRAPH_KINDS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _held(index: dict[str, list[Any]], name: str, node: Any) -> bool:
+    """``node`` is among the nodes ``index`` holds for ``name`` (by identity: the lists are one or two long)."""
+    for known in index.get(name, ()):
+        if known is node:
+            return True
+    return False
 
 
 def _holds_subgraph(node: Any) -> bool:
@@ -1353,8 +1357,7 @@ def quantize_initializer_impl(
     model = self.model
     plain = (
         type(model) is IndexedModel
-        and model._sync_inits() is not None
-        and not model._n_f8  # ORT's initializer_extend then checks every initializer
+        and not model.holds_float8()
         and weight.data_type == onnx.TensorProto.FLOAT
         and qType in _VECTOR_TYPES
         and self.weight_qType != onnx.TensorProto.FLOAT8E4M3FN
@@ -1404,8 +1407,7 @@ def quantize_bias_static_impl(
     model = self.model
     plain = (
         type(model) is IndexedModel
-        and model._sync_inits() is not None
-        and not model._n_f8
+        and not model.holds_float8()
         and self.weight_qType != onnx.TensorProto.FLOAT8E4M3FN
         and bias_scale_dtype is None
     )

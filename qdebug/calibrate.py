@@ -267,7 +267,8 @@ def _run_calibrator(
         try:
             # ORT's MinMax augmentation is quadratic in the node count; the fast one writes the same model
             with _native_stderr_silenced(), _quiet_calibration_session(), fast_calibrator_augmentation():
-                calibrator = create_calibrator(
+                calibrator = _created_calibrator(
+                    create_calibrator,
                     model_path,
                     ops,
                     augmented_model_path=str(Path(tmp) / "augmented.onnx"),
@@ -294,6 +295,20 @@ def _run_calibrator(
             ) from None
         del calibrator
     return tensors
+
+
+def _created_calibrator(create: Callable[..., Any], *args: Any, providers: list[str] | None, **kwargs: Any) -> Any:
+    """ORT's ``create_calibrator(*args, **kwargs)`` on ``providers``: passed to it where its signature takes
+    them (ORT 1.21 on), set afterwards with the calibrator's ``set_execution_providers`` (which opens its
+    session again) where it does not (ORT 1.20's calibrates on the CPU provider unless told)."""
+    import inspect
+
+    if "providers" in inspect.signature(create).parameters:
+        return create(*args, providers=providers, **kwargs)
+    calibrator = create(*args, **kwargs)
+    if providers and list(providers) != list(getattr(calibrator, "execution_providers", [])):
+        calibrator.set_execution_providers(list(providers))
+    return calibrator
 
 
 def _dump_tensors_data(tensors: Any) -> dict[str, Any]:

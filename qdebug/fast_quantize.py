@@ -30,8 +30,9 @@ back and scanning the list once per removal.
 Three guards keep that true:
 
 - the ORT functions replaced (or whose delegation is relied on) must have the source they had when
-  this was verified (:data:`VERIFIED_SOURCES`, sha256 of ``inspect.getsource``); otherwise qdebug runs
-  ORT's plain path and says so once (:func:`notes`, a :class:`SlowQuantizerWarning`);
+  this was verified (:data:`VERIFIED_SOURCES`, sha256 of ``inspect.getsource``), and ORT's private
+  modules must import as they did; otherwise qdebug runs ORT's plain path and says so in one note of the
+  command's report (:func:`notes`, :func:`fallback_note`), never a warning or an error;
 - a mutation that bypasses the index (a node appended or a list cleared by other code) is seen by a
   cheap tripwire (length, container and last element identity) and the index is rebuilt from the graph;
 - after quantizing, :meth:`IndexedModel.check_in_step` compares the index with one rebuilt from the
@@ -64,7 +65,6 @@ import os
 import sys
 import threading
 import types
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -73,19 +73,28 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnxruntime.quantization import calibrate as ort_calibrate
-from onnxruntime.quantization import quant_utils
-from onnxruntime.quantization.base_quantizer import BaseQuantizer
-from onnxruntime.quantization.onnx_model import ONNXModel
-from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
-from onnxruntime.quantization.qdq_quantizer import (
-    QDQQuantizer,
-    QDQQuantTensorType,
-    QDQScaleZpInitializers,
-    QDQTensorQuantParams,
-    QuantizationParams,
-    TensorData,
-)
+
+try:  # ORT's private quantizer modules: any release may move or rename them (then ORT's plain path runs)
+    from onnxruntime.quantization import calibrate as ort_calibrate
+    from onnxruntime.quantization import quant_utils
+    from onnxruntime.quantization.base_quantizer import BaseQuantizer
+    from onnxruntime.quantization.onnx_model import ONNXModel
+    from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+    from onnxruntime.quantization.qdq_quantizer import (
+        QDQQuantizer,
+        QDQQuantTensorType,
+        QDQScaleZpInitializers,
+        QDQTensorQuantParams,
+        QuantizationParams,
+        TensorData,
+    )
+
+    _IMPORT_PROBLEM: str | None = None
+except ImportError as _e:  # the names stand in as placeholders that nothing on the plain path calls
+    _IMPORT_PROBLEM = f"{_e.__class__.__name__}: {_e}"
+    ort_calibrate = quant_utils = types.SimpleNamespace()  # type: ignore[assignment]
+    BaseQuantizer = ONNXModel = ONNXQuantizer = QDQQuantizer = object  # type: ignore[assignment,misc]
+    QDQQuantTensorType = QDQScaleZpInitializers = QDQTensorQuantParams = QuantizationParams = TensorData = None  # type: ignore[assignment,misc]
 
 PLAIN_ENV = "QDEBUG_PLAIN_QUANTIZER"
 """Set to 1 to run ORT's plain (quadratic) quantizer and calibrator augmentation instead."""
@@ -165,11 +174,11 @@ VERIFIED_SOURCES: dict[str, str] = {
     "external_data_helper.uses_external_data": "6f9a9bfd1d2a61df",
 }
 """sha256 (first 16 hex digits) of the source of each ORT (and onnx) function this module replaces or relies
-on, as verified byte-identical (onnxruntime 1.32.0, onnx 1.23.2). :func:`current_sources` gives today's."""
+on, as verified byte-identical (onnxruntime 1.32.0, onnx 1.23.2). :func:`current_sources` gives today's;
+``python -m qdebug.fast_quantize`` lists the entries an installed release changed (docs/design-notes.md)."""
 
-
-class SlowQuantizerWarning(UserWarning):
-    """qdebug fell back to ORT's plain quantizer path (correct, but quadratic in the node count)."""
+VERIFIED_ON = {"onnxruntime": "1.32.0", "onnx": "1.23.2"}
+"""The releases :data:`VERIFIED_SOURCES` were read from (named in the note a fallback leaves)."""
 
 
 class IndexOutOfStep(Exception):
@@ -187,12 +196,10 @@ def notes() -> tuple[str, ...]:
 
 
 def note(text: str) -> None:
-    """Record ``text`` once, and warn with it (stderr) the first time."""
+    """Record ``text`` once for :func:`notes` (the command's report and summary carry it; nothing is printed)."""
     with _NOTES_LOCK:
-        if text in _NOTES:
-            return
-        _NOTES.append(text)
-    warnings.warn(text, SlowQuantizerWarning, stacklevel=3)
+        if text not in _NOTES:
+            _NOTES.append(text)
 
 
 def _relied_on_one(label: str) -> Callable[..., Any]:
@@ -212,10 +219,15 @@ def _relied_on_one(label: str) -> Callable[..., Any]:
         "numpy_helper": lambda: numpy_helper,
         "external_data_helper": lambda: importlib.import_module("onnx.external_data_helper"),
     }[owner]()
-    fn = getattr(holder, name)
+    fn = getattr(holder, name, None)
+    if fn is None:
+        return None  # not in this release: hashed as a changed source
     for _, plain, ours in _swaps():  # asked while installed(): ORT's function, not the stand-in swapped in
         if fn is ours:
             return plain
+    if fn is _augment_in_scope:  # asked inside fast_calibrator_augmentation(): ORT's method it stands for
+        with _AUGMENT_LOCK:
+            return _AUGMENT_SWAP[0] if _AUGMENT_SWAP else _PLAIN_AUGMENT
     return fn
 
 
@@ -256,7 +268,13 @@ def _source_hash(label: str) -> str:
     (:func:`_code_lines_source`) answers when it gives the verified digest; any other answer is
     ``inspect.getsource``'s, so a reading that differs can only cost time, never pass a changed source."""
     if label not in _HASHES:
-        fn = _relied_on_one(label)
+        try:
+            fn = _relied_on_one(label)
+        except (AttributeError, ImportError, KeyError):  # a module or class this release does not have
+            fn = None
+        if fn is None:
+            _HASHES[label] = "missing"
+            return _HASHES[label]
         quick = _digest(_code_lines_source(fn))
         _HASHES[label] = quick if quick == VERIFIED_SOURCES.get(label) else _digest(_inspected_source(fn))
     return _HASHES[label]
@@ -295,22 +313,51 @@ _ROUND_TRIP_ORT = (
 
 
 def fast_path_problem(part: str = "quantizer") -> str | None:
-    """Why the fast ``quantizer`` or ``calibrator`` path cannot run here (None when it can); the sources are
-    checked once per process."""
+    """Why the fast ``quantizer``, ``dynamic quantizer``, ``calibrator`` or ``round trip`` path cannot run
+    here (None when it can), in developers' words; the sources are checked once per process."""
     if os.environ.get(PLAIN_ENV, "") not in ("", "0"):
         return f"{PLAIN_ENV} is set"
+    if _IMPORT_PROBLEM is not None:
+        return f"ORT's quantizer modules could not be imported as verified ({_IMPORT_PROBLEM})"
     if part not in _PROBLEMS:
-        import onnxruntime
-
         changed = [label for label in _labels(part) if _source_hash(label) != VERIFIED_SOURCES[label]]
         more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
         _PROBLEMS[part] = (
-            f"onnxruntime {onnxruntime.__version__} changed {', '.join(changed[:4])}{more}, which qdebug's "
-            f"indexed {part} replaces (it was verified on other sources)"
+            f"{_installed()} changed {', '.join(changed[:4])}{more}, which qdebug's indexed {part} replaces "
+            "(it was verified on other sources)"
             if changed
             else None
         )
     return _PROBLEMS[part]
+
+
+def _installed() -> str:
+    """``onnxruntime X / onnx Y`` as installed."""
+    import onnxruntime
+
+    return f"onnxruntime {onnxruntime.__version__} / onnx {onnx.__version__}"
+
+
+def fallback_note() -> str:
+    """The one line a user reads when ORT's or onnx's sources differ from the verified ones: what ran instead
+    and what it costs them (nothing to do; the models are the same)."""
+    return (
+        f"ORT's own quantizer ran, not qdebug's faster copy of it, which is not yet checked against {_installed()}: "
+        "the models are the same, but a graph of thousands of nodes takes minutes to quantize instead of seconds"
+    )
+
+
+def verification_gap() -> str | None:
+    """For developers and the tests that prove the fast path: None when every entry of
+    :data:`VERIFIED_SOURCES` has its verified source here; otherwise the installed versions and the entries
+    that differ (``missing``: not in this release)."""
+    if _IMPORT_PROBLEM is not None:
+        return f"{_installed()}: {_IMPORT_PROBLEM}"
+    changed = [label for label, digest in current_sources().items() if digest != VERIFIED_SOURCES[label]]
+    if not changed:
+        return None
+    more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+    return f"{_installed()} changed {len(changed)} verified source(s): {', '.join(changed[:6])}{more}"
 
 
 _FORCE_PLAIN: contextvars.ContextVar[bool] = contextvars.ContextVar("qdebug_force_plain", default=False)
@@ -327,19 +374,16 @@ def plain_path() -> Iterator[None]:
 
 
 def use_fast_path(what: str = "quantizer") -> bool:
-    """True when the fast ``quantizer`` (or ``calibrator``) path may run; otherwise False, with a note saying
-    why (none when the plain path was asked for)."""
+    """True when the fast ``quantizer`` (or ``dynamic quantizer``, ``calibrator``) path may run; otherwise
+    False, with :func:`fallback_note` among the :func:`notes` (none when the plain path was asked for)."""
     if _FORCE_PLAIN.get():
         return False
     problem = fast_path_problem(what)
     if problem is None:
         return True
     if not problem.startswith(PLAIN_ENV):
-        note(
-            f"ORT's {what} ran on its plain path, which is quadratic in the node count (minutes on graphs of "
-            f"thousands of nodes): {problem}; re-verify with tests/test_fast_quantize.py and update "
-            "qdebug.fast_quantize.VERIFIED_SOURCES"
-        )
+        logging.getLogger(__name__).debug("plain %s: %s", what, problem)  # the developers' reason
+        note(fallback_note())
     return False
 
 
@@ -1268,7 +1312,7 @@ def _quantized_in_bulk(entries: Sequence[tuple[np.ndarray, Any, Any]], quant_typ
 
 # --- the dynamic (and QOperator) quantizer's weights in bulk ----------------------------------------------
 
-_PLAIN_QUANTIZE_DATA = quant_utils.quantize_data
+_PLAIN_QUANTIZE_DATA = getattr(quant_utils, "quantize_data", None)
 
 
 def quantize_data(
@@ -1392,7 +1436,7 @@ def quantize_initializer_impl(
     return q_weight_name, zp_name, scale_name
 
 
-_PLAIN_QUANTIZE_INITIALIZER_IMPL = BaseQuantizer.quantize_initializer_impl
+_PLAIN_QUANTIZE_INITIALIZER_IMPL = getattr(BaseQuantizer, "quantize_initializer_impl", None)
 
 
 def quantize_bias_static_impl(
@@ -1438,7 +1482,7 @@ def quantize_bias_static_impl(
     return quantized_bias_name, scale_name, zp_name, bias_scale_data, "DequantizeLinear", self.weight_qType
 
 
-_PLAIN_QUANTIZE_BIAS_IMPL = BaseQuantizer.quantize_bias_static_impl
+_PLAIN_QUANTIZE_BIAS_IMPL = getattr(BaseQuantizer, "quantize_bias_static_impl", None)
 
 
 def calc_graph_quant_params(self: Any) -> dict[str, Any]:
@@ -1795,7 +1839,7 @@ def tensor_proto_to_array(initializer: onnx.TensorProto) -> np.ndarray:
     return _PLAIN_TENSOR_PROTO_TO_ARRAY(initializer)
 
 
-_PLAIN_TENSOR_PROTO_TO_ARRAY = quant_utils.tensor_proto_to_array
+_PLAIN_TENSOR_PROTO_TO_ARRAY = getattr(quant_utils, "tensor_proto_to_array", None)
 
 
 def raw_tensor(data: np.ndarray, name: str, data_type: int, into: Any = None) -> onnx.TensorProto:
@@ -1888,8 +1932,8 @@ def channel_quantized(
 _NUMPY_1 = int(np.__version__.split(".")[0]) < 2
 """numpy 1 types a numpy scalar by its value (a float64 scale would divide a float32 slice in float32), an
 array by its dtype: the bulk quantization is left to ORT there."""
-_PLAIN_FIND_BY_NAME = quant_utils.find_by_name
-_PLAIN_QUANTIZE_INITIALIZER = quant_utils.quantize_onnx_initializer
+_PLAIN_FIND_BY_NAME = getattr(quant_utils, "find_by_name", None)
+_PLAIN_QUANTIZE_INITIALIZER = getattr(quant_utils, "quantize_onnx_initializer", None)
 _LOCK = threading.Lock()
 _ACTIVE: list[IndexedModel] = []
 _DEPTH = [0]
@@ -1941,7 +1985,7 @@ def installed() -> Iterator[None]:
         if _DEPTH[0] == 0:
             for module in _ort_modules():
                 for name, plain, ours in _swaps():
-                    if getattr(module, name, None) is plain:
+                    if plain is not None and getattr(module, name, None) is plain:
                         setattr(module, name, ours)
         _DEPTH[0] += 1
     try:
@@ -2077,7 +2121,7 @@ def _offered_copy(key: bytes) -> onnx.ModelProto | None:
     return loaded
 
 
-_PLAIN_RELOAD = quant_utils.save_and_reload_model_with_shape_infer
+_PLAIN_RELOAD = getattr(quant_utils, "save_and_reload_model_with_shape_infer", None)
 _EXTERNAL_MIN_BYTES = 1024
 """``onnx.save_model``'s default ``size_threshold``: a tensor whose ``sys.getsizeof(raw_data)`` reaches it goes
 to the external file."""
@@ -2166,7 +2210,7 @@ def _plainly_saved(model: onnx.ModelProto) -> bool:
 
 # --- the calibrator's augmentation --------------------------------------------------------------------
 
-_PLAIN_AUGMENT = ort_calibrate.MinMaxCalibrater.augment_graph
+_PLAIN_AUGMENT = getattr(getattr(ort_calibrate, "MinMaxCalibrater", None), "augment_graph", None)
 _REDUCE_OPS = ("ReduceMin", "ReduceMax")
 
 
@@ -2269,17 +2313,83 @@ def _op_version(op_type: str, model: onnx.ModelProto) -> int:
     raise RuntimeError(f"Model does not contain a version for '{op_type}'.")
 
 
+_AUGMENT_LOCK = threading.Lock()
+_AUGMENT_SWAP: list[Any] = []
+"""While any block of :func:`fast_calibrator_augmentation` is open: [ORT's ``augment_graph`` it replaced,
+the number of blocks open]."""
+_AUGMENTING: contextvars.ContextVar[bool] = contextvars.ContextVar("qdebug_augmenting", default=False)
+
+
+def _augment_in_scope(self: Any) -> None:
+    """What ``MinMaxCalibrater.augment_graph`` is while a block is open: :func:`augment_graph` for the
+    calibrators made inside a block (this thread or task), ORT's own for any other caller."""
+    if _AUGMENTING.get():
+        return augment_graph(self)
+    with _AUGMENT_LOCK:
+        original = _AUGMENT_SWAP[0] if _AUGMENT_SWAP else _PLAIN_AUGMENT
+    return original(self)
+
+
 @contextlib.contextmanager
 def fast_calibrator_augmentation() -> Iterator[None]:
     """Within the block, ORT's MinMax calibrator augments its model with :func:`augment_graph` (when the
-    fast path may run); the class attribute is restored after."""
+    fast path may run). The class attribute is swapped under a lock by the first block open in the process
+    and put back by the last one to close (threads may nest and interleave blocks), exception or not;
+    calibrators outside every block get ORT's own."""
     if not use_fast_path("calibrator"):
         yield
         return
     cls = ort_calibrate.MinMaxCalibrater
-    original = cls.__dict__["augment_graph"]
-    cls.augment_graph = augment_graph  # type: ignore[method-assign]
+    with _AUGMENT_LOCK:
+        if not _AUGMENT_SWAP:
+            _AUGMENT_SWAP[:] = [cls.__dict__["augment_graph"], 0]
+            cls.augment_graph = _augment_in_scope  # type: ignore[method-assign]
+        _AUGMENT_SWAP[1] += 1
+    token = _AUGMENTING.set(True)
     try:
         yield
     finally:
-        cls.augment_graph = original  # type: ignore[method-assign]
+        _AUGMENTING.reset(token)
+        with _AUGMENT_LOCK:
+            _AUGMENT_SWAP[1] -= 1
+            if _AUGMENT_SWAP[1] == 0:
+                cls.augment_graph = _AUGMENT_SWAP[0]  # type: ignore[method-assign]
+                _AUGMENT_SWAP.clear()
+
+
+# --- for developers: the installed release against the verified sources ----------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m qdebug.fast_quantize [--digests]``: which entries of :data:`VERIFIED_SOURCES` the installed
+    ORT and onnx changed, and which fast paths that turns off; with ``--digests``, the installed digests as a
+    ``VERIFIED_SOURCES`` literal, to paste once the byte-identity tests pass on this release
+    (docs/design-notes.md, "Re-verifying a new ORT"). Exit 0 when nothing changed, 1 otherwise."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m qdebug.fast_quantize", description=main.__doc__)
+    parser.add_argument("--digests", action="store_true", help="print the installed digests as a dict literal")
+    args = parser.parse_args(argv)
+    verified = f"onnxruntime {VERIFIED_ON['onnxruntime']} / onnx {VERIFIED_ON['onnx']}"
+    print(f"installed: {_installed()}; verified: {verified}")
+    if _IMPORT_PROBLEM is not None:
+        print(f"ORT's quantizer modules do not import as verified: {_IMPORT_PROBLEM}")
+        return 1
+    now = current_sources()
+    changed = [label for label in VERIFIED_SOURCES if now[label] != VERIFIED_SOURCES[label]]
+    for label in changed:
+        print(f"  changed  {label}: {VERIFIED_SOURCES[label]} -> {now[label]}")
+    parts = ("quantizer", "dynamic quantizer", "calibrator", "round trip")
+    state = {part: "off" if any(label in changed for label in _labels(part)) else "on" for part in parts}
+    print(f"{len(changed)} of {len(VERIFIED_SOURCES)} sources changed; fast path: "
+          + ", ".join(f"{part} {on}" for part, on in state.items()))  # fmt: skip
+    if args.digests:
+        print("VERIFIED_SOURCES: dict[str, str] = {")
+        for label, digest in now.items():
+            print(f'    "{label}": "{digest}",')
+        print("}")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

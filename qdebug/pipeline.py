@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import onnx
@@ -237,6 +237,7 @@ def _for_method(
     (unless the quantized model is given) its calibration."""
     prep = in_workdir(prep, workdir)
     settings = method_settings(options, prep.normalized)
+    settings = dataclasses.replace(settings, specialized_inputs=prep.settings.specialized_inputs)
     if quantized is not None:
         return dataclasses.replace(prep, settings=settings)
     float16_exclusions(prep.normalized)  # refuse an all-float16 model before calibrating
@@ -306,7 +307,7 @@ def _method_report(
     qnodes = set(dyn_nodes) if dyn_nodes is not None else quantized_node_names(qproto, pairing)
     nodes = node_records(prep.normalized, layers.tensors, qnodes, prep.name_map)
     weights = weight_records(prep.normalized, qproto, pairing)
-    notes.extend(_report_notes(prep.normalized, qproto, layers, nodes, qnodes, weights))
+    notes.extend(_report_notes(prep.normalized, qproto, layers, nodes, qnodes, weights, prep.data_constant_ifs))
     task, result, evaluator = _task_metric(
         shared, layers, nodes, qproto, config, options, dyn_nodes, notes, once, deployed
     )
@@ -380,7 +381,14 @@ def _prepared(
             opened.append(open_data(eval_data, specs, batch_size=options.batch_size, what="evaluation data"))
 
     prep = prepare(
-        model, calib, workdir, options, need_ranges=ranges and quantized is None, progress=progress, check=open_eval
+        model,
+        calib,
+        workdir,
+        options,
+        need_ranges=ranges and quantized is None,
+        progress=progress,
+        check=open_eval,
+        eval_data=eval_data,
     )
     return prep, opened[0] if opened else None
 
@@ -495,6 +503,7 @@ def _report_notes(
     nodes: tuple[NodeRecord, ...],
     quantized_nodes: set[str],
     weights: tuple[WeightRecord, ...] = (),
+    data_constant_ifs: Sequence[str] = (),
 ) -> list[str]:
     """The notes read from the measurement itself, in the report's order (:mod:`qdebug.analysis.notes`)."""
     return [
@@ -503,7 +512,7 @@ def _report_notes(
         *concat_range_notes(fp32, layers.tensors),
         *collapsed_range_notes(layers.tensors, nodes, weights),
         *folded_activation_notes(nodes, layers.tensors),
-        *structure_notes(fp32, qproto, quantized_nodes),
+        *structure_notes(fp32, qproto, quantized_nodes, data_constant_ifs),
     ]
 
 

@@ -11,7 +11,7 @@ import datetime as _dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import onnx
 
@@ -41,6 +41,10 @@ from qdebug.records import (
 )
 from qdebug.records.report import QuantSettings
 from qdebug.samples import DEFAULT_FLIP_DETAILS
+
+if TYPE_CHECKING:
+    from qdebug.data.specs import InputSpec
+    from qdebug.specialize import DataSource
 
 
 @dataclass(frozen=True)
@@ -210,7 +214,10 @@ class Prepared:
     ranges: Ranges | None
     settings: QuantSettings = field(default_factory=QuantSettings)
     """The quantization settings every variant is built from (the request resolved on the normalized
-    model, node names checked); the ranges were calibrated with them."""
+    model, node names checked, the inputs it was specialized on); the ranges were calibrated with them."""
+    data_constant_ifs: tuple[str, ...] = ()
+    """If nodes whose condition reads only inputs that hold one value in the data, left in place for want
+    of ``--inline-constant-if`` (:mod:`qdebug.specialize`): the structure note says so."""
 
 
 def prepare(
@@ -222,13 +229,28 @@ def prepare(
     need_ranges: bool = True,
     progress: Progress = no_progress,
     check: Callable[[onnx.ModelProto], None] | None = None,
+    eval_data: str | Path | None = None,
+    eval_max_samples: int | None = None,
+    eval_limit_flag: str | None = None,
 ) -> Prepared:
     """Load, normalize and save the model; open the calibration data; calibrate (cached).
 
     ``check`` sees the normalized model before any data is read: a proposal
     naming nodes the model lacks is refused before calibration, not after.
+    ``eval_data`` (its first ``eval_max_samples``, limited by the command's ``eval_limit_flag``) is the
+    evaluation data the command reads later: its values are checked before calibration, and an If decided
+    by inputs that hold one value in the data must hold it there too (:mod:`qdebug.specialize`).
     """
-    prep = prelude(model_path, calib, workdir, options, check=check)
+    prep = prelude(
+        model_path,
+        calib,
+        workdir,
+        options,
+        check=check,
+        eval_data=eval_data,
+        eval_max_samples=eval_max_samples,
+        eval_limit_flag=eval_limit_flag,
+    )
     if not need_ranges:
         return prep
     float16_exclusions(prep.normalized)  # refuse an all-float16 model before calibrating
@@ -242,15 +264,35 @@ def prelude(
     options: AnalyzeOptions,
     *,
     check: Callable[[onnx.ModelProto], None] | None = None,
+    eval_data: str | Path | None = None,
+    eval_max_samples: int | None = None,
+    eval_limit_flag: str | None = None,
 ) -> Prepared:
     """:func:`prepare` up to calibration: what every calibration method of one model and data shares
     (``analyze --method a,b,c`` runs it once). The result has no ranges; :func:`calibrated` adds them."""
+    from qdebug.specialize import DataSource, InputScan, input_values, specialized_inputs
+
     check_providers(options.providers)
     settings = options.quant.resolve()  # a bad config is refused before the model is read
     loaded = load_model(model_path)
     _refuse_quantized_base(loaded.proto, model_path)
-    norm = normalize(loaded, upgrade_opset=settings.upgrade_opset, inline_constant_if=settings.inline_constant_if)
+    sources = [DataSource("calibration data", calib, options.max_samples)]
+    if eval_data is not None:
+        sources.append(DataSource("evaluation data", eval_data, eval_max_samples, eval_limit_flag))
+    scan = InputScan(loaded.proto, sources, batch_size=options.batch_size, batch_axes=options.batch_axes)
+    for recorded in settings.specialized_inputs:  # the report's: refused here, before any long work
+        scan.require(recorded)
+    # recorded settings (propose, verify, bench) inline what the report did, and nothing else
+    discover = not isinstance(options.quant.config, QuantSettings)
+    norm = normalize(
+        loaded,
+        upgrade_opset=settings.upgrade_opset,
+        inline_constant_if=settings.inline_constant_if,
+        input_value=input_values(scan, settings.specialized_inputs, discover=discover),
+    )
+    del scan
     settings = _on_model(options, norm.proto, settings)
+    settings = dataclasses.replace(settings, specialized_inputs=specialized_inputs(norm.data_ifs))
     if check is not None:
         check(norm.proto)
     normalized_path = workdir / "normalized.onnx"
@@ -259,7 +301,27 @@ def prelude(
     del loaded  # the normalized model is what the rest works on: not two copies of the weights
     specs = model_input_specs(norm.proto, options.batch_axes)
     data = open_data(calib, specs, batch_size=options.batch_size, max_samples=options.max_samples)
-    return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, None, settings)
+    _check_values(data, sources[1:], specs, options.batch_size)
+    held = tuple(d.node for d in norm.data_ifs if not d.inlined)
+    return Prepared(info, norm.proto, normalized_path, norm.notes, dict(norm.name_map), data, None, settings, held)
+
+
+def _check_values(
+    calibration: DataSet, others: Sequence[DataSource], specs: tuple[InputSpec, ...], batch_size: int | None
+) -> None:
+    """Every data source's values checked before calibration (NaN/Inf, exit 5): an evaluation set had been
+    refused only when it was first scored, after calibration, the fake-quant view and the capture (19 s on a
+    YOLOv8n detector)."""
+    calibration.check_values()
+    for source in others:
+        open_data(
+            source.source,
+            specs,
+            batch_size=batch_size,
+            max_samples=source.max_samples,
+            what=source.what,
+            limit_flag=source.limit_flag,
+        ).check_values()
 
 
 def method_settings(options: AnalyzeOptions, normalized: onnx.ModelProto) -> QuantSettings:
@@ -372,9 +434,7 @@ def base_setting_notes(proposal: Proposal, per_channel_flag: bool) -> list[str]:
     ]
 
 
-def check_proposal(
-    proposal: Proposal, model_sha256: str, model_path: str | Path, normalized: onnx.ModelProto
-) -> None:
+def check_proposal(proposal: Proposal, model_sha256: str, model_path: str | Path, normalized: onnx.ModelProto) -> None:
     """Refuse a proposal for another model, or one naming nodes/tensors the model does not have."""
     if proposal.model_sha256 and proposal.model_sha256 != model_sha256:
         raise QDebugError(

@@ -174,7 +174,7 @@ def _run_quantizer(
     (:meth:`~qdebug.fast_quantize.IndexedModel.final_names`; None: read them again)."""
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
-    from onnxruntime.quantization.quant_utils import QuantizationMode, update_opset_version
+    from onnxruntime.quantization.quant_utils import QuantizationMode
 
     from qdebug import fast_quantize
 
@@ -189,9 +189,7 @@ def _run_quantizer(
     scope = fast_quantize.installed() if fast else contextlib.nullcontext()
     try:
         with quiet_ort_logging(), scope:
-            work = update_opset_version(
-                work, weight_type, activation_type, tensor_quant_overrides=extra.get("TensorQuantOverrides")
-            )
+            work = updated_opset(work, weight_type, activation_type, extra.get("TensorQuantOverrides"))
             if fast and work is model:  # not converted: the quantizer's own shape inference, made once per model
                 work = fast_quantize.shape_inferred(model, key)
             if default_opset(work) != default_opset(model):
@@ -215,6 +213,30 @@ def _run_quantizer(
         raise
     except Exception as e:
         raise _explain_quantizer_error(e, spec) from None
+
+
+def updated_opset(
+    model: onnx.ModelProto, weight_type: Any, activation_type: Any = None, overrides: Any = None
+) -> onnx.ModelProto:
+    """ORT's ``update_opset_version`` -- the opset ``quantize_static`` converts the model to before quantizing --
+    with the arguments the installed ORT's takes (asked of its signature): from 1.28 it also raises the opset
+    to 21 for 16-bit types (``activation_type``, ``tensor_quant_overrides``), 1.23 to 1.26 look at the weight
+    type only, and 1.20 to 1.22 have none (their quantizer raises an opset below 10 itself, and writes 16-bit
+    Q/DQ in the com.microsoft domain). ``model`` is returned where nothing changes."""
+    import inspect
+
+    from onnxruntime.quantization import quant_utils
+
+    update = getattr(quant_utils, "update_opset_version", None)
+    if update is None:
+        return model
+    takes = inspect.signature(update).parameters
+    kwargs = {
+        name: value
+        for name, value in (("activation_type", activation_type), ("tensor_quant_overrides", overrides))
+        if name in takes
+    }
+    return update(model, weight_type, **kwargs)
 
 
 def carry_ranges_to_converted(before: onnx.ModelProto, after: onnx.ModelProto, tensors: Any) -> list[str]:
@@ -625,9 +647,15 @@ def quantize_dynamic_model(
     ``quantize_dynamic`` writes, byte for byte, run over qdebug's indexed model where the sources it relies
     on are the verified ones (:mod:`qdebug.fast_quantize`; ORT's own function is quadratic in the node
     count: 7.7 s of a 25 s propose on 3,200 nodes). Written to ``out_path`` when given; returned either way
-    (on the fast path without a write and a read-back when there is no ``out_path``)."""
+    (on the fast path without a write and a read-back when there is no ``out_path``). Where this ORT cannot run
+    the ConvInteger nodes its ``quantize_dynamic`` writes (:func:`int8_conv_integer_runs`), its default op types
+    less Conv (:func:`dynamic_conv_note`)."""
     from qdebug import fast_quantize
 
+    if op_types is None and not int8_conv_integer_runs():
+        from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+        op_types = [op for op in IntegerOpsRegistry if op != "Conv"]  # dynamic_conv_note says so
     try:
         with quiet_ort_logging(), collector_paused():
             if fast_quantize.use_fast_path("dynamic quantizer"):
@@ -645,6 +673,50 @@ def quantize_dynamic_model(
             "restrict the op types with --dynamic-ops MatMul",
             ExitCode.MODEL,
         ) from None
+
+
+_CONV_INTEGER_RUNS: list[bool] = []
+
+
+def int8_conv_integer_runs() -> bool:
+    """Whether this ORT's CPU provider runs ``ConvInteger`` on uint8 inputs and int8 weights -- what its
+    ``quantize_dynamic`` writes for a Conv by default. ORT 1.20 to 1.23 have a uint8-weight kernel only, so
+    their own dynamic model of a CNN does not load there. Asked of ORT once per process (a one-node session)."""
+    if not _CONV_INTEGER_RUNS:
+        import numpy as np
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        weight = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.int8), "w")
+        graph = helper.make_graph(
+            [helper.make_node("ConvInteger", ["x", "w"], ["y"])],
+            "conv_integer_probe",
+            [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 1, 2, 2])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+            [weight],
+        )
+        probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)])
+        probe.ir_version = 8
+        try:
+            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+            _CONV_INTEGER_RUNS.append(True)
+        except Exception:  # NOT_IMPLEMENTED: no kernel for this type combination
+            _CONV_INTEGER_RUNS.append(False)
+    return _CONV_INTEGER_RUNS[0]
+
+
+def dynamic_conv_note(model: onnx.ModelProto, op_types: Sequence[str] | None = None) -> str | None:
+    """The note for a dynamic model of ``model`` built with ORT's default op types where
+    :func:`int8_conv_integer_runs` is False and ``model`` has Conv nodes (None otherwise)."""
+    if op_types or int8_conv_integer_runs() or not any(n.op_type == "Conv" for n in model.graph.node):
+        return None
+    import onnxruntime
+
+    return (
+        f"onnxruntime {onnxruntime.__version__} has no ConvInteger kernel for int8 weights (newer releases "
+        "have one), so the dynamic model keeps its Conv nodes float: quantize_dynamic's own default would "
+        "write a model this onnxruntime cannot load"
+    )
 
 
 @contextlib.contextmanager

@@ -161,7 +161,17 @@ class _Context:
             max_samples=options.max_samples,
             batch_axes=options.batch_axes,
         )
-        self.prep = prepare(model, calib, workdir, aopts, progress=progress, check=check)
+        self.prep = prepare(
+            model,
+            calib,
+            workdir,
+            aopts,
+            progress=progress,
+            check=check,
+            eval_data=_eval_source(calib, eval_data, options),
+            eval_max_samples=options.eval_max_samples,
+            eval_limit_flag="--eval-max-samples",
+        )
         self.config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
         eval_set = _eval_set(calib, eval_data, self.prep.calib, options)
         self.data_notes = data_notes(
@@ -199,12 +209,10 @@ class _Context:
         return self.static_cache[key]
 
 
-def _eval_set(
-    calib: str | Path, eval_data: str | Path | None, calibration: DataSet, options: VerifyOptions
-) -> DataSet:
+def _eval_set(calib: str | Path, eval_data: str | Path | None, calibration: DataSet, options: VerifyOptions) -> DataSet:
     """The data the variants are scored on: ``eval_data``, else the calibration data (re-opened when
     ``--eval-max-samples`` caps it, so the cap does not shrink the calibration)."""
-    source = eval_data if eval_data is not None else calib if options.eval_max_samples is not None else None
+    source = _eval_source(calib, eval_data, options)
     if source is None:
         return calibration
     return open_data(
@@ -215,6 +223,11 @@ def _eval_set(
         what="evaluation data",
         limit_flag="--eval-max-samples",
     )
+
+
+def _eval_source(calib: str | Path, eval_data: str | Path | None, options: VerifyOptions) -> str | Path | None:
+    """The source :func:`_eval_set` opens anew (None: the calibration data as calibrated)."""
+    return eval_data if eval_data is not None else calib if options.eval_max_samples is not None else None
 
 
 def verify(
@@ -578,12 +591,20 @@ def _verify_result(
             + settings_notes(proposal, ctx.prep.settings)
             + noise_notes
             + sample_notes
+            + _quantizer_notes()
         ),
         target_drop=math.nan if options.target_drop is None else float(options.target_drop),
         **_noise_fields(noise, j),
         per_sample=per_sample,
         gates=j.gates,
     )
+
+
+def _quantizer_notes() -> list[str]:
+    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.fast_quantize`)."""
+    from qdebug import fast_quantize
+
+    return list(fast_quantize.notes())
 
 
 def _cancelled(proposal: Proposal, source: str) -> VerifyResult:

@@ -5,7 +5,8 @@ audio features), ``state [2, batch, 16]`` (two layers of carried state, the ONNX
 axis 1) and a scalar ``sr`` (int64, the sample rate, cast and used as a gain), giving ``prob [batch, 1]``
 and the new state ``stateN [2, batch, 16]``. ``streaming_vad_if`` is the same family's other export: the
 whole network inside the branches of an ``If`` whose condition is a constant (ORT quantizes nothing inside
-a subgraph until ``--inline-constant-if`` inlines the taken branch).
+a subgraph until ``--inline-constant-if`` inlines the taken branch); ``streaming_vad_rate_if`` the export
+that switches on the ``sr`` input itself, ``If(Equal(sr, 16000))`` (issue 35 item 4).
 
 ``stream_data`` writes a folder of .npz files, each one chunk and the state the model carried into it,
 exactly as the model is run (the state comes from running the FP32 model chunk after chunk), with
@@ -119,6 +120,26 @@ def streaming_vad(
 def streaming_vad_if(path: Path, seed: int = 0) -> Path:
     """The same network (same weights) inside the ``then`` branch of an ``If`` on a constant ``true``; the
     ``else`` branch is a second network (an 8 kHz model's stand-in) that is never taken."""
+    cond = numpy_helper.from_array(np.array(True), "is_16k")
+    return _if_model(path, seed, [], [cond], "streaming_vad_if")
+
+
+def streaming_vad_rate_if(path: Path, seed: int = 0) -> Path:
+    """As :func:`streaming_vad_if`, but the condition is computed from the input: ``If(Equal(sr, 16000))``
+    (16000 a ``Constant`` node, as exporters write it), so the ``else`` network runs for any other rate."""
+    rate = helper.make_tensor("rate_16k_value", TensorProto.INT64, [], [SAMPLE_RATE])
+    nodes = [
+        helper.make_node("Constant", [], ["rate_16k"], name="rate_16k", value=rate),
+        helper.make_node("Equal", ["sr", "rate_16k"], ["is_16k"], name="is_16k"),
+    ]
+    return _if_model(path, seed, nodes, [], "streaming_vad_rate_if")
+
+
+def _if_model(
+    path: Path, seed: int, cond_nodes: list[onnx.NodeProto], cond_inits: list[onnx.TensorProto], name: str
+) -> Path:
+    """The network in both branches of ``If 'rate_switch'`` on ``is_16k``, which ``cond_nodes`` and
+    ``cond_inits`` make."""
     rng = np.random.default_rng(seed)
     taken = _weights(rng, "")
     other = _weights(np.random.default_rng(seed + 100), "e_")
@@ -132,7 +153,6 @@ def streaming_vad_if(path: Path, seed: int = 0) -> Path:
         inits = [numpy_helper.from_array(a, n) for n, a in weights.items()] + _constants(p)
         return helper.make_graph(_network(p, f"{p}prob_out", f"{p}state_out"), f"{p}branch", [], outs, inits)
 
-    cond = numpy_helper.from_array(np.array(True), "is_16k")
     node = helper.make_node(
         "If",
         ["is_16k"],
@@ -141,7 +161,7 @@ def streaming_vad_if(path: Path, seed: int = 0) -> Path:
         then_branch=branch("", taken),
         else_branch=branch("e_", other),
     )
-    graph = helper.make_graph([node], "streaming_vad_if", inputs, outputs, [cond])
+    graph = helper.make_graph([*cond_nodes, node], name, inputs, outputs, cond_inits)
     return _save(graph, path)
 
 

@@ -19,6 +19,9 @@ from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 from onnxruntime.quantization.registry import CreateQDQQuantizer
 
 from qdebug import fast_quantize
+from tests.verified_ort import verified_sources
+
+pytestmark = verified_sources  # ORT's own code, as verified: skipped on other releases
 
 
 def _model(w: np.ndarray, elem: int = TensorProto.FLOAT, c: np.ndarray | None = None):

@@ -86,6 +86,45 @@ def test_bad_data(tmp_path, capsys, arrays, needle):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_nan_in_evaluation_data_is_refused_before_calibration(tmp_path, capsys, monkeypatch):
+    """Every command that takes ``--eval`` reads its values before calibrating: NaN in the second of two
+    evaluation files (its headers are fine) had been found only when the set was first scored, after
+    calibration, the fake-quant view and the capture. Calibration is made to fail loudly to prove the order."""
+    import qdebug.prepare
+
+    model = small_cnn(tmp_path / "m.onnx")
+    calib = small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(calib), "-q", "-o", str(report)]) == 0
+    proposal = tmp_path / "p.json"
+    argv = ["propose", report, "--model", model, "--calib", calib, "-o", proposal, "--time-runs", "0", "-q"]
+    assert main([str(a) for a in argv]) in (0, 6)
+    evals = tmp_path / "eval"
+    evals.mkdir()
+    small_data(evals / "a.npz")
+    bad = np.full((4, 1, 8, 8), 0.5, np.float32)
+    bad[2, 0, 3, 1] = np.inf
+    np.savez(evals / "b.npz", input=bad, labels=np.zeros(4, np.int64))
+    capsys.readouterr()
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated before the evaluation data's values were checked")
+
+    monkeypatch.setattr(qdebug.prepare, "calibrate", no_calibration)
+    commands = {
+        "analyze": ["analyze", model, "--calib", calib, "--eval", evals, "-o", tmp_path / "r2.json"],
+        "propose": ["propose", report, "--model", model, "--calib", calib, "--eval", evals, "-o", tmp_path / "p2.json"],
+        "verify": ["verify", model, "--proposal", proposal, "--calib", calib, "--eval", evals],
+        "bench": ["bench", model, "--calib", calib, "--eval", evals, "-o", tmp_path / "b.json"],
+    }
+    for name, argv in commands.items():
+        code, err = run_cli([*argv, "-q"], capsys)
+        assert code == ExitCode.DATA, (name, err)
+        assert_one_line(err, "b.npz", "input 'input' contains 1 NaN/Inf value(s)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no report, no half-written output
+
+
 def test_corrupt_npz(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx")
     data = tmp_path / "d.npz"
@@ -166,9 +205,7 @@ def test_unwritable_output_checked_before_work(tmp_path, capsys):
     try:
         if os.access(ro, os.W_OK):
             pytest.skip("running as a user who can write anywhere")
-        code, err = run_cli(
-            ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", ro / "r.json"], capsys
-        )
+        code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", ro / "r.json"], capsys)
         assert code == ExitCode.OUTPUT
         assert_one_line(err, "not writable")
     finally:
@@ -179,9 +216,7 @@ def test_output_under_a_file_checked_before_work(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx")
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
-    code, err = run_cli(
-        ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", blocker / "r.json"], capsys
-    )
+    code, err = run_cli(["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", blocker / "r.json"], capsys)
     assert code == ExitCode.OUTPUT
     assert_one_line(err, "is not a directory")
     assert not list(tmp_path.glob("**/normalized.onnx"))
@@ -385,9 +420,7 @@ def test_a_hook_used_up_after_one_pass_is_named(tmp_path, capsys, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    code, err = run_cli(
-        ["analyze", model, "--calib", "hooks_once:feeds", "-o", tmp_path / "r.json", "-q"], capsys
-    )
+    code, err = run_cli(["analyze", model, "--calib", "hooks_once:feeds", "-o", tmp_path / "r.json", "-q"], capsys)
     assert code == ExitCode.DATA
     assert_one_line(err, "samples on its first pass and 0 on a later one", "new iterable")
 
@@ -414,9 +447,7 @@ def test_failed_propose_and_verify_leave_no_artifacts(tmp_path, capsys):
     code, err = run_cli([*args, "-o", tmp_path / "v.json", "--runs", "0"], capsys)
     assert code == ExitCode.DATA
     assert not (tmp_path / "v.json").exists() and not (tmp_path / "v_files").exists()
-    code, err = run_cli(
-        ["propose", report, "--eval", tmp_path / "nan.npz", "-o", tmp_path / "q.json"], capsys
-    )
+    code, err = run_cli(["propose", report, "--eval", tmp_path / "nan.npz", "-o", tmp_path / "q.json"], capsys)
     assert code == ExitCode.DATA
     assert not (tmp_path / "q_files").exists() and not (tmp_path / "q.selective.onnx").exists()
 
@@ -531,9 +562,7 @@ def test_tui_and_bench_inputs_are_checked(tmp_path, capsys, monkeypatch):
         code, err = run_cli(args, capsys)
         assert code == ExitCode.USAGE
         assert_one_line(err, needle)
-    (tmp_path / "nanmetric.py").write_text(
-        "def score(reference, candidate, labels):\n    return float('nan')\n"
-    )
+    (tmp_path / "nanmetric.py").write_text("def score(reference, candidate, labels):\n    return float('nan')\n")
     monkeypatch.chdir(tmp_path)
     args = [
         "analyze",
@@ -558,9 +587,7 @@ def test_quiet_means_quiet_with_a_histogram_calibrator(tmp_path, capsys):
     assert main([str(a) for a in args]) == 0
     captured = capsys.readouterr()
     assert "Collecting" not in captured.out + captured.err and "Number of" not in captured.out + captured.err
-    assert [line for line in captured.err.splitlines() if line.strip()] == [
-        f"report written to {tmp_path / 'r.json'}"
-    ]
+    assert [line for line in captured.err.splitlines() if line.strip()] == [f"report written to {tmp_path / 'r.json'}"]
 
 
 def test_tensor_names_that_ort_gives_its_own_qdq_tensors(tmp_path, capsys):
@@ -784,7 +811,10 @@ def test_a_closed_stdout_is_not_an_internal_error(tmp_path):
     out = tmp_path / "r.json"
     cmd = f"{sys.executable} -m qdebug analyze {model} --calib {calib} -o {out} | true"
     proc = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300,
+        ["bash", "-o", "pipefail", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     assert proc.returncode == 0, proc.stderr

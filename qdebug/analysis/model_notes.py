@@ -10,7 +10,7 @@ re-exports these.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import onnx
 
@@ -42,8 +42,13 @@ def folded_activation_notes(nodes: tuple[NodeRecord, ...], tensors: tuple[Tensor
     ]
 
 
-def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes: set[str]) -> list[str]:
-    """What ORT's static quantizer leaves in float by construction: subgraphs and recurrent ops."""
+def structure_notes(
+    fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes: set[str], data_constant_ifs: Collection[str] = ()
+) -> list[str]:
+    """What ORT's static quantizer leaves in float by construction: subgraphs and recurrent ops.
+
+    ``data_constant_ifs``: the If nodes whose condition reads only inputs that hold one value in the data
+    (normalization's note names the input and the value): not said to be computed at run time."""
     notes = []
 
     def count(graph: onnx.GraphProto, op: str | None = None) -> int:
@@ -75,6 +80,11 @@ def structure_notes(fp32: onnx.ModelProto, qdq: onnx.ModelProto, quantized_nodes
             extra = ""
             if node.op_type == "If" and node.input and node.input[0] in constants:
                 extra = "; its condition is a constant: --inline-constant-if inlines the taken branch"
+            elif node.op_type == "If" and node.name in data_constant_ifs:
+                extra = (
+                    "; its condition reads only inputs that hold one value in your data: --inline-constant-if "
+                    "inlines the branch that value takes"
+                )
             elif node.op_type == "If":
                 extra = (
                     "; its condition is computed at run time, so it cannot be inlined"

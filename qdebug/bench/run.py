@@ -116,7 +116,14 @@ def _run_bench(
     needs_ranges = any(k in ("static", "selective", "qoperator") for k in options.variants or ())
     check = _proposal_check(prop, model_sha, model)
     prep = prepare(
-        model, calib, workdir, _prepare_options(options), need_ranges=needs_ranges, progress=progress, check=check
+        model,
+        calib,
+        workdir,
+        _prepare_options(options),
+        need_ranges=needs_ranges,
+        progress=progress,
+        check=check,
+        eval_data=eval_data if eval_data is not None else calib,  # without --eval: all of it (_evaluation)
     )
     notes.extend(prep.notes)
     notes.extend(_proposal_notes(prop, prep, options))
@@ -129,6 +136,7 @@ def _run_bench(
     scores, layer_reports = _scores(built, evaluator, options, prep, workdir, config, source, progress, notes)
     measured = _measured(built, evaluator, options, progress)
     notes.extend(declared_shape_notes(measured))
+    notes.extend(n for n in _quantizer_notes() if n not in notes)
 
     variants = [_variant_result(b, scores.get(b.name), measured.get(b.name)) for b in built]
     variants = [_with_layers(v, layer_reports.get(v.name), workdir) for v in variants]
@@ -241,6 +249,13 @@ def _proposal_check(
         check_proposal(prop, model_sha or prop.model_sha256, model, normalized)
 
     return check
+
+
+def _quantizer_notes() -> tuple[str, ...]:
+    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.fast_quantize`)."""
+    from qdebug import fast_quantize
+
+    return fast_quantize.notes()
 
 
 def _proposal_notes(prop: Proposal | None, prep: Prepared, options: BenchOptions) -> list[str]:

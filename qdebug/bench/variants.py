@@ -21,7 +21,7 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
 from qdebug.quant_config import describe
-from qdebug.quantize import QuantSpec, quantize_dynamic_model, quantize_static_model
+from qdebug.quantize import QuantSpec, dynamic_conv_note, quantize_dynamic_model, quantize_static_model
 from qdebug.records import METHODS, Proposal
 from qdebug.records.bench import KINDS
 
@@ -167,6 +167,7 @@ def _dynamic(prep: Prepared, name: str, path: Path, options: BenchOptions) -> _B
     )
     # the op types only when --dynamic-ops chose them ("ORT's default op types" told nothing)
     notes = (f"op types: {','.join(options.dynamic_ops)}",) if options.dynamic_ops else ()
+    notes += tuple(n for n in [dynamic_conv_note(prep.normalized, options.dynamic_ops)] if n)
     return _Built(name, "dynamic", "", "dynamic", per_channel, path, notes=notes)
 
 

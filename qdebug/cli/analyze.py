@@ -27,26 +27,14 @@ from qdebug.formatting import ACCURACY_METRICS, prefix_note
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``qdebug analyze``."""
     p.add_argument("model", help="FP32 ONNX model")
-    p.add_argument(
-        "--calib", required=True, help="calibration data: .npz, folder of .npz, or module:function"
-    )
-    p.add_argument(
-        "--eval", default=None, help="evaluation data with a 'labels' array (default: calibration data)"
-    )
-    p.add_argument(
-        "--quantized", default=None, help="your own QDQ model (default: qdebug quantizes with ORT)"
-    )
-    p.add_argument(
-        "-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)"
-    )
+    p.add_argument("--calib", required=True, help="calibration data: .npz, folder of .npz, or module:function")
+    p.add_argument("--eval", default=None, help="evaluation data with a 'labels' array (default: calibration data)")
+    p.add_argument("--quantized", default=None, help="your own QDQ model (default: qdebug quantizes with ORT)")
+    p.add_argument("-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)")
     p.add_argument("--csv", default=None, help="also write one CSV row per node to this path")
     p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
-    p.add_argument(
-        "--top", type=non_negative_int, default=10, help="rows in the worst-layers summary (default: 10)"
-    )
-    p.add_argument(
-        "--wide", action="store_true", help="full node names in the summary (default: shortened to fit)"
-    )
+    p.add_argument("--top", type=non_negative_int, default=10, help="rows in the worst-layers summary (default: 10)")
+    p.add_argument("--wide", action="store_true", help="full node names in the summary (default: shortened to fit)")
     p.add_argument(
         "--engine",
         default="auto",
@@ -139,13 +127,21 @@ def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
         fakequant_samples=_fakequant_samples(args.fakequant_samples),
         flip_details=args.flip_details,
     )
+
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     with stderr_progress(not args.quiet) as progress:
         reports = analyze_methods(
-            args.model, args.calib, outputs, eval_data=args.eval, quantized=args.quantized, options=options,
-            progress=progress, announce=say, shared_stages=None if args.quiet else say,
+            args.model,
+            args.calib,
+            outputs,
+            eval_data=args.eval,
+            quantized=args.quantized,
+            options=options,
+            progress=progress,
+            announce=say,
+            shared_stages=None if args.quiet else say,
         )
     comparison = compare_many(list(reports), [str(o) for o in outputs.values()])
     print_comparison(comparison, args.top, wide=args.wide)
@@ -300,8 +296,11 @@ def print_summary(report, top: int = 10, wide: bool = False) -> None:
     if task is not None:
         head = f"{task.name} on {task.samples} {task.data} samples:"
         if math.isnan(task.fp32) and math.isnan(task.quantized):  # e.g. only integer (ArgMax) outputs
+            console.print(f"{head} no float output to score; pass --metric module:function to measure the task")
+        elif math.isinf(task.fp32) and math.isinf(task.quantized) and not any(n.quantized for n in report.nodes):
+            # "inf dB" read as a perfect quantization; nothing was quantized (an If's subgraphs, exclusions)
             console.print(
-                f"{head} no float output to score; pass --metric module:function to measure the task"
+                f"{head} the quantized model's outputs equal FP32's: nothing in it was quantized (notes below)"
             )
         elif math.isinf(task.fp32):  # output_sqnr_db: FP32 is the reference itself ("drop inf" said nothing)
             unit = " dB" if task.name == "output_sqnr_db" else ""
@@ -340,9 +339,7 @@ def print_summary(report, top: int = 10, wide: bool = False) -> None:
     for note in rest:
         console.print(f"note: {note}")
     if report.not_captured:
-        console.print(
-            f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)"
-        )
+        console.print(f"note: {len(report.not_captured)} tensor(s) not captured (see the report's not_captured)")
 
 
 def _split_notes(notes: tuple[str, ...]) -> tuple[list[str], list[str]]:

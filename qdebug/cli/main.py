@@ -23,11 +23,14 @@ from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
 
 SUBCOMMANDS = ("analyze", "propose", "verify", "bench", "diff", "export", "tui", "demo")
+RUNS_ORT = ("analyze", "propose", "verify", "bench", "demo")
+"""The subcommands that run ONNX Runtime: onnxruntime, onnx and numpy are checked before they start
+(:func:`qdebug.versions.check_installed`); the others read reports only."""
 
 EPILOG = """exit codes:
   0  success (verify: target met)          5  data does not match the model
   1  internal error (a bug: traceback)     6  accuracy/SQNR target not met
-  2  bad command-line usage                7  cannot write an output
+  2  bad usage, or an old onnxruntime      7  cannot write an output
   3  missing/unreadable input file       130  interrupted (Ctrl-C)
   4  model not supported as given        143  terminated (SIGTERM)
   8  verify: undecided -- the evaluation set is too small to tell the target from the noise
@@ -131,6 +134,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if getattr(args, "command", None) != "tui":  # the TUI owns the terminal
         sys.stdout = _PipeSafe(stdout)
     try:
+        if args.command in RUNS_ORT:
+            from qdebug.versions import check_installed
+
+            check_installed()
         return int(args._run(args))
     except QDebugError as e:
         print(f"qdebug: error: {e.one_line()}", file=sys.stderr)

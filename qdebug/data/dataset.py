@@ -3,11 +3,11 @@ ORT ``CalibrationDataReader`` view (:class:`ReaderAdapter`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from qdebug.data.checks import _check_batch, _class_indices
+from qdebug.data.checks import _check_batch, _check_finite, _class_indices
 from qdebug.data.rows import Axes, Batch, feed_rows, take_rows
 from qdebug.data.specs import LABELS_KEY, InputSpec
 from qdebug.errors import ExitCode, QDebugError
@@ -28,6 +28,7 @@ class DataSet:
         n_samples: int | None,
         has_labels: bool,
         ignored: tuple[str, ...] = (),
+        read_inputs: Callable[[tuple[str, ...]], Iterator[tuple[dict[str, np.ndarray], str]]] | None = None,
     ) -> None:
         self.source = source
         self.specs = specs
@@ -38,6 +39,8 @@ class DataSet:
         """Arrays in the files that are neither a model input nor the labels (read by nothing)."""
         self._pass_samples: int | None = None
         """Samples in the first complete pass: every later complete pass must match it."""
+        self._read_inputs = read_inputs
+        """Files: reads some inputs' arrays only, file by file (:meth:`input_arrays`)."""
 
     def batches(self) -> Iterator[Batch]:
         """Iterate over the batches (validated as they are produced)."""
@@ -56,6 +59,27 @@ class DataSet:
                 "make the hook return a new iterable or CalibrationDataReader on every call",
                 ExitCode.DATA,
             )
+
+    def input_arrays(self, names: Sequence[str]) -> Iterator[tuple[Mapping[str, np.ndarray], str]]:
+        """The arrays of the inputs ``names`` only, one file (of the samples counted) or batch at a time, with
+        where each came from: a scan of a few inputs (files: nothing else is read; hooks: every batch)."""
+        if self._read_inputs is not None:
+            for arrays, origin in self._read_inputs(tuple(names)):
+                yield {n: arrays[n] for n in names}, origin
+            return
+        for batch in self.batches():
+            yield {n: batch.feeds[n] for n in names}, batch.origin
+
+    def check_values(self) -> None:
+        """Refuse NaN/Inf in a float input now, before any long work starts (exit 5): the files' float inputs
+        are read once, nothing else. A hook's items are checked as they are produced, the first one when the
+        hook is opened (calling it again here could cost as much as the work itself)."""
+        if self._read_inputs is None:
+            return
+        names = [s.name for s in self.specs if s.dtype.kind in "fc"]
+        if names:
+            for arrays, origin in self.input_arrays(names):
+                _check_finite(arrays, origin)
 
     def first(self) -> Batch:
         """The first batch (used to prepare sessions before the timed work)."""

@@ -156,9 +156,18 @@ def _file_dataset(
             yield from _split(arrays, take, bsize, str(f), has_labels, _labels_fed(specs), axes)
             del arrays
 
+    def read_inputs(names: tuple[str, ...]) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+        left = n_samples
+        wanted = tuple(s for s in specs if s.name in names)
+        for f, n in zip(files, counts, strict=True):
+            if left <= 0:
+                return
+            left -= n
+            yield _read_npz(f, wanted), str(f)
+
     used = {s.name for s in specs} | {LABELS_KEY}
     ignored = tuple(sorted({k for h in headers.values() for k in h if k not in used}))
-    return DataSet(source, specs, make_iter, n_samples, has_labels, ignored)
+    return DataSet(source, specs, make_iter, n_samples, has_labels, ignored, read_inputs)
 
 
 def _read_npz(f: Path, specs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:

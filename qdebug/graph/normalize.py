@@ -15,7 +15,10 @@ mutating its input, never touching the user's file):
   under a name no tensor has (ORT's quantizer would copy it itself, possibly under an
   activation's name: :mod:`qdebug.graph.unshare`);
 * ``If`` nodes whose condition is a constant are inlined (the taken branch
-  replaces the node) when asked -- ORT quantizes no subgraph;
+  replaces the node) when asked -- ORT quantizes no subgraph; so are those whose
+  condition is computed from constants and graph inputs that hold one value in
+  all the user's data (``input_value``: a streaming model's sample rate), the
+  model then being specialized on that value (:class:`DataIf`);
 * shape inference that survives dynamic dimensions and ends with every tensor
   typed (ONNX inference; where it leaves tensors untyped ORT's symbolic one, then
   with ``auto_merge``, then the types ORT resolves when it loads the model), saying
@@ -27,9 +30,11 @@ mutating its input, never touching the user's file):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
@@ -43,6 +48,29 @@ MIN_OPSET = 10
 PER_CHANNEL_OPSET = 13
 
 
+InputValue = Callable[[str], "np.ndarray | None"]
+"""Graph input name -> the one value it holds in every sample of the data, or None (it varies, is not fed
+whole with every batch, or is not known): what decides an If whose condition reads graph inputs."""
+
+
+CONDITION_NODES = 32
+"""The most nodes a condition computed from graph inputs may take to be evaluated (a bigger cone is a
+network, not a switch)."""
+
+
+@dataclass(frozen=True, eq=False)
+class DataIf:
+    """A top-level ``If`` whose condition reads only constants and graph inputs that hold one value in the
+    data: the branch those values take, inlined or (without ``--inline-constant-if``) only named."""
+
+    node: str
+    branch: str
+    """``then_branch`` or ``else_branch``."""
+    inputs: tuple[tuple[str, np.ndarray], ...]
+    """The graph inputs its condition reads, with their value."""
+    inlined: bool
+
+
 @dataclass(frozen=True, eq=False)
 class NormalizedModel:
     """The normalized model plus what normalization did (for the report's notes)."""
@@ -52,6 +80,8 @@ class NormalizedModel:
     """(new name, original name) for every renamed node."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     opset: int = 0
+    data_ifs: tuple[DataIf, ...] = ()
+    """The If nodes decided by graph inputs that hold one value in the data (``input_value``), in order."""
 
 
 def normalize(
@@ -60,15 +90,22 @@ def normalize(
     upgrade_opset: bool = False,
     min_opset: int = MIN_OPSET,
     inline_constant_if: bool = False,
+    input_value: InputValue | None = None,
 ) -> NormalizedModel:
-    """Return the normalized copy of ``loaded.proto`` (see module docstring); the input is not mutated."""
+    """Return the normalized copy of ``loaded.proto`` (see module docstring); the input is not mutated.
+
+    ``input_value`` gives the value a graph input holds in every sample of the data (None: it varies), for
+    the If nodes whose condition reads graph inputs: it is asked only about those inputs, as they are met.
+    """
     model = ModelProto()
     model.CopyFrom(loaded.proto)
     notes: list[str] = []
     model = _ensure_opset(model, loaded.path, upgrade_opset, min_opset, notes)
     name_map = _name_nodes(model.graph, notes)
     _constants_to_initializers(model.graph, notes)
-    if _inline_constant_ifs(model.graph, inline_constant_if, notes):
+    data_ifs: list[DataIf] = []
+    opsets = tuple(model.opset_import)
+    if _inline_constant_ifs(model.graph, inline_constant_if, notes, input_value, opsets, data_ifs):
         _constants_to_initializers(model.graph, [])
     _drop_initializer_inputs(model.graph, notes)
     _outputs_that_are_inputs(model.graph, notes)
@@ -76,7 +113,11 @@ def normalize(
     _check_known_domains(model, loaded.path)
     model = _infer_shapes(model, notes)
     return NormalizedModel(
-        proto=model, name_map=tuple(name_map), notes=tuple(notes), opset=default_opset(model)
+        proto=model,
+        name_map=tuple(name_map),
+        notes=tuple(notes),
+        opset=default_opset(model),
+        data_ifs=tuple(data_ifs),
     )
 
 
@@ -351,46 +392,57 @@ def _constant_bool(graph: onnx.GraphProto, name: str) -> bool | None:
     return None
 
 
-def _inline_constant_ifs(graph: onnx.GraphProto, enabled: bool, notes: list[str]) -> bool:
-    """Replace each top-level ``If`` whose condition is a constant initializer by its taken branch.
+def _inline_constant_ifs(
+    graph: onnx.GraphProto,
+    enabled: bool,
+    notes: list[str],
+    input_value: InputValue | None = None,
+    opsets: tuple[onnx.OperatorSetIdProto, ...] = (),
+    data_ifs: list[DataIf] | None = None,
+) -> bool:
+    """Replace each top-level ``If`` whose condition is a constant initializer by its taken branch; so too
+    each whose condition is computed from constants and graph inputs that ``input_value`` says hold one
+    value in the data (its :class:`DataIf` goes to ``data_ifs``).
 
     Returns True when something was inlined. Without ``enabled`` only a note
     says which If nodes could be inlined (and that their branches stay FP32).
     """
     inlined = []
     candidates = []
+    looked: set[str] = set()  # If nodes decided not to inline (named in a note, or not decidable)
+    found: list[DataIf] = []
     for _ in range(64):  # nested constant Ifs surface at the top level after each pass
-        index = next(
-            (
-                k
-                for k, n in enumerate(graph.node)
-                if n.op_type == "If"
-                and n.domain in ("", "ai.onnx")
-                and n.input
-                and n.name not in candidates
-                and _constant_bool(graph, n.input[0]) is not None
-            ),
-            None,
-        )
-        if index is None:
+        choice = _next_if(graph, looked, input_value, opsets)
+        if choice is None:
             break
+        index, taken, inputs = choice
         node = graph.node[index]
-        taken = _constant_bool(graph, node.input[0])
+        branch_name = "then_branch" if taken else "else_branch"
         if not enabled:
-            candidates.append(node.name)
+            looked.add(node.name)
+            if inputs:
+                found.append(DataIf(node.name, branch_name, inputs, inlined=False))
+            else:
+                candidates.append(node.name)
             continue
-        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if taken else "else_branch"))
+        cone = _condition_cone(graph, node.input[0]) if inputs else None
+        branch = next(a.g for a in node.attribute if a.name == branch_name)
         new_nodes, new_inits = _inline_branch(graph, node, branch)
         cond = node.input[0]
         graph.node.remove(node)
         for k, n in enumerate(new_nodes):
             graph.node.insert(index + k, n)
         graph.initializer.extend(new_inits)
-        if not any(cond in n.input for n in graph.node) and cond not in {o.name for o in graph.output}:
+        if cone is not None:
+            _drop_unread(graph, {n.name for n in cone[0]})
+        elif not any(cond in n.input for n in graph.node) and cond not in {o.name for o in graph.output}:
             keep = [i for i in graph.initializer if i.name != cond]
             del graph.initializer[:]
             graph.initializer.extend(keep)
-        inlined.append(f"{node.name} ({'then' if taken else 'else'}_branch, {len(branch.node)} node(s))")
+        if inputs:
+            found.append(DataIf(node.name, branch_name, inputs, inlined=True))
+        else:
+            inlined.append(f"{node.name} ({branch_name}, {len(branch.node)} node(s))")
     if inlined:
         notes.append(
             f"inlined the taken branch of {len(inlined)} If node(s) with a constant condition "
@@ -401,7 +453,170 @@ def _inline_constant_ifs(graph: onnx.GraphProto, enabled: bool, notes: list[str]
             f"If node(s) {', '.join(candidates)} have a constant condition: their branches stay FP32 because ORT "
             "quantizes no subgraph; re-run with --inline-constant-if to inline the taken branch and quantize it"
         )
-    return bool(inlined)
+    notes.extend(_data_if_notes(found))
+    if data_ifs is not None:
+        data_ifs.extend(found)
+    return bool(inlined) or any(d.inlined for d in found)
+
+
+def _next_if(
+    graph: onnx.GraphProto, looked: set[str], input_value: InputValue | None, opsets: tuple
+) -> tuple[int, bool, tuple[tuple[str, np.ndarray], ...]] | None:
+    """The first top-level If not ``looked`` at whose branch is known: (index, the condition's value, the
+    graph inputs that decided it with their values -- empty for a constant condition). Ifs whose branch
+    cannot be known are added to ``looked``."""
+    for k, n in enumerate(graph.node):
+        if n.op_type != "If" or n.domain not in ("", "ai.onnx") or not n.input or n.name in looked:
+            continue
+        constant = _constant_bool(graph, n.input[0])
+        if constant is not None:
+            return k, constant, ()
+        decided = _data_condition(graph, n.input[0], input_value, opsets) if input_value is not None else None
+        if decided is not None:
+            return k, decided[0], decided[1]
+        looked.add(n.name)
+    return None
+
+
+def _data_condition(
+    graph: onnx.GraphProto, cond: str, input_value: InputValue, opsets: tuple
+) -> tuple[bool, tuple[tuple[str, np.ndarray], ...]] | None:
+    """The value of a condition computed from constants and graph inputs that hold one value in the data,
+    and those inputs with their values; None when it reads anything else or cannot be evaluated."""
+    cone = _condition_cone(graph, cond)
+    if cone is None or not cone[1]:
+        return None
+    nodes, inputs = cone
+    values = {}
+    for name in inputs:  # in the order the graph lists them: the scan reads as few inputs as it must
+        value = input_value(name)
+        if value is None:
+            return None
+        values[name] = np.asarray(value)
+    taken = _evaluate(graph, nodes, cond, values, opsets)
+    return None if taken is None else (taken, tuple(values.items()))
+
+
+def _condition_cone(graph: onnx.GraphProto, cond: str) -> tuple[list[onnx.NodeProto], list[str]] | None:
+    """The nodes computing ``cond`` (graph order) and the graph inputs they read (graph order), when that
+    cone reaches only initializers and graph inputs through at most :data:`CONDITION_NODES` deterministic
+    standard nodes without subgraphs; else None."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    graph_inputs = [i.name for i in graph.input]
+    weights = {i.name for i in graph.initializer}
+    seen: set[str] = set()
+    cone: set[str] = set()
+    read: set[str] = set()
+    todo = [cond]
+    while todo:
+        name = todo.pop()
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        if name in graph_inputs:  # an input with an initializer is overridable: the data decides it
+            read.add(name)
+            continue
+        if name in weights:
+            continue
+        node = producer.get(name)
+        if node is None or node.domain not in ("", "ai.onnx") or node.op_type.startswith("Random"):
+            return None
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return None
+        cone.add(node.name)
+        if len(cone) > CONDITION_NODES:
+            return None
+        todo.extend(node.input)
+    return [n for n in graph.node if n.name in cone], [i for i in graph_inputs if i in read]
+
+
+def _evaluate(
+    graph: onnx.GraphProto, nodes: list[onnx.NodeProto], cond: str, values: dict[str, np.ndarray], opsets: tuple
+) -> bool | None:
+    """The one-element condition ``cond`` computed by ``nodes`` from ``values`` (onnx.reference); None when it
+    cannot be computed or is not one element."""
+    if not nodes:
+        value = values.get(cond)
+    else:
+        from onnx.reference import ReferenceEvaluator
+
+        needed = {t for n in nodes for t in n.input}
+        inits = [t for t in graph.initializer if t.name in needed and t.name not in values]
+        inputs = [i for i in graph.input if i.name in values]
+        mini = onnx.helper.make_model(
+            onnx.helper.make_graph(nodes, "condition", inputs, [onnx.ValueInfoProto(name=cond)], inits),
+            opset_imports=list(opsets),
+        )
+        try:
+            value = ReferenceEvaluator(mini).run([cond], dict(values))[0]
+        except Exception:  # noqa: BLE001 -- an op the reference runtime lacks: the If is left as it is
+            return None
+    value = np.asarray(value)
+    return bool(value.ravel()[0]) if value.size == 1 else None
+
+
+def _drop_unread(graph: onnx.GraphProto, names: set[str]) -> None:
+    """Remove the nodes of ``names`` (a condition's cone) that nothing reads any more, and the initializers
+    only they read."""
+    outputs = {o.name for o in graph.output}
+    dropped: list[onnx.NodeProto] = []
+    while True:
+        read = {t for _, n in _all_nodes(graph) for t in n.input} | outputs
+        dead = [n for n in graph.node if n.name in names and not any(o in read for o in n.output if o)]
+        if not dead:
+            break
+        for n in dead:
+            graph.node.remove(n)
+        dropped.extend(dead)
+    if dropped:
+        read = {t for _, n in _all_nodes(graph) for t in n.input} | outputs
+        was_read = {t for n in dropped for t in n.input}
+        keep = [i for i in graph.initializer if i.name in read or i.name not in was_read]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[tuple[str, onnx.NodeProto]]:
+    out: list[tuple[str, onnx.NodeProto]] = []
+    _collect_nodes(graph, "", out)
+    return out
+
+
+def show_value(value: np.ndarray) -> str:
+    """A value as the notes and errors write it (``16000``, ``[1, 2]``, ``true``): its JSON text."""
+    import json
+
+    return json.dumps(np.asarray(value).tolist())
+
+
+def _data_if_notes(found: list[DataIf]) -> list[str]:
+    """One note for the If nodes inlined on the data's values, one for those only named (no flag)."""
+    notes = []
+    for inlined in (True, False):
+        group = [d for d in found if d.inlined == inlined]
+        if not group:
+            continue
+        values = dict(kv for d in group for kv in d.inputs)
+        shown = [show_value(v) for v in values.values()]
+        one = len(values) == 1
+        where = (
+            f"input{'' if one else 's'} {' and '.join(values)}, {' and '.join(shown)} in every calibration and "
+            "evaluation sample"
+        )
+        valid = " and ".join(f"{name} = {v}" for name, v in zip(values, shown, strict=True))
+        branches = " and ".join(f"the {d.branch} of If {d.node!r}" for d in group)
+        if inlined:
+            whose = "its condition reads" if len(group) == 1 else "their conditions read"
+            notes.append(f"inlined {branches} ({whose} {where}): the quantized model is valid only for {valid}")
+        else:
+            ifs = " and ".join(f"If {d.node!r}" for d in group)
+            whose = f"the condition of {ifs} reads" if len(group) == 1 else f"the conditions of {ifs} read"
+            notes.append(
+                f"{whose} only {where}: {'its' if len(group) == 1 else 'their'} branches stay FP32 because ORT "
+                f"quantizes no subgraph; re-run with --inline-constant-if to inline {branches} and quantize it "
+                f"(the quantized model is then valid only for {valid})"
+            )
+    return notes
 
 
 def _inline_branch(

@@ -23,7 +23,7 @@ from qdebug.parallel import Pool, score_all
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
 from qdebug.propose.search import Search, Trial
-from qdebug.quantize import quantize_dynamic_model
+from qdebug.quantize import dynamic_conv_note, quantize_dynamic_model
 from qdebug.records import FrontierPoint
 from qdebug.records.verify import Timing
 from qdebug.timing import time_sessions
@@ -118,6 +118,7 @@ def _dynamic(
         if isinstance(model, QDebugError):
             raise model
         what = "dynamic quantized model"
+        notes.extend(n for n in [dynamic_conv_note(prep.normalized)] if n)
         if pool is None:
             return model, evaluator.score(model, what=what)
         return model, pool.score(evaluator, model, what, numbers_only=True)

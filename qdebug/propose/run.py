@@ -110,8 +110,7 @@ def check_report_model(report: Report, model: str | Path | None) -> Path:
     sha = sha256_file(path)
     if sha != report.model.sha256:
         raise QDebugError(
-            f"{path} is not the model the report was made from "
-            f"(sha256 {sha[:12]}... vs {report.model.sha256[:12]}...)",
+            f"{path} is not the model the report was made from (sha256 {sha[:12]}... vs {report.model.sha256[:12]}...)",
             "re-run qdebug analyze on this model, or pass the original model with --model",
             ExitCode.INPUT,
         )
@@ -189,9 +188,10 @@ def propose(
         outputs = [output, selective_model_path(output)] if output is not None else []
         inputs = [source if isinstance(source, (str, Path)) else None, model_path, calib_src, eval_src]
         # the pool inside the guard: on an error or Ctrl-C its workers stop before the outputs are removed
-        with removed_on_failure(workdir if output is not None else None, outputs, inputs), open_pool(
-            options.runtime
-        ) as pool:
+        with (
+            removed_on_failure(workdir if output is not None else None, outputs, inputs),
+            open_pool(options.runtime) as pool,
+        ):
             return _propose(
                 report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start, pool
             )
@@ -215,7 +215,16 @@ def _propose(
     ``pool`` scores the candidates (:mod:`qdebug.parallel`); the answer is the same with any."""
     cfg = report.config
     progress("prepare", 0, None)
-    prep = prepare(model_path, calib_src, workdir, _prepare_options(cfg, options), progress=progress)
+    prep = prepare(
+        model_path,
+        calib_src,
+        workdir,
+        _prepare_options(cfg, options),
+        progress=progress,
+        eval_data=eval_src,
+        eval_max_samples=options.eval_max_samples,
+        eval_limit_flag="--eval-max-samples",
+    )
     assert prep.ranges is not None
     _check_names(report, prep)
     config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
@@ -296,6 +305,7 @@ def _propose(
             *_interval_notes(target, final, interval, evaluator.samples),
             *speed_notes,
             *(pool.notes if pool is not None else ()),
+            *_quantizer_notes(report),
         ),
         no_speedup=no_speedup,
     )
@@ -312,6 +322,14 @@ def _answer_interval(
     if result is None or scorer is not evaluator:  # not kept, or a screening evaluator's
         result = pool.score(evaluator, selective) if pool is not None else evaluator.score(selective)
     return evaluator.drop_interval(result)
+
+
+def _quantizer_notes(report: Report) -> tuple[str, ...]:
+    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.fast_quantize`),
+    unless the report already says it."""
+    from qdebug import fast_quantize
+
+    return tuple(n for n in fast_quantize.notes() if n not in report.notes)
 
 
 def _interval_notes(target: Target, final: Trial, interval: tuple[float, float], samples: int) -> tuple[str, ...]:
@@ -433,8 +451,7 @@ def _check_names(report: Report, prep: Prepared) -> None:
     missing = [n.name for n in report.nodes if n.name not in names]
     if missing:
         raise QDebugError(
-            f"the report's nodes do not match the normalized model "
-            f"({len(missing)} missing: {missing[0]!r}...)",
+            f"the report's nodes do not match the normalized model ({len(missing)} missing: {missing[0]!r}...)",
             "re-run qdebug analyze with this qdebug version",
             ExitCode.INPUT,
         )
@@ -611,9 +628,7 @@ def _capture_nodes(
     _, model, _ = search.build(plan.nodes(), plan.overrides(), keep_float=plan.keep_float())
     pairing = pair_models(search.normalized, model)
     # re-ranking needs local and accumulated error only, not the fake-quant view
-    layers = measure_layers(
-        search.normalized, model, pairing, data, config, ranges.minmax(), fakequant_samples=0
-    )
+    layers = measure_layers(search.normalized, model, pairing, data, config, ranges.minmax(), fakequant_samples=0)
     qnodes = quantized_node_names(model, pairing)
     nodes = node_records(search.normalized, layers.tensors, qnodes, name_map)
     return nodes, weight_records(search.normalized, model, pairing)

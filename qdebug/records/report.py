@@ -240,6 +240,22 @@ class ExtraOption:
 
 
 @dataclass(frozen=True)
+class SpecializedInput:
+    """A graph input the model was specialized on: it held one value in every calibration and evaluation
+    sample, and an ``If`` whose condition reads it was replaced by the branch that value takes
+    (``--inline-constant-if``). The quantized model is valid for that value only, so propose, verify and
+    bench inline the same branch and refuse data holding another value."""
+
+    name: str
+    value: str
+    """The value as JSON text (``16000``, ``[1, 2]``): exact for integers and floats alike."""
+    dtype: str
+    """Its numpy dtype (``int64``), with which ``value`` is compared to the data."""
+    ifs: tuple[str, ...] = ()
+    """The If nodes whose taken branch it decided (normalized names)."""
+
+
+@dataclass(frozen=True)
 class QuantSettings:
     """Everything of a ``quantize_static`` call that decides the static model, besides the data.
 
@@ -259,6 +275,10 @@ class QuantSettings:
     """Normalization converts a model below opset 10 first (``--upgrade-opset``; not an ORT option)."""
     inline_constant_if: bool = False
     """Normalization inlines the taken branch of constant-condition If nodes (not an ORT option)."""
+    specialized_inputs: tuple[SpecializedInput, ...] = ()
+    """The inputs whose one value in the data decided an If's branch, inlined (``inline_constant_if``):
+    later runs inline the same branches and refuse data that holds another value. Empty in settings
+    recorded before it (and whenever no such If was inlined)."""
     reduce_range: bool = False
     """7-bit weights (``reduce_range``): u8s8 kernels on x86 CPUs without VNNI cannot saturate."""
     op_types: tuple[str, ...] = ()

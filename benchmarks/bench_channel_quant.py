@@ -1,7 +1,7 @@
 """Benchmark: a per-channel static build with ORT's per-channel weight loop vs qdebug's one-pass quantization.
 
 The "large graphs" chain (``bench_quantize.make_chain``) is calibrated once; then
-``qdebug.quantize.quantize_static_model(..., QuantSpec(per_channel=True), load_check=False)`` -- what propose
+``qdebug.quant.quantize.quantize_static_model(..., QuantSpec(per_channel=True), load_check=False)`` -- what propose
 runs for a per-channel candidate -- is timed ``--runs`` times in each mode, interleaved in one process:
 
   loop      ``fast_quantize.channel_quantized`` switched off: every weight goes to ORT's own
@@ -41,10 +41,10 @@ def main() -> int:
 
     from bench_quantize import BLOCK_NODES, chain_data, make_chain
 
-    from qdebug import fast_quantize
-    from qdebug.calibrate import calibrate
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant import fast_quantize
+    from qdebug.quant.calibrate import calibrate
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

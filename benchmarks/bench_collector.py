@@ -1,4 +1,4 @@
-"""Benchmark: ORT's quantizer with Python's cyclic collector on and paused (``qdebug.quantize.collector_paused``).
+"""Benchmark: ORT's quantizer with Python's cyclic collector on and paused (``qdebug.quant.quantize.collector_paused``).
 
 The 3,200-node chain of ``bench_quantize.make_chain``, per-channel weights, built from cached ranges by
 ``quantize_static_model`` (the answer propose builds on the "large graphs" model). The pause is undone around
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_quantize import chain_data, make_chain  # noqa: E402
 
-import qdebug.quantize as quantize  # noqa: E402
+import qdebug.quant.quantize as quantize  # noqa: E402
 from qdebug.prepare import AnalyzeOptions, prepare  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
 A detection-shaped model -- input ``[1, 4, W]``, a 1x1 Conv to 84 channels, a Sigmoid, output
 ``[1, 84, W]`` (W = 8400: the YOLOv8 head's shape, 2.7 MiB of float32 per sample) -- is scored the way
-verify and propose score it: the FP32 references once (:class:`qdebug.evaluate.Evaluator`), then the static
+verify and propose score it: the FP32 references once (:class:`qdebug.evaluation.evaluate.Evaluator`), then the static
 INT8 model (``Evaluator.score``), then the paired-bootstrap interval of its drop. The evaluation data is a
 hook (``module:function``) that generates each sample from its index, so the set costs no disk of its own.
 
@@ -71,11 +71,11 @@ def child(n: int, width: int, folder: Path) -> dict:
 
     import onnx
 
-    from qdebug.capture import SessionConfig
     from qdebug.data import open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
+    from qdebug.runtime.capture import SessionConfig
 
     model_path = folder / "model.onnx"
     onnx.save(make_model(width), model_path)

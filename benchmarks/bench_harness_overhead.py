@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from qdebug.bench_child import Harness, make_session  # noqa: E402
+from qdebug.runtime.bench_child import Harness, make_session  # noqa: E402
 
 
 def bare_pass(session, output_names, feed_list) -> tuple[np.ndarray, int]:

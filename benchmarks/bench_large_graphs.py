@@ -4,7 +4,7 @@ The "large graphs" model of docs/benchmarks.md (8-node residual blocks on ``[B, 
 ``bench_quantize.make_chain``), 32 calibration and 64 evaluation samples. Each command runs as a child
 process (``python -m qdebug``): analyze with ``--no-cache`` (calibration included), then propose on its
 report. Reported: wall time and peak RSS of each child, and for propose the seconds spent re-quantizing --
-every call of ``qdebug.quantize.quantize_static_model`` and ``quantize_dynamic_model`` (the frontier's dynamic
+every call of ``qdebug.quant.quantize.quantize_static_model`` and ``quantize_dynamic_model`` (the frontier's dynamic
 variant), timed inside the child by a wrapper installed before qdebug's other modules import them (:data:`RUNNER`;
 no profiler: cProfile had slowed ORT's pure-Python quantizer about 2.5x more than the rest) -- as a share of
 its wall time.
@@ -40,7 +40,7 @@ from bench_quantize import chain_data, make_chain  # noqa: E402
 
 RUNNER = """
 import atexit, json, sys, time
-import qdebug.quantize as q
+import qdebug.quant.quantize as q
 spent = {"static": 0.0, "dynamic": 0.0, "static_calls": 0, "dynamic_calls": 0}
 def timed(kind, fn):
     def wrapper(*args, **kwargs):

@@ -61,7 +61,7 @@ STAGES = """
 import collections, functools, json, sys, time
 import qdebug.pipeline as P
 import qdebug.prepare as R
-import qdebug.evaluate as E
+import qdebug.evaluation.evaluate as E
 spent = collections.defaultdict(float)
 def timed(owner, name, label):
     f = getattr(owner, name, None)

@@ -76,13 +76,13 @@ def main() -> int:
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    from qdebug.capture import SessionConfig
     from qdebug.data import open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
     from qdebug.pipeline import analyze
     from qdebug.prepare import AnalyzeOptions, prepare
     from qdebug.propose import ProposeOptions, excludable_nodes, propose
-    from qdebug.quantize import QuantSpec, quantize_static_model, quiet_ort_logging
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model, quiet_ort_logging
+    from qdebug.runtime.capture import SessionConfig
 
     folder = ROOT / "fixtures" / args.fixture
     model, calib, evaluation = folder / "model.onnx", folder / "calib.npz", folder / "eval.npz"

@@ -3,9 +3,9 @@
 The model is the one of docs/benchmarks.md "large graphs": 8-node residual blocks (MatMul, Add, Relu,
 MatMul, Add, Mul, Add, LayerNormalization) on a ``[B, 16]`` tensor. For each size, in one process:
 
-  calibrate   qdebug.calibrate.calibrate (no cache), 32 samples: ORT's MinMax calibrator, whose
+  calibrate   qdebug.quant.calibrate.calibrate (no cache), 32 samples: ORT's MinMax calibrator, whose
               augment_graph is plain (quadratic) or qdebug's (linear)
-  quantize    qdebug.quantize.quantize_static_model from the cached ranges (what propose and verify run
+  quantize    qdebug.quant.quantize.quantize_static_model from the cached ranges (what propose and verify run
               per variant): ORT's QDQQuantizer over ORT's ONNXModel (plain) or qdebug's IndexedModel
               (fast), plus qdebug's own checks, of which "load check" is the ORT session that proves the
               model loads (the same in both)
@@ -112,7 +112,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def _load_check_seconds(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     """(wall, seconds in quantize's ORT load check, result) of ``fn``."""
-    import qdebug.quantize as q
+    import qdebug.quant.quantize as q
 
     spent = [0.0]
     original = q._ort_load_error
@@ -134,10 +134,10 @@ def _load_check_seconds(fn: Callable[[], Any]) -> tuple[float, float, Any]:
 
 def measure(nodes: int, tmp: Path, repeat: int, plain: bool) -> dict[str, Any]:
     """One size: calibration and re-quantization, fast (median of ``repeat``) and plain (once)."""
-    from qdebug import fast_quantize
-    from qdebug.calibrate import _dump_tensors_data, calibrate
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant import fast_quantize
+    from qdebug.quant.calibrate import _dump_tensors_data, calibrate
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
 
     model = make_chain(nodes // BLOCK_NODES)
     path = tmp / f"chain{nodes}.onnx"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_quantize import chain_data, make_chain  # noqa: E402
 
 from qdebug.prepare import AnalyzeOptions, prepare  # noqa: E402
-from qdebug.quantize import QuantSpec, quantize_static_model  # noqa: E402
+from qdebug.quant.quantize import QuantSpec, quantize_static_model  # noqa: E402
 
 
 def _start(path: Path, optimized: bool, runs: int) -> float:
@@ -189,9 +189,9 @@ def relu_graph(width: int, depth: int) -> onnx.ModelProto:
 def _width_and_slices(runs: int) -> None:
     """ORT's start-up per node against the node count and the graph's width, and the same graph opened as
     qdebug's capture opens a large model with optimizations off: slices of ``SEGMENT_NODES``, one session each
-    (:func:`qdebug.capture.open_sliced`)."""
-    from qdebug.capture import SessionConfig, make_session, open_sliced
+    (:func:`qdebug.runtime.capture.open_sliced`)."""
     from qdebug.graph.segment import SEGMENT_NODES
+    from qdebug.runtime.capture import SessionConfig, make_session, open_sliced
 
     sliced = f"sliced ({SEGMENT_NODES:,} nodes)"
     print(f"\n| Relu graph, optimizations off | nodes | one session | per node | {sliced} | per node |")

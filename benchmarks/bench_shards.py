@@ -4,7 +4,7 @@
 propose's search is mostly a chain of decisions: a step waits for the score before it. Rounds of independent
 candidates (``bench_workers.py``) cannot help there; sharding can: with ``--workers N`` and a built-in metric,
 a set of at least 512 samples is cut into ``min(N, samples // 256)`` runs of whole batches, each scored on a
-worker, the parts merged (:mod:`qdebug.parallel`). This scores ``--candidates`` models (full static, then one
+worker, the parts merged (:mod:`qdebug.runtime.parallel`). This scores ``--candidates`` models (full static, then one
 node FP32 each) **one after the other**, each waiting for the last, on the planted ``two_culprits`` detector
 (``bench`` size) with ``--samples`` fresh images and the built-in ``output_sqnr_db`` metric (the fixture's own
 class-agreement hook reads every batch at once and is never sharded), through ``Pool(workers=1)`` (this
@@ -55,10 +55,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="qdebug-bench-shards-") as tmp:
         tmpdir = Path(tmp)
         os.environ["QDEBUG_CACHE_DIR"] = str(tmpdir / "cache")
-        from qdebug.capture import SessionConfig
         from qdebug.data import open_data
-        from qdebug.evaluate import Evaluator
-        from qdebug.parallel import Pool
+        from qdebug.evaluation.evaluate import Evaluator
+        from qdebug.runtime.capture import SessionConfig
+        from qdebug.runtime.parallel import Pool
 
         planted = _planted()
         rec = planted.make("two_culprits", tmpdir / "model", "bench")

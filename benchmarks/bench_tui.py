@@ -7,7 +7,7 @@ Usage::
 
 Builds the tests' synthetic transformer report (``tests/tui_report.py``) with
 enough layers for ``--nodes`` nodes (BERT-base / ResNet-50 sized tables),
-writes it with :mod:`qdebug.report_io` and loads it back (so the app sees what
+writes it with :mod:`qdebug.output.report_io` and loads it back (so the app sees what
 ``qdebug tui report.json`` would), then drives the app with Textual's pilot
 (``App.run_test``, 120x40, headless) and times each action from the key press
 until the app is idle again: the handlers, DataTable's deferred idle work
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from textual._wait import wait_for_idle  # noqa: E402
 
-from qdebug.report_io import load_report, save_report  # noqa: E402
+from qdebug.output.report_io import load_report, save_report  # noqa: E402
 from qdebug.tui.app import QDebugApp  # noqa: E402
 from qdebug.tui.model import COLUMNS  # noqa: E402
 from tests.tui_report import make_large_report  # noqa: E402

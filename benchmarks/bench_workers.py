@@ -21,7 +21,7 @@ the timed run, and shuts it down. Reported: the median wall time of ``--runs`` r
 ``--workers 1``, and whether nodes, overrides, evaluation count and metrics equal ``--workers 1``'s.
 
 Then one wide round alone (``--round N``, default 8): full static and N - 1 variants with one node FP32 each,
-scored on the whole set through :class:`qdebug.parallel.Pool` with 1 worker (ORT's threads) and 2 workers (one
+scored on the whole set through :class:`qdebug.runtime.parallel.Pool` with 1 worker (ORT's threads) and 2 workers (one
 thread each): what the rounds of independent candidates gain (leave-one-out, the set scored after a screened
 search, verify's and bench's variants).
 
@@ -104,7 +104,7 @@ def _answer(p: dict) -> tuple:
 
 def candidate_models(prep, n: int) -> list:
     """Full static and ``n - 1`` variants of ``prep``'s model with one Conv/Add/Concat node FP32 each."""
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
 
     names = [node.name for node in prep.normalized.graph.node if node.op_type in ("Conv", "Add", "Concat")]
     specs = [QuantSpec.of(prep.settings)] + [QuantSpec.of(prep.settings, nodes_to_exclude=(m,)) for m in names[: n - 1]]
@@ -114,11 +114,11 @@ def candidate_models(prep, n: int) -> list:
 def _wide_round(rec, evaluation: Path, tmpdir: Path, n: int, runs: int) -> list[tuple[str, float, float, bool]]:
     """Full static and ``n - 1`` one-node-FP32 variants scored as one round: 1 worker, then 2."""
     os.environ["QDEBUG_CACHE_DIR"] = str(tmpdir / "cache")
-    from qdebug.capture import SessionConfig
     from qdebug.data import open_data
-    from qdebug.evaluate import Evaluator
-    from qdebug.parallel import Pool
+    from qdebug.evaluation.evaluate import Evaluator
     from qdebug.prepare import AnalyzeOptions, prepare
+    from qdebug.runtime.capture import SessionConfig
+    from qdebug.runtime.parallel import Pool
 
     prep = prepare(rec.model, rec.calib, tmpdir / "wide", AnalyzeOptions())
     assert prep.ranges is not None

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.output.report_io import load_record, load_report
 from qdebug.records import NodeRecord, Report, TensorRecord
 from qdebug.records.diff import (
     COMPARISON_KIND,
@@ -53,7 +54,6 @@ from qdebug.records.diff import (
     negligible_noise,
     negligible_sqnr,
 )
-from qdebug.report_io import load_record, load_report
 
 SETTINGS = (
     "method",

@@ -50,22 +50,22 @@ from qdebug.analysis import (
     weight_records,
 )
 from qdebug.analysis.reference import SharedReference
-from qdebug.capture import SessionConfig, make_session
 from qdebug.data import DataSet, data_notes, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import EvalResult, Evaluator, metric_scope_note
-from qdebug.fast_quantize import INFERRED_FILE
-from qdebug.files import (
+from qdebug.evaluation.evaluate import EvalResult, Evaluator, metric_scope_note
+from qdebug.evaluation.samples import DetailTarget, per_sample_section
+from qdebug.graph.load import load_model
+from qdebug.graph.match import Pairing, is_qdq_model, pair_models
+from qdebug.graph.match_dynamic import pair_dynamic
+from qdebug.graph.ops import INTEGER_KERNEL_OPS
+from qdebug.output.files import (
     artifacts_dir,
     check_outputs_spare_inputs,
     check_writable,
     record_path,
     removed_on_failure,
 )
-from qdebug.graph.load import load_model
-from qdebug.graph.match import Pairing, is_qdq_model, pair_models
-from qdebug.graph.match_dynamic import pair_dynamic
-from qdebug.graph.ops import INTEGER_KERNEL_OPS
+from qdebug.output.report_io import save_report
 from qdebug.prepare import (  # noqa: F401 -- AnalyzeOptions, assemble_report re-exported
     AnalyzeOptions,
     Prepared,
@@ -77,7 +77,8 @@ from qdebug.prepare import (  # noqa: F401 -- AnalyzeOptions, assemble_report re
     prepare,
 )
 from qdebug.progress import Progress, no_progress
-from qdebug.quantize import QuantSpec, check_quantized_loads, float16_exclusions, quantize_static_model
+from qdebug.quant.fast_quantize import INFERRED_FILE
+from qdebug.quant.quantize import QuantSpec, check_quantized_loads, float16_exclusions, quantize_static_model
 from qdebug.records import (
     AnalysisConfig,
     ModelInfo,
@@ -88,8 +89,7 @@ from qdebug.records import (
 )
 from qdebug.records.report import QuantSettings, config_fields
 from qdebug.records.samples import SampleSection
-from qdebug.report_io import save_report
-from qdebug.samples import DetailTarget, per_sample_section
+from qdebug.runtime.capture import SessionConfig, make_session
 
 
 def analyze(
@@ -166,13 +166,13 @@ def analyze_methods(
     """:func:`analyze` for each calibration method of ``outputs`` (method -> its report path), in one run.
 
     What every method computes alike is computed once: the prelude (load, normalize, open the data and
-    its checks), the FP32 outputs of the evaluation data (one :class:`~qdebug.evaluate.Evaluator`, which
+    its checks), the FP32 outputs of the evaluation data (one :class:`~qdebug.evaluation.evaluate.Evaluator`, which
     scores each method's model), and the FP32 side of the graph engine's capture (recorded by the first
     method's capture, read back by the others': :mod:`qdebug.analysis.reference`). Each report is the one
     :func:`analyze` writes for that method alone -- the same numbers and notes -- except for its time
     stamp and paths; each method still calibrates (cached), quantizes, captures its model, scores it and
     writes its report and ``<stem>_files/``. A failure leaves the reports of the methods already done
-    whole and nothing of the method that failed (:func:`qdebug.files.removed_on_failure`).
+    whole and nothing of the method that failed (:func:`qdebug.output.files.removed_on_failure`).
 
     ``announce`` gets a line as each method starts and as its report is written; ``shared_stages`` one
     per stage the methods share, as it runs once (progress: the CLI leaves it out with ``-q``).
@@ -417,7 +417,7 @@ def _built_model(
 ) -> tuple[onnx.ModelProto, ModelInfo]:
     """ORT's static QDQ model from the calibrated ranges, saved as ``<workdir>/quantized.onnx`` (and the
     shape-inferred normalized model the quantizer made on the way, as ``fast_quantize.INFERRED_FILE``)."""
-    from qdebug import fast_quantize
+    from qdebug.quant import fast_quantize
 
     assert prep.ranges is not None
     settings = prep.settings
@@ -563,7 +563,7 @@ def _per_sample(
     notes: list[str],
     layers: LayerErrors | None = None,
 ) -> SampleSection | None:
-    """The per-sample drill-down (:mod:`qdebug.samples`) on the data the task metric was scored on: the
+    """The per-sample drill-down (:mod:`qdebug.evaluation.samples`) on the data the task metric was scored on: the
     evaluation data, else the calibration data the capture ran on (re-read for the flipped samples); through
     the capture's optimized sides when it kept them (``layers``)."""
     sides = layers.sides if layers is not None else None
@@ -709,7 +709,7 @@ def _settings_from_model(qproto: onnx.ModelProto, prep: Prepared, name: str, not
     flags', so that the report records them and propose, verify and bench rebuild a comparable model; one
     note says what was read and what could not be and was assumed."""
     from qdebug.graph.match import qdq_settings
-    from qdebug.quant_config import read_off
+    from qdebug.quant.config import read_off
 
     settings, note = read_off(qdq_settings(qproto), prep.normalized, prep.settings, name)
     notes.append(note)

@@ -17,17 +17,17 @@ import onnx
 
 from qdebug import __version__
 from qdebug.analysis import DEFAULT_FAKEQUANT_SAMPLES, LayerErrors, kernel_gap_nodes
-from qdebug.calibrate import Ranges, calibrate
-from qdebug.capture import check_providers
 from qdebug.data import DataSet, model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import sha256_file
+from qdebug.evaluation.samples import DEFAULT_FLIP_DETAILS
 from qdebug.graph.load import default_opset, is_large, load_model, normalize, save_model
 from qdebug.graph.ops import INTEGER_KERNEL_OPS, QUANT_OPS
+from qdebug.output.files import sha256_file
 from qdebug.progress import Progress, no_progress
-from qdebug.quant_config import LoadedConfig, calibration_options, check_node_names
-from qdebug.quant_config import resolve as resolve_settings
-from qdebug.quantize import float16_exclusions
+from qdebug.quant.calibrate import Ranges, calibrate
+from qdebug.quant.config import LoadedConfig, calibration_options, check_node_names
+from qdebug.quant.config import resolve as resolve_settings
+from qdebug.quant.quantize import float16_exclusions
 from qdebug.records import (
     SCHEMA_VERSION,
     AnalysisConfig,
@@ -40,7 +40,7 @@ from qdebug.records import (
     WeightRecord,
 )
 from qdebug.records.report import QuantSettings
-from qdebug.samples import DEFAULT_FLIP_DETAILS
+from qdebug.runtime.capture import check_providers
 
 if TYPE_CHECKING:
     from qdebug.data.specs import InputSpec
@@ -59,7 +59,7 @@ class RuntimeSettings:
     """Read and write the calibration cache (``--no-cache``: neither)."""
     workers: int | None = None
     """Candidate evaluations run side by side (``--workers``; None: the cores the process may use, 1: in this
-    process, as before). The answers do not depend on it (:mod:`qdebug.parallel`)."""
+    process, as before). The answers do not depend on it (:mod:`qdebug.runtime.parallel`)."""
     ray: str | None = None
     """``--ray auto|ADDRESS``: score the evaluations on a Ray cluster instead of local processes."""
 
@@ -68,7 +68,7 @@ class RuntimeSettings:
 class QuantRequest:
     """The quantization a command was asked for, before the report's or proposal's settings are known.
 
-    ``config`` is the base: a ``--config`` file or ``--preset`` (:class:`~qdebug.quant_config.LoadedConfig`),
+    ``config`` is the base: a ``--config`` file or ``--preset`` (:class:`~qdebug.quant.config.LoadedConfig`),
     recorded settings (:class:`~qdebug.records.QuantSettings`: the report's for propose, the proposal's for
     verify and bench, see :meth:`over`), or None for qdebug's defaults. ``given`` are the flags the user
     gave, applied last: a ``QuantSettings`` field or an ``extra_options`` key each. :meth:`resolve` (in
@@ -92,7 +92,7 @@ class QuantRequest:
         return self if self.config is not None or recorded is None else dataclasses.replace(self, config=recorded)
 
     def resolve(self, model: onnx.ModelProto | None = None) -> QuantSettings:
-        """The settings to build with (:func:`qdebug.quant_config.resolve`)."""
+        """The settings to build with (:func:`qdebug.quant.config.resolve`)."""
         return resolve_settings(self.config, self.given, model)
 
 
@@ -175,7 +175,7 @@ class AnalyzeOptions:
     """Run the fake-quant view on the first N samples only (None: all; 0: skip it)."""
     flip_details: int = DEFAULT_FLIP_DETAILS
     """Flipped samples measured tensor by tensor in the per-sample drill-down (``--flip-details``; 0: none;
-    :data:`qdebug.samples.DEFAULT_FLIP_DETAILS`)."""
+    :data:`qdebug.evaluation.samples.DEFAULT_FLIP_DETAILS`)."""
 
     @property
     def settings(self) -> QuantSettings:
@@ -414,7 +414,7 @@ def settings_notes(proposal: Proposal, settings: QuantSettings) -> list[str]:
     ``--config``, ``--preset`` or flag given to verify): the selective model is then not propose's."""
     if proposal.quant_settings is None or settings.without_source() == proposal.quant.without_source():
         return []
-    from qdebug.quant_config import describe
+    from qdebug.quant.config import describe
 
     return [
         f"the models are built with {settings.source or 'other settings'} ({describe(settings)}), not the "

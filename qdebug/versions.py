@@ -2,7 +2,7 @@
 
 The floors are pyproject.toml's (a test keeps them equal); docs/versions.md has the table of the releases
 ``benchmarks/version_matrix.py`` ran the whole loop on. Newer releases are not refused: where ORT's quantizer
-code changed, qdebug runs ORT's own quantizer and says so in a note (:mod:`qdebug.fast_quantize`).
+code changed, qdebug runs ORT's own quantizer and says so in a note (:mod:`qdebug.quant.fast_quantize`).
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def analyze_args(name: str, out: Path, *extra: str) -> list[str]:
 def analyze_with_both_engines(model: Path, calib: Path, tmp_path: Path, *extra: str) -> dict:
     """``{"graph": Report, "numpy": Report}``: the same analysis with the in-ORT and the exact numpy engine."""
     from qdebug.cli.main import main
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     reports = {}
     for engine in ("graph", "numpy"):

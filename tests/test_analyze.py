@@ -14,8 +14,8 @@ import pytest
 from qdebug.cli.main import main
 from qdebug.graph.instrument import with_outputs
 from qdebug.graph.load import load_model, normalize
+from qdebug.output.report_io import load_report
 from qdebug.records import SCHEMA_VERSION
-from qdebug.report_io import load_report
 from tests.conftest import strict_json
 
 
@@ -156,7 +156,7 @@ def test_csv_export(cnn, tmp_path):
     import csv as csvlib
     import math
 
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     rows = {r["node"]: r for r in csvlib.DictReader(csv.read_text().splitlines())}
     for node in load_report(tmp_path / "r.json").nodes:  # the CLI's ranking key is in the export too
@@ -383,7 +383,7 @@ def test_kernel_gap_note_names_where_the_gap_opens(analyzed):
 
 def test_demo_runs_the_whole_loop(tmp_path, capsys):
     """`qdebug demo` is the Quick start's main job: analyze, propose and verify the bundled model."""
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     out = tmp_path / "demo"
     assert main(["demo", "--output-dir", str(out), "-q"]) == 0

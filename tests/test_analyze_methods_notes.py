@@ -37,7 +37,7 @@ def test_the_cli_prints_the_entropy_note(tmp_path, capsys):
     """Through the real CLI on the transformer fixture (a part of its data): the entropy report's own note
     is printed under its method's name, and every note of every report is on stdout."""
     from qdebug.cli.main import main
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
     from tests.conftest import fixture_path
 
     base = fixture_path("transformer")

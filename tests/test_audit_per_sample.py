@@ -9,10 +9,10 @@ import math
 import numpy as np
 
 from qdebug.analysis import build, per_sample
-from qdebug.capture import SessionConfig
 from qdebug.graph.match import pair_models
 from qdebug.prepare import AnalyzeOptions, prepare
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.runtime.capture import SessionConfig
 from tests.conftest import FIXTURES
 
 CNN = FIXTURES / "cnn"
@@ -57,7 +57,7 @@ def test_the_per_sample_added_noise_is_node_records_own_number(tmp_path):
 
     from qdebug.cli.main import main
     from qdebug.graph.match import GraphIndex
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     for name in ("cnn", "transformer"):
         out = tmp_path / f"{name}.json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import qdebug.pipeline as pipeline
-import qdebug.quantize as quantize
+import qdebug.quant.quantize as quantize
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
 from tests.conftest import FIXTURES
@@ -42,7 +42,7 @@ def _analyze(tmp_path, *extra):
 
 def test_the_users_own_quantized_model_is_never_blamed_on_the_quantizer(tmp_path, capture_fails, capsys):
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
 
     (tmp_path / "w").mkdir()
     prep = prepare(CNN / "model.onnx", CNN / "calib.npz", tmp_path / "w", AnalyzeOptions(use_cache=False))
@@ -89,8 +89,8 @@ def test_a_built_model_ort_refuses_in_the_capture_is_named_as_the_quantizers(tmp
 
 def _quantized_sessions(monkeypatch) -> list[str]:
     """Every optimized session analyze opens over the plain quantized model (what each was for)."""
-    import qdebug.capture as capture
-    import qdebug.evaluate as evaluate
+    import qdebug.evaluation.evaluate as evaluate
+    import qdebug.runtime.capture as capture
 
     opened: list[str] = []
     real = capture.make_session

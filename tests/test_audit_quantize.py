@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug import fast_quantize, quantize
+from qdebug.quant import fast_quantize, quantize
 
 
 def _matmul_model(path):

@@ -20,12 +20,12 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug import pipeline
 from qdebug.analysis import measure_layers
 from qdebug.analysis.reference import SharedReference
-from qdebug.capture import SessionConfig, make_session
 from qdebug.data import model_input_specs, open_data
-from qdebug.evaluate import Evaluator
+from qdebug.evaluation.evaluate import Evaluator
 from qdebug.graph.match import pair_models
 from qdebug.prepare import AnalyzeOptions, prepare
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.runtime.capture import SessionConfig, make_session
 from tests.conftest import FIXTURES
 
 

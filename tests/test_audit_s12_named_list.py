@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnxruntime.quantization import quant_utils
 
-from qdebug import fast_quantize
+from qdebug.quant import fast_quantize
 from tests.verified_ort import verified_sources
 
 pytestmark = verified_sources  # ORT's own code, as verified: skipped on other releases

@@ -15,10 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.analysis import measure_layers, per_sample
 from qdebug.analysis.graph_engine import OptimizedSides
-from qdebug.capture import SessionConfig
 from qdebug.graph.match import pair_models
 from qdebug.prepare import AnalyzeOptions, prepare
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.runtime.capture import SessionConfig
 from tests.test_per_sample_sides import sessions_opened
 
 

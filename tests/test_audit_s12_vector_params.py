@@ -18,7 +18,7 @@ from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, Te
 from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 from onnxruntime.quantization.registry import CreateQDQQuantizer
 
-from qdebug import fast_quantize
+from qdebug.quant import fast_quantize
 from tests.verified_ort import verified_sources
 
 pytestmark = verified_sources  # ORT's own code, as verified: skipped on other releases
@@ -450,7 +450,7 @@ def _flat_params(params) -> list:
 def test_ranges_minmax_reads_single_values_as_the_reduction_does():
     """Ranges.minmax's direct read of a single value (numpy scalar, 0-d or one-element array, float16, NaN,
     inf) gives float(np.min / np.max) of it; ranges of several values are still reduced."""
-    from qdebug.calibrate import Ranges
+    from qdebug.quant.calibrate import Ranges
 
     values = {
         "scalar": (np.float32(-1.5), np.float32(2.25)),

@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug.capture import SegmentedSession, SessionConfig, make_session, open_sliced
 from qdebug.graph import segment
+from qdebug.runtime.capture import SegmentedSession, SessionConfig, make_session, open_sliced
 
 
 @pytest.fixture(autouse=True)

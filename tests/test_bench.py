@@ -21,12 +21,12 @@ from qdebug.bench import (
     parse_cpuinfo,
     run_bench,
 )
-from qdebug.bench_child import IOBINDING_PREALLOCATED, SESSION_RUN, Harness, make_session
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import sha256_file
+from qdebug.output.files import sha256_file
+from qdebug.output.report_io import dumps, load_report
 from qdebug.records import SCHEMA_VERSION, Proposal
-from qdebug.report_io import dumps, load_report
+from qdebug.runtime.bench_child import IOBINDING_PREALLOCATED, SESSION_RUN, Harness, make_session
 from tests.conftest import FIXTURES, fixture_path, qdq_scales
 from tests.models import save_graph, small_cnn, small_data
 
@@ -468,7 +468,7 @@ def test_chart_handles_infinite_and_failed_variants(cnn_bench):
 
 
 def test_dynamic_variant_has_a_per_layer_report(cnn_bench):
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     _, out, stdout = cnn_bench
     dyn = load_bench(out).variant("dynamic")
@@ -489,7 +489,7 @@ def test_dynamic_pairing_follows_the_graph_not_the_names(tmp_path):
     import onnx
 
     from qdebug.graph.match_dynamic import pair_dynamic
-    from qdebug.quantize import quantize_dynamic_model
+    from qdebug.quant.quantize import quantize_dynamic_model
 
     fp32_path = fixture_path("transformer", "model.onnx")
     dyn_path = tmp_path / "dyn.onnx"
@@ -610,7 +610,7 @@ def test_hand_edited_proposal_fields_are_refused(tmp_path, capsys, field, value,
 
 
 def test_names_listed_twice_count_once(tmp_path):
-    from qdebug.report_io import load_proposal
+    from qdebug.output.report_io import load_proposal
 
     model = small_cnn(tmp_path / "m.onnx")
     proposal = json.loads(dumps(Proposal(SCHEMA_VERSION, "proposal", str(model), sha256_file(model), "", ())))
@@ -707,7 +707,7 @@ def test_dynamic_pairing_reads_an_int8_embedding_through_its_dequantize(tmp_path
     import onnx
 
     from qdebug.graph.match_dynamic import pair_dynamic
-    from qdebug.quantize import quantize_dynamic_model
+    from qdebug.quant.quantize import quantize_dynamic_model
     from tests.models import embedding_classifier
 
     rng = np.random.default_rng(0)

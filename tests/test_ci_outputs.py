@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from qdebug import ci_outputs
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.output import ci_outputs
 from qdebug.records import SCHEMA_VERSION
 from qdebug.records.verify import VariantResult, VerifyResult
 from tests.models import small_cnn, small_data
@@ -154,8 +154,8 @@ def test_recorded_gates_are_read_as_judged_not_re_judged(tmp_path):
 def test_an_undecided_gate_is_recorded_and_read_back_undecided(tmp_path):
     """A gate whose interval straddles its target: assess records it on side 0, and CI outputs show it
     neither passed nor failed (a skipped JUnit case, no failure)."""
-    from qdebug.gates import assess
-    from qdebug.noise import Interval, PairedNoise
+    from qdebug.evaluation.gates import assess
+    from qdebug.evaluation.noise import Interval, PairedNoise
 
     noise = PairedNoise(0.95, 1000, 10, 10, recovery=Interval(0.875, 0.6, 1.1, 0.95))
     j = assess("top1", 0.9, 0.5, 0.85, 30.0, 0.9, None, noise=noise)
@@ -174,7 +174,7 @@ def test_an_undecided_gate_is_recorded_and_read_back_undecided(tmp_path):
 def test_recorded_gates_have_the_names_and_order_old_records_are_re_judged_with(target_drop):
     """CI servers track a JUnit case by its name: a gate verify records is named, and ordered, as the
     re-judging of a record written before ``gates`` names it (the target gate, then the SQNR gate)."""
-    from qdebug.gates import assess
+    from qdebug.evaluation.gates import assess
 
     drop = math.nan if target_drop is None else target_drop
     j = assess("top1", 0.9, 0.5, 0.85, 30.0, 0.9, 25.0, target_drop)
@@ -251,7 +251,7 @@ def test_bad_markdown_paths_fail_before_any_work(run, tmp_path, capsys):
 def test_ci_outputs_is_light():
     """Standard library and the light layer only: no onnx, onnxruntime, numpy or rich."""
     code = (
-        "import sys, qdebug.ci_outputs; "
+        "import sys, qdebug.output.ci_outputs; "
         "bad = [m for m in ('onnx', 'onnxruntime', 'numpy', 'rich', 'textual') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -271,8 +271,8 @@ def test_exact_input_reads_as_the_cli_summary_says_it(run):
     layer: the two must agree."""
     import dataclasses
 
+    from qdebug.output.report_io import load_report
     from qdebug.records import from_exact_input
-    from qdebug.report_io import load_report
 
     folder, _, _ = run
     nodes = list(load_report(folder / "r.json").nodes)
@@ -284,8 +284,8 @@ def test_exact_input_reads_as_the_cli_summary_says_it(run):
 
 def test_a_verdict_whose_gates_went_different_ways_labels_each_part():
     """An undecided drop gate next to a failed SQNR gate: 'FAIL: 0.60 <= 1 allowed' alone had read as nonsense."""
-    from qdebug.gates import assess
-    from qdebug.noise import Interval, PairedNoise
+    from qdebug.evaluation.gates import assess
+    from qdebug.evaluation.noise import Interval, PairedNoise
 
     noise = PairedNoise(
         0.95, 2000, 500, 500,

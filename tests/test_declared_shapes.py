@@ -18,9 +18,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug.bench_child import IOBINDING_ORT_OUTPUTS, Harness, declared_shape_mismatches, make_session
-from qdebug.capture import SessionConfig
 from qdebug.cli.main import main
+from qdebug.runtime.bench_child import IOBINDING_ORT_OUTPUTS, Harness, declared_shape_mismatches, make_session
+from qdebug.runtime.capture import SessionConfig
 from qdebug.verify import time_sessions
 
 WARNING = "VerifyOutputSizes"

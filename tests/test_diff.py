@@ -13,6 +13,7 @@ import pytest
 from qdebug.cli.main import main
 from qdebug.diff import compare, diff_reports, load_diff, pair_nodes, verdict
 from qdebug.errors import ExitCode
+from qdebug.output.report_io import dumps, load_report
 from qdebug.records import (
     SCHEMA_VERSION,
     AnalysisConfig,
@@ -23,7 +24,6 @@ from qdebug.records import (
     TensorRecord,
 )
 from qdebug.records.diff import DIFF_SCHEMA_VERSION, DiffReport, OutputChange
-from qdebug.report_io import dumps, load_report
 from tests.conftest import strict_json
 from tests.models import small_cnn, small_data
 
@@ -289,7 +289,7 @@ def test_analyze_with_several_methods_writes_one_report_each_and_names_the_best_
     assert main(["diff", *map(str, paths), "--json", str(out)]) == 0
     written = strict_json(out.read_text())
     assert written["kind"] == "comparison" and written["wins"] == list(comparison.wins)
-    from qdebug.report_io import load_record
+    from qdebug.output.report_io import load_record
 
     assert isinstance(load_record(Comparison, out, "comparison", DIFF_SCHEMA_VERSION), Comparison)
 
@@ -344,8 +344,8 @@ def test_a_margin_under_same_db_is_a_tie_and_joint_leaders_both_win():
 def test_an_older_comparison_file_still_reads(tmp_path):
     """Files written before ``leaders``/``ties``/``shared``: they read, a 0 margin is a tie, a win its best's."""
     from qdebug.diff import compare_many
+    from qdebug.output.report_io import load_record
     from qdebug.records.diff import Comparison, comparison_header, comparison_rows
-    from qdebug.report_io import load_record
 
     c = compare_many([_locals({"y": 41.0}, "minmax"), _locals({}, "entropy"), _locals({}, "percentile")],
                      ["1", "2", "3"])  # fmt: skip

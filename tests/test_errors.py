@@ -394,7 +394,7 @@ def test_labels_are_one_class_index_per_sample(tmp_path, capsys, labels, needle)
     args = ["analyze", model, "--calib", calib, "--eval", tmp_path / "e.npz", "-o", tmp_path / "r.json", "-q"]
     code, err = run_cli(args, capsys)
     if needle is None:
-        from qdebug.report_io import load_report
+        from qdebug.output.report_io import load_report
 
         task = load_report(tmp_path / "r.json").task
         np.savez(tmp_path / "e.npz", input=np.load(calib)["input"], labels=np.load(calib)["labels"])
@@ -504,7 +504,7 @@ def test_non_finite_targets_and_negative_counts_are_usage_errors(tmp_path, capsy
 def test_an_already_quantized_model_is_not_the_base(tmp_path, capsys):
     """A QDQ model given as the model to analyze: one line saying so (it had failed inside ORT's quantizer
     with 'report this model to qdebug')."""
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
     assert run_cli(["analyze", model, "--calib", calib, "-o", tmp_path / "r.json", "-q"], capsys)[0] == 0
@@ -517,7 +517,7 @@ def test_an_already_quantized_model_is_not_the_base(tmp_path, capsys):
 def test_a_hook_file_is_recorded_with_an_absolute_path(tmp_path, capsys, monkeypatch):
     """propose reads the data back from the report: a ``hooks.py:feeds`` given relative to one directory
     must still be found from another."""
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
     (tmp_path / "hooks.py").write_text(
@@ -693,7 +693,7 @@ def test_hook_faults_are_data_errors(tmp_path, capsys, hook, message):
 
 def test_an_empty_hook_item_is_skipped_not_the_end(tmp_path, capsys):
     """An empty item had ended the data there: 4 of 16 samples analyzed, silently."""
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     (tmp_path / "hooks.py").write_text(HOOKS)
     model = small_cnn(tmp_path / "m.onnx")
@@ -774,7 +774,7 @@ def test_the_readme_api_example_uses_only_exported_names():
 # tests/test_errors.py::test_unwritable_output_checked_before_work skips when run as root (as here and in
 # most containers/CI): the read-only check then never runs. Simulating the permission keeps it running.
 def test_unwritable_output_checked_before_work_even_as_root(tmp_path, capsys, monkeypatch):
-    import qdebug.files as rio
+    import qdebug.output.files as rio
     import qdebug.prepare
 
     model = small_cnn(tmp_path / "m.onnx")

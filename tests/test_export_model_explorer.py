@@ -17,8 +17,8 @@ import pytest
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
 from qdebug.export.model_explorer import ACTION_COLOURS, AMBER, GREEN, METRICS, RED, graph_ids
+from qdebug.output.report_io import dumps, load_report, save_report
 from qdebug.records import SCHEMA_VERSION, NodeReason, Proposal
-from qdebug.report_io import dumps, load_report, save_report
 from tests.conftest import strict_json
 from tests.models import small_cnn, small_data
 from tests.test_errors import assert_one_line

@@ -1,4 +1,4 @@
-"""The indexed quantizer and calibrator (qdebug/fast_quantize.py) build exactly what ORT's plain path builds.
+"""The indexed quantizer and calibrator (qdebug/quant/fast_quantize.py) build exactly what ORT's plain path builds.
 
 Every comparison runs qdebug's own entry point twice, once on the fast path and once inside
 ``fast_quantize.plain_path()`` (ORT's ``QDQQuantizer`` / ``ONNXQuantizer`` over ORT's own ``ONNXModel``,
@@ -34,11 +34,11 @@ import pytest
 from onnxruntime.quantization import qdq_quantizer, quant_utils
 from onnxruntime.quantization.onnx_model import ONNXModel
 
-from qdebug import fast_quantize
-from qdebug.calibrate import _dump_tensors_data, calibrate
 from qdebug.errors import QDebugError
 from qdebug.prepare import AnalyzeOptions, prepare
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quant import fast_quantize
+from qdebug.quant.calibrate import _dump_tensors_data, calibrate
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
 from qdebug.records import TensorOverride
 from qdebug.records.report import ExtraOption
 from tests.conftest import FIXTURES, ROOT
@@ -342,7 +342,7 @@ def _direct(model: onnx.ModelProto, ranges, extra: dict, fast: bool) -> bytes:
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
     from onnxruntime.quantization.quant_utils import QuantType, update_opset_version
 
-    from qdebug.calibrate import op_types_to_quantize
+    from qdebug.quant.calibrate import op_types_to_quantize
 
     work = update_opset_version(copy.deepcopy(model), QuantType.QInt8, QuantType.QUInt8,
                                 tensor_quant_overrides=extra.get("TensorQuantOverrides"))
@@ -712,7 +712,7 @@ def _augmented(model_path: Path, tmp: Path, fast: bool, **extra) -> tuple[bytes,
     if its session then fails to load it."""
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
-    from qdebug.calibrate import op_types_to_quantize
+    from qdebug.quant.calibrate import op_types_to_quantize
 
     counter = itertools.count()
     real = uuid.uuid4
@@ -833,7 +833,7 @@ def test_a_fallback_to_the_plain_path_is_a_note_of_the_report(tmp_path, monkeypa
     """The fallback's note reaches the user where they read notes (report.json and analyze's summary), as
     one line that says what it costs them, and nothing else: no warning, no developers' advice."""
     from qdebug.cli.main import main
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     changed = dict(fast_quantize.VERIFIED_SOURCES, **{"ONNXModel.replace_input_of_all_nodes": "0" * 16})
     monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
@@ -862,7 +862,7 @@ DYNAMIC_OPTIONS = [
 def _dynamic_both(model_path: Path, tmp: Path, options: dict) -> tuple[bytes | str, bytes | str]:
     """qdebug's dynamic quantization of ``model_path`` on the fast path and on ORT's plain ``quantize_dynamic``
     (the bytes written, or the error)."""
-    from qdebug.quantize import quantize_dynamic_model
+    from qdebug.quant.quantize import quantize_dynamic_model
 
     out = []
     for scope in (contextlib.nullcontext(), fast_quantize.plain_path()):
@@ -879,7 +879,7 @@ def _dynamic_both(model_path: Path, tmp: Path, options: dict) -> tuple[bytes | s
 def test_the_dynamic_model_returned_without_a_file_is_the_one_written(tmp_path, indexed_runs):
     """Without an output path the fast dynamic path returns the model unwritten (propose's frontier): it is
     what ORT's quantize_dynamic writes, byte for byte, as is the plain path's read-back."""
-    from qdebug.quantize import quantize_dynamic_model
+    from qdebug.quant.quantize import quantize_dynamic_model
 
     model = bench_quantize.make_chain(6, variety=True, seed=2)
     onnx.save(model, tmp_path / "m.onnx")
@@ -940,7 +940,7 @@ def test_the_dynamic_fast_path_does_not_scan_the_initializers_or_new_nodes(tmp_p
     model = bench_quantize.make_chain(30, variety=True)
     onnx.save(model, tmp_path / "m.onnx")
     scans = _spied_plain_find(monkeypatch)
-    from qdebug.quantize import quantize_dynamic_model
+    from qdebug.quant.quantize import quantize_dynamic_model
 
     with fast_quantize.plain_path():
         quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "p.onnx")
@@ -961,7 +961,7 @@ def test_a_changed_quantize_dynamic_falls_back_for_the_dynamic_path_only(tmp_pat
     monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", changed)
     monkeypatch.setattr(fast_quantize, "_PROBLEMS", {})
     assert fast_quantize.fast_path_problem("quantizer") is None  # the static path is not concerned
-    from qdebug.quantize import quantize_dynamic_model
+    from qdebug.quant.quantize import quantize_dynamic_model
 
     assert "quantize_dynamic" in (fast_quantize.fast_path_problem("dynamic quantizer") or "")
     with warnings.catch_warnings():
@@ -989,7 +989,7 @@ def test_a_dynamic_index_out_of_step_is_caught_and_the_model_rebuilt_on_the_plai
     again by ORT's own ``quantize_dynamic``, with a note, and is what it writes."""
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
 
-    from qdebug.quantize import quantize_dynamic_model
+    from qdebug.quant.quantize import quantize_dynamic_model
 
     onnx.save(bench_quantize.make_chain(3), tmp_path / "m.onnx")
     original = ONNXQuantizer._dequantize_outputs
@@ -1042,7 +1042,7 @@ def test_the_collector_is_paused_inside_the_quantizer_and_restored_after(tmp_pat
     hundred allocations), and the collector is the caller's again afterwards, also after an error."""
     import gc
 
-    from qdebug import quantize
+    from qdebug.quant import quantize
 
     seen = []
     real = quant_utils.update_opset_version
@@ -1683,7 +1683,7 @@ def test_what_is_read_of_the_input_model_is_kept_for_its_content_only(tmp_path, 
     """quantize_static_model reads its input model's node names, names and float16 exclusions once per
     content: a second build of the same content reads nothing again, and the same object changed in place
     (a node renamed) is read afresh -- the new name is excludable, the old one refused."""
-    from qdebug import quantize
+    from qdebug.quant import quantize
 
     prep = _prepared(FIXTURES / "cnn" / "model.onnx", FIXTURES / "cnn" / "calib.npz", tmp_path)
     model = copy.deepcopy(prep.normalized)
@@ -1805,7 +1805,7 @@ def test_the_names_the_index_check_read_are_the_quantized_models(fixture, tmp_pa
     """The checks after the quantizer take the result's names from the clean-up's index check where it
     hands them over: the same inputs, initializers, outputs in order and producers as a fresh read of the
     result, for every option (ORT's QOperator path and the plain path read afresh)."""
-    from qdebug import quantize
+    from qdebug.quant import quantize
 
     if fixture == "chain":
         onnx.save(bench_quantize.make_chain(4, variety=True), tmp_path / "m.onnx")

@@ -20,10 +20,11 @@ import pytest
 from onnxruntime.quantization import calibrate as ort_calibrate
 from onnxruntime.quantization import quant_utils
 
-from qdebug import fast_quantize, versions
+from qdebug import versions
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.prepare import AnalyzeOptions, prepare
-from qdebug.quantize import QuantSpec, quantize_dynamic_model, quantize_static_model, updated_opset
+from qdebug.quant import fast_quantize
+from qdebug.quant.quantize import QuantSpec, quantize_dynamic_model, quantize_static_model, updated_opset
 from tests.conftest import FIXTURES, ROOT
 
 CNN = FIXTURES / "cnn"
@@ -66,7 +67,7 @@ def test_a_changed_upstream_source_is_one_line_of_each_commands_notes(tmp_path, 
     print it once each (propose reads it in the report and does not repeat it), stderr shows no Python
     warning, and the developers' advice appears nowhere."""
     from qdebug.cli.main import main
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
 
     changed = {"MinMaxCalibrater.augment_graph": "0" * 16, "quant_utils.find_by_name": "0" * 16}
     monkeypatch.setattr(fast_quantize, "VERIFIED_SOURCES", dict(fast_quantize.VERIFIED_SOURCES, **changed))
@@ -184,7 +185,7 @@ warnings.simplefilter("error")
 import onnxruntime.quantization.qdq_quantizer as q
 kept = q.QDQScaleZpInitializers
 del q.QDQScaleZpInitializers  # gone while qdebug imports it; ORT's own code needs it back after
-from qdebug import fast_quantize as f
+from qdebug.quant import fast_quantize as f
 q.QDQScaleZpInitializers = kept
 assert f._IMPORT_PROBLEM and "QDQScaleZpInitializers" in f._IMPORT_PROBLEM, f._IMPORT_PROBLEM
 assert f.use_fast_path() is False and f.use_fast_path("calibrator") is False
@@ -193,7 +194,7 @@ assert f.notes() == (f.fallback_note(),) and f.verification_gap()
 from qdebug.cli.main import main
 code = main(["analyze", {str(CNN / "model.onnx")!r}, "--calib", {str(CNN / "calib.npz")!r}, "-o",
              {str(tmp_path / "r.json")!r}, "-q", "--fakequant-samples", "0"])
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 assert code == 0, code
 assert load_report({str(tmp_path / "r.json")!r}).notes.count(f.fallback_note()) == 1
 """
@@ -231,7 +232,7 @@ def test_the_opset_update_takes_the_arguments_each_release_accepts(monkeypatch):
 
 
 def test_the_calibrator_gets_its_providers_with_or_without_the_keyword():
-    from qdebug.calibrate import _created_calibrator
+    from qdebug.quant.calibrate import _created_calibrator
 
     class Calibrator:
         execution_providers = ["CPUExecutionProvider"]
@@ -259,7 +260,7 @@ def test_where_orts_conv_integer_lacks_int8_weights_the_dynamic_model_keeps_conv
     kernel for it: there the dynamic model leaves Conv out (and loads), with a note; elsewhere nothing changes."""
     import onnxruntime as ort
 
-    from qdebug import quantize
+    from qdebug.quant import quantize
 
     monkeypatch.setattr(quantize, "_CONV_INTEGER_RUNS", [False])
     model = quantize_dynamic_model(CNN / "model.onnx", tmp_path / "d.onnx")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 from tests.models import small_cnn, small_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def test_disk_full_while_writing_the_report(tmp_path, monkeypatch, capsys):
     """ENOSPC during the final write: exit 7, one line, no report and no temp file left behind."""
     import errno
 
-    import qdebug.files as rio
+    import qdebug.output.files as rio
 
     model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
     out = tmp_path / "out" / "report.json"
@@ -234,7 +234,7 @@ def test_outputs_get_the_permissions_a_plain_write_would_give(good, tmp_path):
     what ``open()`` gives (0666 less the umask), or keep the mode of the file they replace."""
     import stat
 
-    import qdebug.files as rio
+    import qdebug.output.files as rio
 
     def mode(p: Path) -> int:
         return stat.S_IMODE(p.stat().st_mode)
@@ -316,7 +316,7 @@ def test_removed_on_failure_edge_cases(tmp_path):
     """Found in review: an output that is also an input was moved away before the overlap check could name
     it; a symlinked _files/ was replaced by a directory (the user's link lost); an empty output path
     raised ValueError."""
-    from qdebug.files import removed_on_failure
+    from qdebug.output.files import removed_on_failure
 
     same = tmp_path / "in.json"
     same.write_text("input")

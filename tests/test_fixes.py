@@ -7,12 +7,12 @@ import onnx
 import pytest
 
 from qdebug.cli.main import main
+from qdebug.output.report_io import load_report
 from qdebug.propose.blame import Unit
 from qdebug.propose.fixes import CLIP_KEEP, _clipped_range, fix_for
 from qdebug.propose.structure import Structure
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
 from qdebug.records import ErrorStats, Histogram, QuantParams, TensorOverride, TensorRecord, TensorSummary
-from qdebug.report_io import load_report
 from tests.models import small_cnn, small_data
 
 
@@ -100,9 +100,9 @@ def test_reduce_range_is_tried_only_where_analyze_measured_a_kernel_gap(cnn_repo
 
 
 def _ranges(report, normalized):
-    from qdebug.calibrate import calibrate
     from qdebug.data import model_input_specs, open_data
-    from qdebug.files import sha256_file
+    from qdebug.output.files import sha256_file
+    from qdebug.quant.calibrate import calibrate
 
     data = open_data(report.config.calib, model_input_specs(normalized))
     return calibrate(report.normalized_model, sha256_file(report.normalized_model), data, "minmax")

@@ -11,7 +11,7 @@ import pytest
 
 from qdebug.cli.analyze import rank_nodes
 from qdebug.cli.main import main
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 from tests.conftest import FIXTURES, analyze_args, fixture_path
 
 

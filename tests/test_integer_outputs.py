@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.cli.main import main
-from qdebug.evaluate import _exact_rows
-from qdebug.report_io import load_report
+from qdebug.evaluation.evaluate import _exact_rows
+from qdebug.output.report_io import load_report
 from tests.models import save_graph
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from qdebug.cli.main import main
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 
 
 def test_graph_engine_kl_follows_the_numpy_engine_when_ranges_clip(cnn, tmp_path):

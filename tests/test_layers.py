@@ -9,10 +9,10 @@ API in ``qdebug/__init__.py``) are not statements and are not seen.
 The layers, each allowed to import only the ones below it::
 
     front ends   cli/ (the composition root)   tui/ (light only)
-    commands     pipeline (analyze)   propose/   verify   bench/
+    commands     pipeline (analyze)   propose/   verify/   bench/
     prelude      prepare
-    engine       analysis/  evaluate  quantize  calibrate  capture  data  metrics  graph/
-    light        records/  report_io  files  snippet  progress  formatting  errors  graph/ops  ci_outputs  diff
+    engine       analysis/  quant/  evaluation/  runtime/  data/  graph/  export/  specialize  versions
+    light        records/  output/  progress  errors  graph/ops  diff
 
 The light layer loads neither onnx nor onnxruntime: the TUI and the CLI printers are built on it. The
 subprocess probe of that lives in ``tests/test_tui.py``
@@ -36,23 +36,19 @@ PACKAGE = ROOT / "qdebug"
 
 LIGHT = (
     "qdebug.records",
-    "qdebug.report_io",
-    "qdebug.files",
-    "qdebug.snippet",
+    "qdebug.output",  # files, report_io, formatting, snippet, ci_outputs: the light layer's files and text
     "qdebug.progress",
-    "qdebug.formatting",
     "qdebug.errors",
     "qdebug.graph.ops",
-    "qdebug.ci_outputs",
     "qdebug.diff",  # two reports paired and compared: pure over records (the TUI's comparison column reads it)
 )
 COMMANDS = ("qdebug.pipeline", "qdebug.propose", "qdebug.verify", "qdebug.bench")
-MEASURING_CHILD = "qdebug.bench_child"
+MEASURING_CHILD = "qdebug.runtime.bench_child"
 """bench's measuring process: a leaf of the engine layer that imports nothing of qdebug (what it measures is
 the model's memory), so verify may share its pure helpers."""
 FRONT_ENDS = ("qdebug.cli", "qdebug.tui", "qdebug.__main__")
 TUI_THIRD_PARTY = ("textual", "rich", "numpy")
-GRAPH_MAY_IMPORT = ("qdebug.records", "qdebug.errors", "qdebug.files", "qdebug.progress", "qdebug.graph")
+GRAPH_MAY_IMPORT = ("qdebug.records", "qdebug.errors", "qdebug.output.files", "qdebug.progress", "qdebug.graph")
 
 
 @dataclass(frozen=True)
@@ -287,10 +283,10 @@ def test_every_module_imports_downward_and_no_command_imports_another():
 @pytest.mark.parametrize(
     ("rule", "importer", "target"),
     [
-        ("cycle", "qdebug.errors", "qdebug.files"),  # files imports errors
-        ("layers", "qdebug.capture", "qdebug.prepare"),
+        ("cycle", "qdebug.errors", "qdebug.output.files"),  # files imports errors
+        ("layers", "qdebug.runtime.capture", "qdebug.prepare"),
         ("layers", "qdebug.bench.run", "qdebug.pipeline"),
-        ("light", "qdebug.files", "onnx"),
+        ("light", "qdebug.output.files", "onnx"),
         ("tui", "qdebug.tui.model", "qdebug.verify"),
         ("graph", "qdebug.graph.match", "qdebug.analysis"),
     ],
@@ -326,5 +322,8 @@ def test_light_modules_the_tui_probe_does_not_import_load_no_onnx():
 
 
 def test_the_measuring_child_imports_nothing_of_qdebug():
-    own = [i for i in IMPORTS if i.importer == MEASURING_CHILD and i.target.startswith("qdebug")]
+    """Its packages neither: ``python -m qdebug.runtime.bench_child`` runs ``qdebug/runtime/__init__.py`` first."""
+    parts = MEASURING_CHILD.split(".")
+    child = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    own = [i for i in IMPORTS if i.importer in child and i.target.startswith("qdebug")]
     assert not own, "\n".join(map(str, own))

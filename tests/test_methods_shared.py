@@ -16,12 +16,12 @@ import qdebug.pipeline as pipeline
 import qdebug.prepare as prepare
 from qdebug.analysis import measure_layers
 from qdebug.analysis.reference import SharedReference
-from qdebug.capture import SessionConfig
 from qdebug.cli.main import main
 from qdebug.data import model_input_specs, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.match import pair_models
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
+from qdebug.runtime.capture import SessionConfig
 from tests.conftest import fixture_path
 
 METHODS = ("minmax", "entropy", "percentile")

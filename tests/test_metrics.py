@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from qdebug import metrics
-from qdebug.metrics import (
+from qdebug.evaluation import metrics
+from qdebug.evaluation.metrics import (
     ErrorAccumulator,
     HistogramAccumulator,
     SummaryAccumulator,
@@ -431,7 +431,7 @@ def test_a_value_and_its_own_rounding_share_a_bin_at_ties() -> None:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from qdebug.metrics import grid_for
+    from qdebug.evaluation.metrics import grid_for
 
     x = (np.arange(17, dtype=np.float32) / 16).repeat(8)
     quant = QuantParams(scale=float(np.float32(1 / 255)), zero_point=0, qtype="uint8")
@@ -464,7 +464,7 @@ def test_a_value_and_its_own_rounding_share_a_bin_at_ties() -> None:
 def test_level_bins_match_the_edges_away_from_ties() -> None:
     """Binning by level gives the edge binning's counts wherever no value sits on an edge, grouped 16-bit
     grids with a narrower last bin and both overflow bins included."""
-    from qdebug.metrics import QuantGrid
+    from qdebug.evaluation.metrics import QuantGrid
 
     rng = np.random.default_rng(5)
     for grid in (QuantGrid(0.02, 128, 0, 255), QuantGrid(0.01, -3, -128, 127), QuantGrid(1e-3, 0, 0, 999, 3)):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qdebug.formatting import (
+from qdebug.output.formatting import (
     MIN_NAME_WIDTH,
     cells,
     common_prefix,

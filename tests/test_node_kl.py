@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.cli.main import main
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 from tests.models import save_graph
 
 

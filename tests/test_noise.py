@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from qdebug import ci_outputs
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import Evaluator, HookValues, RatioValues, worst_output_sqnr
-from qdebug.graph.load import load_model
-from qdebug.noise import (
+from qdebug.evaluation.evaluate import Evaluator, HookValues, RatioValues, worst_output_sqnr
+from qdebug.evaluation.noise import (
     Interval,
     bootstrap,
     interval,
@@ -26,9 +24,11 @@ from qdebug.noise import (
     samples_to_decide,
     single_interval,
 )
+from qdebug.graph.load import load_model
+from qdebug.output import ci_outputs
+from qdebug.output.report_io import dumps, from_jsonable
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.records.verify import VerifyResult
-from qdebug.report_io import dumps, from_jsonable
 from qdebug.verify import assess, judge
 from tests.conftest import fixture_path
 

@@ -17,8 +17,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.cli.main import main
+from qdebug.output.report_io import load_report
 from qdebug.records import Report
-from qdebug.report_io import load_report
 from tests.models import masked_attention, save_graph
 
 

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.parallel import RAY_MISSING, Pool, check_request, usable_cores, worker_threads
+from qdebug.output.report_io import dumps
 from qdebug.prepare import RuntimeSettings
 from qdebug.propose import ProposeOptions, propose
 from qdebug.propose.minimize import minimal_subset
-from qdebug.report_io import dumps
+from qdebug.runtime.parallel import RAY_MISSING, Pool, check_request, usable_cores, worker_threads
 from tests.conftest import FIXTURES, ROOT
 
 
@@ -152,9 +152,9 @@ def test_a_worker_s_error_is_the_one_line_error_of_the_one_process_run(tmp_path,
 
 
 def test_the_pool_keeps_order_errors_and_never_runs_a_hint_inline(tmp_path):
-    from qdebug.capture import SessionConfig
     from qdebug.data import model_input_specs, open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
+    from qdebug.runtime.capture import SessionConfig
     from tests.models import small_cnn, small_data
 
     model = onnx.load(str(small_cnn(tmp_path / "m.onnx")))
@@ -242,11 +242,11 @@ def _group(pgid: int) -> list[str]:
 def _sharded_case(tmp_path, monkeypatch):
     """A small CNN's evaluator over 48 samples in batches of 8, every input and reference spilled to disk,
     and a static QDQ candidate of it."""
-    from qdebug.capture import SessionConfig
     from qdebug.data import model_input_specs, open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
+    from qdebug.runtime.capture import SessionConfig
     from tests.models import small_cnn, small_data
 
     monkeypatch.setenv("QDEBUG_SPILL_MB", "0")
@@ -314,9 +314,9 @@ def _first_shard_fails_case(tmp_path, monkeypatch):
     (a Gather whose index is the sample), one in each half of the set, with different messages."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from qdebug.capture import SessionConfig
     from qdebug.data import model_input_specs, open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
+    from qdebug.runtime.capture import SessionConfig
 
     monkeypatch.setenv("QDEBUG_SPILL_MB", "0")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])
@@ -440,9 +440,9 @@ def test_on_ray_every_part_carries_its_data_and_an_actor_loads_the_part_it_is_gi
 def test_a_portable_custom_metric_evaluator_bootstraps_without_this_machines_files(tmp_path, monkeypatch):
     """A custom metric's evaluator goes to a Ray actor whole (it is not cut): its portable copy's FP32 view
     (what the bootstrap resamples) is in memory too."""
-    from qdebug.capture import SessionConfig
     from qdebug.data import model_input_specs, open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
+    from qdebug.runtime.capture import SessionConfig
 
     ev, candidate, fp32 = _sharded_case(tmp_path, monkeypatch)
     metric = tmp_path / "mean_error.py"
@@ -468,7 +468,7 @@ def test_a_workers_shards_are_never_those_of_another_evaluator_under_the_same_id
     """A worker cuts shards once per evaluator; CPython reuses a freed object's id, so an entry left from an
     evaluator of an earlier version must not serve a new one that got its id (it had scored a candidate on
     another evaluator's samples)."""
-    from qdebug import parallel
+    from qdebug.runtime import parallel
 
     ev, _, _ = _sharded_case(tmp_path, monkeypatch)
     other = ev.shards(3)[0]  # another evaluator (16 samples), standing for the freed one

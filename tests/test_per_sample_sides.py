@@ -11,11 +11,11 @@ import pytest
 
 import qdebug.analysis.per_sample as per_sample
 from qdebug.analysis import measure_layers
-from qdebug.capture import SessionConfig
 from qdebug.cli.main import main
 from qdebug.graph.match import pair_models
 from qdebug.prepare import AnalyzeOptions, prepare
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.runtime.capture import SessionConfig
 from tests.conftest import FIXTURES
 
 
@@ -33,7 +33,7 @@ def _captured(fixture: str, tmp_path: Path):
 
 def sessions_opened(monkeypatch) -> list[bool]:
     """per_sample's own session openings (their ``optimize`` flags), recorded from now on; the Taps open
-    theirs through qdebug.capture and are not counted."""
+    theirs through qdebug.runtime.capture and are not counted."""
     opened: list[bool] = []
     real = per_sample.make_session
 

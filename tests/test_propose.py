@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
+from qdebug.output.report_io import load_record, load_report
 from qdebug.propose import (
     ProposeOptions,
     Structure,
@@ -40,7 +41,6 @@ from qdebug.propose import (
     run_search,
 )
 from qdebug.records import SCHEMA_VERSION, ErrorStats, NodeRecord, Proposal, QuantParams, WeightRecord
-from qdebug.report_io import load_record, load_report
 from tests.conftest import analyze_then_propose, fixture_path, qdq_scales, strict_json
 
 
@@ -139,9 +139,9 @@ def test_proposal_records_reasons_snippet_and_cost(proposed):
 def test_proposal_records_the_answers_drop_interval(transformer, proposed):
     """The paired-bootstrap interval of FP32 minus the answer, as the evaluator gives it for the selective model
     scored directly (it had been left nan in every proposal)."""
-    from qdebug.capture import SessionConfig
     from qdebug.data import model_input_specs, open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
+    from qdebug.runtime.capture import SessionConfig
 
     model, _, evaluation, _, report = transformer
     out, proposal = proposed
@@ -185,12 +185,12 @@ def test_beats_naive_top_k_baseline_with_few_evaluations(transformer, proposed):
     budget for its L candidate nodes (what the minimization itself costs is
     pinned by ``test_minimal_subset_*``).
     """
-    from qdebug.capture import SessionConfig
     from qdebug.data import open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
     from qdebug.prepare import AnalyzeOptions, prepare
     from qdebug.propose import excludable_nodes
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
+    from qdebug.runtime.capture import SessionConfig
 
     model, calib, evaluation, report_path, report = transformer
     _, proposal = proposed

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.output.report_io import dumps, load_report
 from qdebug.propose import ProposeOptions, propose
 from qdebug.propose import flipped as flipped_module
 from qdebug.propose.blame import Unit
@@ -27,7 +28,6 @@ from qdebug.propose.flipped import LEAK_NOTE, SKIPPED, FlippedRanges, _meaningfu
 from qdebug.propose.options import _check_allow
 from qdebug.propose.structure import Structure
 from qdebug.records import TensorOverride
-from qdebug.report_io import dumps, load_report
 from qdebug.verify import VerifyOptions, verify
 from tests.conftest import qdq_scales
 

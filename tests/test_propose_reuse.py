@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
-from qdebug import quantize
 from qdebug.cli.main import main
+from qdebug.output.report_io import load_report
 from qdebug.propose import reuse, search
-from qdebug.report_io import load_report
+from qdebug.quant import quantize
 from tests.conftest import fixture_path
 
 
@@ -44,7 +44,7 @@ def _propose(report, out, monkeypatch, target: str = "1") -> tuple[dict, list]:
 
 def _static_builds(built, report) -> int:
     """How many times the report's own static model was quantized."""
-    from qdebug.quantize import QuantSpec
+    from qdebug.quant.quantize import QuantSpec
 
     static = QuantSpec.of(load_report(report).config.quant)
     return sum(1 for s in built if s == static)
@@ -79,8 +79,8 @@ def test_a_changed_model_file_or_other_ranges_are_not_reused(analyzed, tmp_path,
     shutil.copytree(report.parent / "report_files", files)
     path = files / "quantized.onnx"
     normalized = report.parent / "report_files" / "normalized.onnx"
-    from qdebug.calibrate import Ranges
-    from qdebug.quantize import QuantSpec
+    from qdebug.quant.calibrate import Ranges
+    from qdebug.quant.quantize import QuantSpec
 
     ranges = Ranges(loaded.config.method, "k", None, None, False)
     monkeypatch.setattr(Ranges, "minmax", lambda self: {n: (lo, hi) for n, lo, hi in loaded.ranges})

@@ -3,7 +3,7 @@ read off a ``--quantized`` model.
 
 The proof is the model. For every option and preset, qdebug's static model -- built the way analyze,
 propose, verify and bench build theirs (:func:`qdebug.prepare.prepare` resolves the config and calibrates
-with it, :func:`qdebug.quantize.quantize_static_model` builds from the cached ranges) -- is byte-identical
+with it, :func:`qdebug.quant.quantize.quantize_static_model` builds from the cached ranges) -- is byte-identical
 to what the user's own ``quantize_static`` call with the same arguments writes. That call runs on the
 normalized model file qdebug quantizes, with a reader feeding the same calibration data in the same
 batches; ORT's ``save_model_to_file`` sorts the nodes topologically, so qdebug's model is compared after
@@ -34,8 +34,10 @@ from onnxruntime.quantization.onnx_model import ONNXModel
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.match import qdq_settings
+from qdebug.output.report_io import load_proposal, load_report
+from qdebug.output.snippet import quantize_snippet
 from qdebug.prepare import AnalyzeOptions, QuantRequest, prepare
-from qdebug.quant_config import (
+from qdebug.quant.config import (
     PRESETS,
     calibration_options,
     checked_config,
@@ -44,11 +46,9 @@ from qdebug.quant_config import (
     preset_config,
     read_off,
 )
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
 from qdebug.records import Proposal, TensorOverride
 from qdebug.records.report import QuantSettings
-from qdebug.report_io import load_proposal, load_report
-from qdebug.snippet import quantize_snippet
 from tests.conftest import fixture_path
 
 CNN = fixture_path("cnn", "model.onnx")

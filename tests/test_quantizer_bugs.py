@@ -19,7 +19,7 @@ from qdebug.cli.main import main
 from qdebug.errors import ExitCode
 from qdebug.graph.load import load_model, normalize
 from qdebug.graph.unshare import SNIPPET_FUNCTION, snippet, unshare_biases, value_names
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 from tests.exported_models import COLLIDING, SHARED_BIAS, SOFTMAX_OUT, crnn_recognizer, shared_bias_cnn
 
 
@@ -132,7 +132,7 @@ def test_a_bad_copy_from_the_quantizer_is_named_as_its_fault(tmp_path, monkeypat
 
 
 def test_a_quantized_model_that_does_not_load_names_the_quantizer(tmp_path):
-    from qdebug.quantize import check_quantized_loads
+    from qdebug.quant.quantize import check_quantized_loads
 
     model, _ = shared_bias_cnn(tmp_path)
     fp32 = onnx.load(str(model))
@@ -160,7 +160,7 @@ def test_the_crnn_trait_still_trips_the_quantizer(tmp_path, monkeypatch, capsys)
     norm = normalize(load_model(model))
     converted = version_converter.convert_version(norm.proto, 13)
     assert f"{SOFTMAX_OUT}_intermediate" in {o for n in converted.graph.node for o in n.output}
-    monkeypatch.setattr("qdebug.quantize.carry_ranges_to_converted", lambda before, after, tensors: [])
+    monkeypatch.setattr("qdebug.quant.quantize.carry_ranges_to_converted", lambda before, after, tensors: [])
     args = ["analyze", str(model), "--calib", str(data), "-o", str(tmp_path / "r.json"), "-q", "--per-channel"]
     code = main([*args, "--upgrade-opset"])
     err = capsys.readouterr().err
@@ -244,7 +244,7 @@ def test_an_alternative_the_quantizer_cannot_build_is_a_reasoned_skip(tmp_path, 
     model, data = crnn_recognizer(tmp_path)
     report = tmp_path / "r.json"
     assert main(["analyze", str(model), "--calib", str(data), "--upgrade-opset", "-o", str(report), "-q"]) == 0
-    monkeypatch.setattr("qdebug.quantize.carry_ranges_to_converted", lambda before, after, tensors: [])
+    monkeypatch.setattr("qdebug.quant.quantize.carry_ranges_to_converted", lambda before, after, tensors: [])
     argv = ["propose", str(report), "--allow", "fp32,per-channel", "--target-sqnr", "60", "--time-runs", "0"]
     code = main([*argv, "-o", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
@@ -286,7 +286,7 @@ def test_a_candidate_onnx_runtime_cannot_load_is_skipped_after_one_session_not_t
 def test_analyze_names_the_quantizer_when_the_capture_cannot_load_its_model(tmp_path, monkeypatch, capsys):
     """analyze builds its static model without ORT's trial load (the capture opens it first): a model ORT
     then refuses is still named as the quantizer's fault, with the FP32 model loading."""
-    import qdebug.quantize as quantize
+    import qdebug.quant.quantize as quantize
 
     real = quantize._run_quantizer
 
@@ -309,7 +309,7 @@ def test_analyze_names_the_quantizer_when_the_capture_cannot_load_its_model(tmp_
 
 def test_analyze_opens_no_trial_session_on_a_model_that_loads(tmp_path, monkeypatch):
     """The trial load is only the diagnosis of a capture that failed: a model that loads is not opened for it."""
-    import qdebug.quantize as quantize
+    import qdebug.quant.quantize as quantize
 
     trials = []
     real = quantize._ort_load_error

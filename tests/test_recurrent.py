@@ -24,8 +24,8 @@ from qdebug.analysis.notes import (
 )
 from qdebug.cli.main import main
 from qdebug.graph.load import load_model, weight_bytes
+from qdebug.output.report_io import dumps, load_bench, load_report
 from qdebug.records import SCHEMA_VERSION, ErrorStats, Proposal, TensorRecord
-from qdebug.report_io import dumps, load_bench, load_report
 from tests.kernels import u8s8_saturates
 from tests.recurrent_models import (
     CONCAT_NODE,
@@ -168,8 +168,8 @@ def test_verify_and_bench_say_how_much_of_each_size_is_float(reader, tmp_path, c
 
 def _older_files_still_load(verify_json: Path, bench_json: Path, tmp_path: Path) -> None:
     """A verify.json and a bench.json written before the float-weight fields load, and show no such row."""
+    from qdebug.output.report_io import from_jsonable
     from qdebug.records.verify import VerifyResult
-    from qdebug.report_io import from_jsonable
 
     data = json.loads(verify_json.read_text())
     for v in data["variants"]:

@@ -15,12 +15,12 @@ import pytest
 import qdebug.analysis.graph_engine as graph_engine
 import qdebug.analysis.measure as measure
 import qdebug.analysis.numpy_engine as numpy_engine
-from qdebug.capture import SessionConfig, make_session, optimize_for_capture, run_session
 from qdebug.cli.main import main
 from qdebug.graph.match import pair_models
 from qdebug.graph.reduce import SUBSAMPLE_INPUT, PairSpec, build_reduction_model, elem_types
+from qdebug.output.report_io import load_report
 from qdebug.records import Report
-from qdebug.report_io import load_report
+from qdebug.runtime.capture import SessionConfig, make_session, optimize_for_capture, run_session
 from tests.conftest import analyze_args, analyze_with_both_engines, fixture_path
 
 

@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 from tests.conftest import ROOT, analyze_args, analyze_with_both_engines, fixture_path
 from tests.models import (
     branch_reads_outer_weight,

@@ -22,15 +22,15 @@ import onnxruntime as ort
 import pytest
 
 from qdebug.analysis.per_sample import clip_rate, cut, one_sample
-from qdebug.ci_outputs import report_markdown
 from qdebug.cli.demo import demo_files
 from qdebug.cli.main import main
+from qdebug.evaluation.samples import flipped
 from qdebug.graph.reduce import FakeQuant
+from qdebug.output.ci_outputs import report_markdown
+from qdebug.output.report_io import dumps, load_record, load_report
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.records.samples import SampleSection
 from qdebug.records.verify import VerifyResult
-from qdebug.report_io import dumps, load_record, load_report
-from qdebug.samples import flipped
 from qdebug.verify import VerifyOptions, verify
 
 BATCH = 16

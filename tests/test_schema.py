@@ -11,8 +11,8 @@ import pytest
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.output.report_io import dumps, load_proposal, load_report, save_report
 from qdebug.records import SCHEMA_VERSION, folded_into
-from qdebug.report_io import dumps, load_proposal, load_report, save_report
 from tests.tui_report import make_proposal, make_report
 
 V2_NOTE = (
@@ -151,7 +151,7 @@ class _Tree:
 def test_records_decode_with_their_types_checked_also_a_record_that_holds_its_own_type():
     """from_jsonable builds each type's decoder once: the values still go through every check (a bool is not
     a float's "inf", 1.5 not an int), defaults fill missing fields, and a recursive record decodes."""
-    from qdebug.report_io import from_jsonable, to_jsonable
+    from qdebug.output.report_io import from_jsonable, to_jsonable
 
     tree = _Tree("root", None, (_Tree("a", float("inf")), _Tree("b", 2.0, (_Tree("c", -1.5),))))
     assert from_jsonable(_Tree, json.loads(json.dumps(to_jsonable(tree)))) == tree

@@ -11,10 +11,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qdebug import capture
-from qdebug.capture import SegmentedSession, SessionConfig, make_session, open_sliced
 from qdebug.cli.main import main
 from qdebug.graph import segment
+from qdebug.runtime import capture
+from qdebug.runtime.capture import SegmentedSession, SessionConfig, make_session, open_sliced
 from tests.conftest import FIXTURES, analyze_args
 
 

@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import load_model, normalize
+from qdebug.output.report_io import dumps, from_jsonable, load_proposal, load_report, to_jsonable
 from qdebug.records.report import QuantSettings, SpecializedInput
-from qdebug.report_io import dumps, from_jsonable, load_proposal, load_report, to_jsonable
 from qdebug.specialize import DataSource, InputScan
 from tests.streaming_models import stream_data, streaming_vad_rate_if
 

@@ -83,12 +83,12 @@ def test_spill_folder_follows_the_environment(tmp_path, monkeypatch):
 
 def _demo_evaluation(tmp_path, monkeypatch, spill_mb: str, metric: str | None = None):
     """The demo's FP32 references and its static model's score, with the stores' budget at ``spill_mb``."""
-    from qdebug.capture import SessionConfig
     from qdebug.cli.demo import demo_files
     from qdebug.data import open_data
-    from qdebug.evaluate import Evaluator
+    from qdebug.evaluation.evaluate import Evaluator
     from qdebug.prepare import AnalyzeOptions, prepare
-    from qdebug.quantize import QuantSpec, quantize_static_model
+    from qdebug.quant.quantize import QuantSpec, quantize_static_model
+    from qdebug.runtime.capture import SessionConfig
 
     monkeypatch.setenv("QDEBUG_SPILL_MB", spill_mb)
     monkeypatch.setenv("QDEBUG_SPILL_DIR", str(tmp_path))

@@ -22,7 +22,7 @@ import pytest
 from qdebug.cli.main import main
 from qdebug.data import batch_axes, batch_axis_note, model_input_specs, open_data
 from qdebug.errors import ExitCode
-from qdebug.report_io import load_report
+from qdebug.output.report_io import load_report
 from tests.models import small_cnn
 from tests.streaming_models import stream_data, streaming_vad, streaming_vad_if
 
@@ -241,7 +241,7 @@ def test_propose_verify_bench_and_the_snippet_on_a_streaming_model(vad, tmp_path
 def test_the_snippet_reader_cuts_and_joins_on_the_batch_axes(vad, tmp_path):
     """The reader, given the axes or finding them from the first item, yields batches of exactly ``batch``
     samples: the state cut and joined on axis 1, the scalar fed whole."""
-    from qdebug.snippet import _reader_lines
+    from qdebug.output.snippet import _reader_lines
 
     _, one, four = vad
     for axes in (None, {"input": 0, "state": 1, "sr": None}):
@@ -279,7 +279,7 @@ def test_the_model_inside_a_constant_if_goes_through_analyze_propose_and_verify(
 
 def test_exact_match_reads_each_sample_on_its_outputs_batch_axis():
     """An integer state [2, batch, k]: a sample matches when its slice on axis 1 does."""
-    from qdebug.evaluate import _exact_rows
+    from qdebug.evaluation.evaluate import _exact_rows
 
     ref = {"s": np.zeros((2, 3, 4), np.int64)}
     cand = {"s": ref["s"].copy()}
@@ -291,8 +291,8 @@ def test_bench_child_counts_the_samples_the_parent_wrote(tmp_path):
     """The measuring child imports nothing of qdebug: the batches' samples travel with them, so a state
     first in the file ([2, 4, 16]) is not read as 2 samples."""
     from qdebug.bench.children import write_batches
-    from qdebug.bench_child import Harness, load_batches, load_rows, make_session
     from qdebug.data import Batch
+    from qdebug.runtime.bench_child import Harness, load_batches, load_rows, make_session
 
     model = streaming_vad(tmp_path / "m.onnx")
     feeds = {

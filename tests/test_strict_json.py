@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from qdebug.cli.main import main
-from qdebug.report_io import dumps
+from qdebug.output.report_io import dumps
 from tests.conftest import strict_json
 from tests.tui_report import make_report
 

@@ -6,13 +6,13 @@ import numpy as np
 import onnx
 import pytest
 
-from qdebug.capture import SessionConfig, make_session
 from qdebug.cli.demo import demo_files
 from qdebug.data import open_data
-from qdebug.evaluate import Evaluator
+from qdebug.evaluation.evaluate import Evaluator
 from qdebug.prepare import AnalyzeOptions, prepare
-from qdebug.quantize import QuantSpec, quantize_static_model
-from qdebug.switchable import SWITCHES, build_switchable, switches_for
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.switchable import SWITCHES, build_switchable, switches_for
+from qdebug.runtime.capture import SessionConfig, make_session
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_a_changed_range_is_not_representable(demo):
 def test_the_screen_stands_in_for_the_evaluator_and_falls_back_on_what_it_cannot_express(demo):
     import pickle
 
-    from qdebug.switchable import SwitchScreen
+    from qdebug.quant.switchable import SwitchScreen
 
     prep, static, evaluator = demo
     screen = SwitchScreen(evaluator, build_switchable(static, prep.normalized))

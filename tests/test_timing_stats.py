@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from qdebug.bench import latency_stats
-from qdebug.capture import SessionConfig
+from qdebug.runtime.capture import SessionConfig
 from tests.models import small_cnn
 
 
@@ -25,7 +25,7 @@ def test_latency_stats_tail_percentiles():
 
 def test_time_sessions_reports_the_95th_percentile_of_the_runs(tmp_path, monkeypatch):
     """Each timed run takes k ms (k = 1..20, a fake clock): p50, p95 and the mean follow exactly."""
-    import qdebug.timing as verify_mod
+    import qdebug.runtime.timing as verify_mod
 
     model = onnx.load(str(small_cnn(tmp_path / "m.onnx")))
     feeds = {"input": np.zeros((2, 1, 8, 8), np.float32)}

@@ -25,9 +25,9 @@ from qdebug.bench import (
     WorstLayer,
 )
 from qdebug.errors import QDebugError
-from qdebug.files import atomic_write_text
+from qdebug.output.files import atomic_write_text
+from qdebug.output.report_io import dumps, load_record, save_report
 from qdebug.records import KERNEL_GAP_DB, SCHEMA_VERSION, NodeRecord, Proposal, TensorOverride
-from qdebug.report_io import dumps, load_record, save_report
 from qdebug.tui import benchview, charts
 from qdebug.tui.model import (
     CELL_TEXT,
@@ -175,8 +175,8 @@ def write_bench(path: Path, bench: BenchReport) -> Path:
 
 def test_model_and_charts_do_not_import_textual_and_the_app_not_onnxruntime():
     code = (
-        "import sys; import qdebug.records, qdebug.report_io, qdebug.files, qdebug.snippet, qdebug.progress, "
-        "qdebug.formatting, qdebug.records.verify; "  # the light layer the TUI is built on
+        "import sys; import qdebug.records, qdebug.output.report_io, qdebug.output.files, qdebug.output.snippet, "
+        "qdebug.progress, qdebug.output.formatting, qdebug.records.verify; "  # the light layer the TUI is built on
         "bad = [m for m in ('textual', 'onnxruntime', 'onnx') if m in sys.modules]; "
         "import qdebug.tui, qdebug.tui.model, qdebug.tui.charts, qdebug.tui.benchview; "
         "bad += [m for m in ('textual', 'onnxruntime', 'onnx') if m in sys.modules]; "
@@ -391,7 +391,7 @@ def test_the_snippet_is_the_one_propose_writes():
     """The TUI had its own snippet: data_reader left to the user, always the normalized model. Its export
     now carries snippet.quantize_snippet's, from what the report records: a reader for the calibration
     data (input names, sample limit) and the user's model unless an excluded node was renamed."""
-    from qdebug.snippet import quantize_snippet
+    from qdebug.output.snippet import quantize_snippet
 
     overrides = (TensorOverride("layer0/attn/softmax_out", "QUInt16"),)
     m = LayerModel(REPORT, replace(make_proposal(REPORT), tensor_overrides=overrides))
@@ -1268,7 +1268,7 @@ def test_the_verify_hook_hashes_the_model_without_onnx(tmp_path):
     )
     save_report(report, tmp_path / "r.json")
     code = (
-        "import sys; from qdebug.report_io import load_report; from qdebug.cli.tui import make_tui_verify; "
+        "import sys; from qdebug.output.report_io import load_report; from qdebug.cli.tui import make_tui_verify; "
         f"hook = make_tui_verify(load_report({str(tmp_path / 'r.json')!r})); "
         "bad = [m for m in ('onnxruntime', 'onnx') if m in sys.modules]; "
         "print(bad, hook); sys.exit(1 if bad or hook is not None else 0)"  # the hash differs: no hook

@@ -20,8 +20,8 @@ from textual.notifications import Notify
 
 from qdebug.cli.main import main
 from qdebug.diff import compare
+from qdebug.output.report_io import load_report
 from qdebug.records.diff import NodeChange
-from qdebug.report_io import load_report
 from qdebug.tui.app import QDebugApp
 from qdebug.tui.compare import Baseline, fmt_change, judge, load_baseline
 from qdebug.tui.model import COLUMNS, COMPARE_COLUMNS, LayerModel, fmt_db, table_layout

@@ -12,14 +12,14 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from qdebug.capture import SessionConfig
 from qdebug.cli.main import main
 from qdebug.cli.tui import make_tui_verify
 from qdebug.errors import ExitCode
 from qdebug.graph.load import load_model
+from qdebug.output.report_io import dumps, load_report
 from qdebug.propose import ProposeOptions, propose
 from qdebug.records import SCHEMA_VERSION, Proposal, TensorOverride
-from qdebug.report_io import dumps, load_report
+from qdebug.runtime.capture import SessionConfig
 from qdebug.verify import VerifyOptions, judge, time_sessions, verify
 from tests.conftest import analyze_then_propose, fixture_path, qdq_scales
 
@@ -251,7 +251,7 @@ def test_time_sessions_is_fair_and_minimal(setup):
 def test_tui_verify_adapter(setup):
     report = setup[3]
     proposal_path = setup[4]
-    from qdebug.report_io import load_record
+    from qdebug.output.report_io import load_record
 
     proposal = load_record(Proposal, proposal_path, "proposal")
     fn = make_tui_verify(report, runs=3)

@@ -1,7 +1,7 @@
 """The mark for tests that prove qdebug's fast quantizer byte-identical to ORT's own code.
 
 Those proofs hold for the ORT and onnx sources the fast path was verified on
-(``qdebug.fast_quantize.VERIFIED_SOURCES``). On any other release qdebug runs ORT's plain path instead (one
+(``qdebug.quant.fast_quantize.VERIFIED_SOURCES``). On any other release qdebug runs ORT's plain path instead (one
 note in the report), so an upstream release must not turn the suite red: the marked tests are skipped,
 with the installed versions and the functions that changed as the reason (``pytest -ra`` lists it).
 ``QDEBUG_STRICT_SOURCES=1`` runs them anyway -- the developer re-verifying a new release, or a CI job pinned
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from qdebug import fast_quantize
+from qdebug.quant import fast_quantize
 
 STRICT_ENV = "QDEBUG_STRICT_SOURCES"
 

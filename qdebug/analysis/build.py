@@ -17,8 +17,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from qdebug.graph.match import GraphIndex, Pairing
-from qdebug.metrics import (
+from qdebug.evaluation.metrics import (
     ErrorAccumulator,
     HistogramAccumulator,
     QuantGrid,
@@ -27,6 +26,7 @@ from qdebug.metrics import (
     grid_for,
     range_edges,
 )
+from qdebug.graph.match import GraphIndex, Pairing
 from qdebug.records import NodeRecord, QuantParams, TensorRecord, WeightRecord
 from qdebug.records.report import SQNR_CAP_DB, from_exact_input  # noqa: F401 -- re-exported: they moved to the records
 
@@ -162,7 +162,7 @@ def node_records(
     the value is only the cap minus the output's SQNR (:func:`from_exact_input`
     tells those apart; displays mark them instead of printing the number).
     """
-    from qdebug.calibrate import op_types_to_quantize
+    from qdebug.quant.calibrate import op_types_to_quantize
 
     ops = set(op_types_to_quantize())
     by_name = {t.name: t for t in tensors}
@@ -260,7 +260,7 @@ def quantized_node_names(qdq: onnx.ModelProto, pairing: Pairing) -> set[str]:
     outside its quantizer's registries). Every node touching Q/DQ had counted: an LSTM showed as quantized
     and the recurrent-op note was never written.
     """
-    from qdebug.calibrate import op_types_to_quantize
+    from qdebug.quant.calibrate import op_types_to_quantize
 
     ops = set(op_types_to_quantize())
     qi = GraphIndex(qdq)

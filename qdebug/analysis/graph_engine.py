@@ -36,15 +36,8 @@ import onnx
 from qdebug.analysis.build import _TensorAcc
 from qdebug.analysis.numpy_engine import Arrays, _NumpyPath
 from qdebug.analysis.reference import ReferenceMismatch, SharedReference
-from qdebug.capture import (
-    SessionConfig,
-    make_session,
-    open_sliced,
-    optimize_for_capture,
-    release_freed_memory,
-    run_session,
-)
 from qdebug.data import Axes, Batch, batch_axes, feed_rows, model_input_specs, take_rows
+from qdebug.evaluation.metrics import ErrorAccumulator
 from qdebug.graph.load import save_model
 from qdebug.graph.match import TensorPair
 from qdebug.graph.reduce import (
@@ -57,7 +50,14 @@ from qdebug.graph.reduce import (
     elem_types,
     moments_from_sums,
 )
-from qdebug.metrics import ErrorAccumulator
+from qdebug.runtime.capture import (
+    SessionConfig,
+    make_session,
+    open_sliced,
+    optimize_for_capture,
+    release_freed_memory,
+    run_session,
+)
 
 Run = Callable[[Arrays], Arrays]
 """One ORT run of a merged model over a chunk's feeds (thread-safe: it goes to the capture workers)."""
@@ -368,7 +368,7 @@ class _GraphPath:
         """A session over a stashed merged model (arena on, node order kept, no memory pattern: its first
         run would plan it in time superlinear in the merged model's tens of thousands of nodes). Run with
         graph optimizations off (the sides were optimized beforehand), a large one is opened as slices of
-        its nodes, one session each (:class:`~qdebug.capture.SegmentedSession`: the same outputs, and a
+        its nodes, one session each (:class:`~qdebug.runtime.capture.SegmentedSession`: the same outputs, and a
         start-up linear in the node count)."""
         threads = 1 if self.workers > 1 else None
         start = time.perf_counter()

@@ -34,15 +34,15 @@ from qdebug.analysis.build import _tensor_records, _TensorAcc
 from qdebug.analysis.graph_engine import _FLOAT_TYPES, OptimizedSides, _GraphPath
 from qdebug.analysis.numpy_engine import _NumpyPath, local_fake_quant
 from qdebug.analysis.reference import ReferenceMismatch, SharedReference
-from qdebug.capture import SessionConfig, Tap, release_freed_memory, run_session
 from qdebug.data import Batch, DataSet, batch_axes, take_rows
 from qdebug.data.store import ArrayStore
-from qdebug.evaluate import worst_output_sqnr
+from qdebug.evaluation.evaluate import worst_output_sqnr
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair, subgraph_tensors
 from qdebug.graph.ops import DATA_SHAPED_OPS, PERMUTATION_OPS
 from qdebug.graph.reduce import compatible, elem_types
 from qdebug.progress import Progress
 from qdebug.records import ErrorStats, NotCaptured, TensorRecord
+from qdebug.runtime.capture import SessionConfig, Tap, release_freed_memory, run_session
 
 DEFAULT_FAKEQUANT_SAMPLES = 32
 """Samples the fake-quant view runs on unless told otherwise (it is a diagnostic, not the measurement)."""

@@ -14,13 +14,13 @@ from collections.abc import Callable, Collection
 
 import onnx
 
-from qdebug import fast_quantize
 from qdebug.analysis.measure import LayerErrors
-from qdebug.calibrate import Ranges
-from qdebug.formatting import fmt_size
 from qdebug.graph.load import PER_CHANNEL_OPSET, WeightBytes, default_opset, weight_bytes
 from qdebug.graph.match import is_qdq_model
-from qdebug.quantize import float16_exclusions, nonfinite_range_exclusions
+from qdebug.output.formatting import fmt_size
+from qdebug.quant import fast_quantize
+from qdebug.quant.calibrate import Ranges
+from qdebug.quant.quantize import float16_exclusions, nonfinite_range_exclusions
 from qdebug.records import NodeRecord, TensorRecord, folded_into
 
 

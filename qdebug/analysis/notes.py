@@ -4,7 +4,7 @@ A note is one sentence for the user: what the numbers cannot show by
 themselves and what to do about it. ``qdebug analyze`` writes them in this
 order (:func:`qdebug.pipeline._analyze`); the notes about the model file and
 the data come from :mod:`qdebug.prepare` and :mod:`qdebug.data`, the
-evaluation metric's scope from :func:`qdebug.evaluate.metric_scope_note`.
+evaluation metric's scope from :func:`qdebug.evaluation.evaluate.metric_scope_note`.
 
 * how the QDQ model was built: :func:`quantizer_notes` (in :mod:`qdebug.analysis.model_notes`);
 * how the capture ran: :func:`capture_notes` (model_notes), :func:`instrumentation_notes`;
@@ -47,9 +47,9 @@ from qdebug.analysis.model_notes import (  # re-exported: the notes on how the m
     quantizer_notes,
     structure_notes,
 )
-from qdebug.evaluate import Evaluator
-from qdebug.formatting import fmt_db
+from qdebug.evaluation.evaluate import Evaluator
 from qdebug.graph.ops import PERMUTATION_OPS
+from qdebug.output.formatting import fmt_db
 from qdebug.records import (
     KERNEL_GAP_DB,
     ErrorStats,

@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 
 from qdebug.analysis.build import _TensorAcc
-from qdebug.capture import SessionConfig, Tap
 from qdebug.data import Batch
 from qdebug.graph.match import GraphIndex, TensorPair
 from qdebug.graph.reduce import FakeQuant
+from qdebug.runtime.capture import SessionConfig, Tap
 
 Arrays = dict[str, np.ndarray]
 """Tensor name -> array: one batch's feeds, or one run's outputs."""

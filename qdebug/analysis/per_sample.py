@@ -2,7 +2,7 @@
 
 The capture (:mod:`.measure`) sums every tensor's error over all samples; a flipped sample needs its own
 numbers. :func:`sample_tensors` runs each chosen sample alone through the FP32 model and the quantized
-model with every paired tensor as an extra output (the :class:`~qdebug.capture.Tap` sessions the numpy
+model with every paired tensor as an extra output (the :class:`~qdebug.runtime.capture.Tap` sessions the numpy
 engine uses) and measures, per tensor, the accumulated SQNR of that sample (:class:`ErrorAccumulator`),
 the noise each node adds for it (:func:`~.build.added_noise_by_output` over those SQNRs, as the report's nodes
 are built) and its clip rate: the share of its FP32 values that the tensor's Q/DQ cannot represent (they fall
@@ -28,13 +28,13 @@ from qdebug.analysis.build import added_noise_by_output, node_depths
 from qdebug.analysis.graph_engine import OptimizedSides
 from qdebug.analysis.measure import data_dependent_shapes
 from qdebug.analysis.numpy_engine import local_fake_quant, quant_params
-from qdebug.capture import SessionConfig, Tap, make_session, run_session
 from qdebug.data import Axes, join_rows, take_rows
-from qdebug.evaluate import worst_output_sqnr
+from qdebug.evaluation.evaluate import worst_output_sqnr
+from qdebug.evaluation.metrics import ErrorAccumulator
 from qdebug.graph.match import GraphIndex, Pairing, TensorPair
 from qdebug.graph.reduce import FakeQuant
-from qdebug.metrics import ErrorAccumulator
 from qdebug.records import TensorRecord
+from qdebug.runtime.capture import SessionConfig, Tap, make_session, run_session
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def sample_tensors(
     again with every tensor as an output -- the values the capture measured, and one start-up of an
     optimized QDQ model fewer; a tensor the capture measured as an alias of another (a Reshape's output)
     takes that one's numbers, as in the report. Without them, or when they lack a tensor the capture
-    measured, :class:`~qdebug.capture.Tap` sessions over both models."""
+    measured, :class:`~qdebug.runtime.capture.Tap` sessions over both models."""
     pairs = measured_pairs(fp32, pairing)
     graph = (GraphIndex(fp32), node_depths(fp32))  # once, not per sample: each is a walk of the whole graph
     shape = layout(fp32, pairs, graph)
@@ -169,7 +169,7 @@ def sample_tensors(
 
 class _SideRun:
     """A capture side's optimized file run as it is (graph optimizations off): graph inputs among the
-    tensors asked for are served from the feeds, as :class:`~qdebug.capture.Tap` serves them."""
+    tensors asked for are served from the feeds, as :class:`~qdebug.runtime.capture.Tap` serves them."""
 
     def __init__(self, path: Path, fp32: onnx.ModelProto, config: SessionConfig, what: str) -> None:
         self.session = make_session(

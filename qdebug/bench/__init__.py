@@ -7,9 +7,9 @@ selective static from a :class:`~qdebug.records.Proposal`, optionally the
 QOperator format; per-channel weights on request. Then, for each variant:
 
 * the task metric and the output SQNR vs FP32 on the evaluation set
-  (:class:`~qdebug.evaluate.Evaluator`, in this process, not timed);
+  (:class:`~qdebug.evaluation.evaluate.Evaluator`, in this process, not timed);
 * latency, throughput, peak RSS and Python-side allocations, measured in a
-  process of its own (:mod:`qdebug.bench_child`), on byte-identical input
+  process of its own (:mod:`qdebug.runtime.bench_child`), on byte-identical input
   batches written once by this process, with the same provider, threads
   and batch shape for all of them.
 
@@ -28,9 +28,9 @@ Modules:
 * :mod:`~qdebug.bench.dynamic`: the dynamic variant's per-layer report.
 
 The ``bench.json`` records live in :mod:`qdebug.records.bench` and load with
-:func:`qdebug.report_io.load_bench`: the TUI imports those, never this
+:func:`qdebug.output.report_io.load_bench`: the TUI imports those, never this
 package, which imports onnx and onnxruntime. The measuring process's own
-code, :mod:`qdebug.bench_child`, stays outside this package so that running
+code, :mod:`qdebug.runtime.bench_child`, stays outside this package so that running
 it does not import this one.
 """
 
@@ -58,6 +58,7 @@ from qdebug.bench.options import BenchOptions
 from qdebug.bench.run import run_bench, worst_layers
 from qdebug.bench.variants import parse_methods, parse_variants
 from qdebug.graph.match_dynamic import pair_dynamic
+from qdebug.output.report_io import load_bench
 from qdebug.records.bench import (
     BENCH_SCHEMA_VERSION,
     KINDS,
@@ -67,7 +68,6 @@ from qdebug.records.bench import (
     VariantResult,
     WorstLayer,
 )
-from qdebug.report_io import load_bench
 
 __all__ = [
     "ARM_FAST",

@@ -12,7 +12,7 @@ import html
 import math
 from dataclasses import dataclass
 
-from qdebug.formatting import ACCURACY_METRICS
+from qdebug.output.formatting import ACCURACY_METRICS
 from qdebug.records.bench import BenchReport, VariantResult
 
 _COLORS = {

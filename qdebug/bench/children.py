@@ -1,13 +1,13 @@
 """Timing each variant in a process of its own, and the latency statistics of what it measured.
 
-Each variant runs in a fresh interpreter (:mod:`qdebug.bench_child`) so
+Each variant runs in a fresh interpreter (:mod:`qdebug.runtime.bench_child`) so
 that its peak RSS is its own and no variant's allocations or thread pools
 slow another. All of them read byte-identical input batches, written once
 here. The processes stay open and the timed passes go round robin, so a
 slow-down of the machine during the run spreads over every variant instead
 of landing on the ones timed last.
 
-A measuring process's result is the JSON dict :mod:`qdebug.bench_child`
+A measuring process's result is the JSON dict :mod:`qdebug.runtime.bench_child`
 writes (``ok``, ``error``, ``full_ns``, ``tail_ns``, ``peak_rss``, ...).
 """
 
@@ -69,7 +69,7 @@ def write_batches(batches: Sequence[Batch], input_names: Sequence[str], path: Pa
 def child_spec(
     model: Path, inputs: Path, input_names: Sequence[str], batches: int, options: BenchOptions, result: Path
 ) -> dict[str, Any]:
-    """What :func:`qdebug.bench_child.measure` reads: the model, the batches and the loop settings."""
+    """What :func:`qdebug.runtime.bench_child.measure` reads: the model, the batches and the loop settings."""
     return {
         "model": str(model),
         "inputs": str(inputs),
@@ -112,7 +112,7 @@ def _child_command(spec_path: Path, serve: bool = False) -> tuple[list[str], dic
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # the directory holding the qdebug package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return [sys.executable, "-m", "qdebug.bench_child", str(spec_path), *(["--serve"] if serve else [])], env
+    return [sys.executable, "-m", "qdebug.runtime.bench_child", str(spec_path), *(["--serve"] if serve else [])], env
 
 
 HANDOVER_PAUSE_S = 0.005

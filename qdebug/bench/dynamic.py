@@ -13,14 +13,14 @@ from pathlib import Path
 import onnx
 
 from qdebug.analysis import measure_layers, node_records, weight_records
-from qdebug.capture import SessionConfig
-from qdebug.files import record_path
 from qdebug.graph.match import Pairing
 from qdebug.graph.match_dynamic import pair_dynamic
+from qdebug.output.files import record_path
+from qdebug.output.report_io import save_report
 from qdebug.prepare import Prepared, assemble_report, model_info
 from qdebug.progress import Progress, no_progress
 from qdebug.records import AnalysisConfig, OutputMetric, Report, TaskMetric
-from qdebug.report_io import save_report
+from qdebug.runtime.capture import SessionConfig
 
 
 def dynamic_layer_report(

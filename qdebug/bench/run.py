@@ -5,13 +5,13 @@
 1. check the request (variants, counts, providers, output paths) and load the proposal;
 2. prepare the normalized FP32 model and its calibration (:func:`qdebug.prepare.prepare`), and
    calibrate once more per extra method;
-3. open the evaluation set and score FP32 on it (:class:`~qdebug.evaluate.Evaluator`);
+3. open the evaluation set and score FP32 on it (:class:`~qdebug.evaluation.evaluate.Evaluator`);
 4. build the variants (:mod:`qdebug.bench.variants`) and score each, in this process, not timed;
 5. time each in a process of its own (:mod:`qdebug.bench.children`);
 6. assemble the :class:`~qdebug.records.bench.BenchReport`, write it and the chart.
 
 A run that fails as a whole, or is interrupted, leaves no ``<output stem>_files/`` behind and the
-outputs of an earlier run as they were (:func:`qdebug.files.removed_on_failure`).
+outputs of an earlier run as they were (:func:`qdebug.output.files.removed_on_failure`).
 """
 
 from __future__ import annotations
@@ -41,12 +41,11 @@ from qdebug.bench.dynamic import dynamic_layer_report
 from qdebug.bench.machine import machine_info
 from qdebug.bench.options import BenchOptions
 from qdebug.bench.variants import _build_variants, _Built, _replace_error, _settings_of
-from qdebug.calibrate import Ranges, calibrate
-from qdebug.capture import SessionConfig, check_providers
 from qdebug.data import data_notes, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import Evaluator, metric_scope_note
-from qdebug.files import (
+from qdebug.evaluation.evaluate import Evaluator, metric_scope_note
+from qdebug.graph.load import WeightBytes, stored_size, weight_bytes
+from qdebug.output.files import (
     artifacts_dir,
     atomic_write_text,
     check_outputs_spare_inputs,
@@ -55,8 +54,7 @@ from qdebug.files import (
     removed_on_failure,
     sha256_file,
 )
-from qdebug.graph.load import WeightBytes, stored_size, weight_bytes
-from qdebug.parallel import check_request, open_pool
+from qdebug.output.report_io import dumps, load_proposal
 from qdebug.prepare import (
     AnalyzeOptions,
     Prepared,
@@ -66,10 +64,12 @@ from qdebug.prepare import (
     prepare,
 )
 from qdebug.progress import Progress, no_progress
-from qdebug.quant_config import calibration_options
+from qdebug.quant.calibrate import Ranges, calibrate
+from qdebug.quant.config import calibration_options
 from qdebug.records import Proposal, Report, TaskMetric, rank_nodes
 from qdebug.records.bench import BENCH_SCHEMA_VERSION, KINDS, BenchReport, VariantResult, WorstLayer
-from qdebug.report_io import dumps, load_proposal
+from qdebug.runtime.capture import SessionConfig, check_providers
+from qdebug.runtime.parallel import check_request, open_pool
 
 
 def run_bench(
@@ -252,8 +252,8 @@ def _proposal_check(
 
 
 def _quantizer_notes() -> tuple[str, ...]:
-    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.fast_quantize`)."""
-    from qdebug import fast_quantize
+    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.quant.fast_quantize`)."""
+    from qdebug.quant import fast_quantize
 
     return fast_quantize.notes()
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qdebug.bench.options import BenchOptions
-from qdebug.calibrate import Ranges
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
-from qdebug.quant_config import describe
-from qdebug.quantize import QuantSpec, dynamic_conv_note, quantize_dynamic_model, quantize_static_model
+from qdebug.quant.calibrate import Ranges
+from qdebug.quant.config import describe
+from qdebug.quant.quantize import QuantSpec, dynamic_conv_note, quantize_dynamic_model, quantize_static_model
 from qdebug.records import METHODS, Proposal
 from qdebug.records.bench import KINDS
 

@@ -18,10 +18,10 @@ import math
 import sys
 from pathlib import Path
 
-from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import add_quant_arguments, analyze_options, fmt_db, fmt_metric, non_negative_int
 from qdebug.cli.progress import stderr_progress
-from qdebug.formatting import ACCURACY_METRICS, prefix_note
+from qdebug.output.ci_outputs import MARKDOWN_HELP
+from qdebug.output.formatting import ACCURACY_METRICS, prefix_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -102,10 +102,10 @@ def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     """One report per calibration method (``<stem>.<method>.json``) from one run whose common stages run
     once (:func:`qdebug.pipeline.analyze_methods`), then the comparison of all of them tensor by tensor
     (``qdebug diff`` of those reports)."""
-    from qdebug import ci_outputs
     from qdebug.diff import compare_many
     from qdebug.errors import ExitCode, QDebugError
-    from qdebug.files import check_outputs_spare_inputs
+    from qdebug.output import ci_outputs
+    from qdebug.output.files import check_outputs_spare_inputs
     from qdebug.pipeline import analyze_methods
 
     if args.csv or args.calib_percentile is not None:
@@ -152,10 +152,10 @@ def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
 
 def _run_one(args: argparse.Namespace) -> int:
     """One analysis (one method), its summary and files."""
-    from qdebug import ci_outputs
-    from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
+    from qdebug.output import ci_outputs
+    from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
+    from qdebug.output.report_io import report_to_csv
     from qdebug.pipeline import analyze
-    from qdebug.report_io import report_to_csv
 
     if args.csv:
         check_writable(args.csv, "--csv")
@@ -262,11 +262,11 @@ def name_column(
     """``(shown names, dropped prefix)`` for a rich table whose first column is ``names``.
 
     ``rows``: the other columns' cells. The names get what those columns leave of the console's width
-    (:func:`~qdebug.formatting.table_names`: the common prefix dropped, cut in the middle); the last
+    (:func:`~qdebug.output.formatting.table_names`: the common prefix dropped, cut in the middle); the last
     ``wrapped`` columns are prose rich wraps, counted at most 30 cells wide. ``wide``: full names, and a
     console wide enough to print them unbroken when it is not a terminal. Shared by propose's table.
     """
-    from qdebug.formatting import cells, name_column_width, table_names, table_overhead
+    from qdebug.output.formatting import cells, name_column_width, table_names, table_overhead
 
     others = [max([len(c), *(cells(r[i]) for r in rows)]) for i, c in enumerate(cols[1:])]
     for i in range(len(others) - wrapped, len(others)):
@@ -413,7 +413,7 @@ def _refuse_inside_artifacts(csv: Path, output: Path) -> None:
     import os
 
     from qdebug.errors import ExitCode, QDebugError
-    from qdebug.files import artifacts_dir
+    from qdebug.output.files import artifacts_dir
 
     files = Path(os.path.realpath(artifacts_dir(output)))
     if files in Path(os.path.realpath(csv)).parents:

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import (
     add_parallel_arguments,
     add_quant_arguments,
@@ -37,7 +36,8 @@ from qdebug.cli.common import (
     runtime_settings,
 )
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.formatting import fmt_size, prefix_note, table_names
+from qdebug.output.ci_outputs import MARKDOWN_HELP
+from qdebug.output.formatting import fmt_size, prefix_note, table_names
 
 if TYPE_CHECKING:  # qdebug.bench loads onnxruntime: imported when a command runs, not for --help
     from qdebug.bench import BenchOptions
@@ -135,10 +135,10 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark and print the table."""
-    from qdebug import ci_outputs
     from qdebug.bench import run_bench
     from qdebug.cli.progress import stderr_progress
     from qdebug.errors import ExitCode
+    from qdebug.output import ci_outputs
 
     options = bench_options(args)
     chart = None if args.no_chart else (args.chart or str(Path(args.output).with_suffix(".svg")))

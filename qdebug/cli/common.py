@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from qdebug.formatting import fmt_db, fmt_metric
+from qdebug.output.formatting import fmt_db, fmt_metric
 
 __all__ = [
     "add_config_arguments",
@@ -203,7 +203,7 @@ def _add_option_flags(p: argparse.ArgumentParser) -> None:
 
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     """``--config``, ``--preset`` and ``--print-config`` (analyze, propose, verify, bench)."""
-    from qdebug.quant_config import PRESET_HELP
+    from qdebug.quant.config import PRESET_HELP
 
     p.add_argument(
         "--config",
@@ -232,7 +232,7 @@ class _PrintConfig(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
         from qdebug.errors import QDebugError
-        from qdebug.quant_config import config_text
+        from qdebug.quant.config import config_text
 
         try:
             text = config_text(quant_request(namespace).resolve())
@@ -248,7 +248,7 @@ def quant_request(args: Any, *, with_method: bool = True) -> Any:
     list of variants)."""
     from qdebug.errors import ExitCode, QDebugError
     from qdebug.prepare import QuantRequest
-    from qdebug.quant_config import load_config, preset_config
+    from qdebug.quant.config import load_config, preset_config
 
     config_path, preset = getattr(args, "config", None), getattr(args, "preset", None)
     if config_path and preset:
@@ -316,7 +316,8 @@ def runtime_settings(args: Any) -> Any:
 
 
 def add_parallel_arguments(p: argparse.ArgumentParser, *, what: str = "candidate evaluations") -> None:
-    """``--workers`` and ``--ray`` (propose, verify, bench): where the evaluations run (:mod:`qdebug.parallel`)."""
+    """``--workers`` and ``--ray`` (propose, verify, bench): where the evaluations run
+    (:mod:`qdebug.runtime.parallel`)."""
     p.add_argument(
         "--workers",
         type=int,

@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import non_negative_int
-from qdebug.formatting import prefix_note
+from qdebug.output.ci_outputs import MARKDOWN_HELP
+from qdebug.output.formatting import prefix_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,10 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Pair the two reports, print the comparison, write the files asked for."""
-    from qdebug.ci_outputs import check_ci_outputs, write_ci_outputs
     from qdebug.diff import diff_reports
-    from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
-    from qdebug.report_io import dumps
+    from qdebug.output.ci_outputs import check_ci_outputs, write_ci_outputs
+    from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
+    from qdebug.output.report_io import dumps
 
     if args.json:
         check_writable(args.json, "--json")
@@ -67,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_many(args: argparse.Namespace) -> int:
     """Three or more reports: the comparison table, and the files asked for."""
-    from qdebug.ci_outputs import write_ci_outputs
     from qdebug.cli.analyze import print_comparison
     from qdebug.diff import compare_reports
-    from qdebug.files import atomic_write_text
-    from qdebug.report_io import dumps
+    from qdebug.output.ci_outputs import write_ci_outputs
+    from qdebug.output.files import atomic_write_text
+    from qdebug.output.report_io import dumps
 
     result = compare_reports([args.a, args.b, *args.more])
     print_comparison(result, args.top, wide=args.wide)
@@ -121,11 +121,11 @@ def print_diff(result, top: int = 10, wide: bool = False) -> None:
 def _names(rows, console, wide: bool) -> tuple[list[str], str]:
     """``(shown names, dropped prefix)`` of the node column: B's names, ``a -> b`` where a node was renamed.
 
-    As analyze's table fits its names (:func:`~qdebug.formatting.table_names`); where ``a -> b`` does not
+    As analyze's table fits its names (:func:`~qdebug.output.formatting.table_names`); where ``a -> b`` does not
     fit, A's and B's names are shortened apart, each to half the column, so that the arrow stays visible,
     or, in a column too narrow for two names, B's alone (``--wide`` shows both).
     """
-    from qdebug.formatting import MIN_NAME_WIDTH, cells, name_column_width, table_names, table_overhead
+    from qdebug.output.formatting import MIN_NAME_WIDTH, cells, name_column_width, table_names, table_overhead
     from qdebug.records.diff import TABLE_COLUMNS, node_label
 
     labels = [node_label(n) for n, _ in rows]

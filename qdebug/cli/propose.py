@@ -30,7 +30,6 @@ import argparse
 import math
 import sys
 
-from qdebug.ci_outputs import MARKDOWN_HELP
 from qdebug.cli.common import (
     add_config_arguments,
     add_parallel_arguments,
@@ -41,7 +40,8 @@ from qdebug.cli.common import (
     quant_request,
     runtime_settings,
 )
-from qdebug.formatting import prefix_note
+from qdebug.output.ci_outputs import MARKDOWN_HELP
+from qdebug.output.formatting import prefix_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,9 +155,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Search, write the proposal, print the summary; exit 6 when the target is not met."""
-    from qdebug import ci_outputs
     from qdebug.cli.progress import stderr_progress
     from qdebug.errors import ExitCode, QDebugError
+    from qdebug.output import ci_outputs
     from qdebug.propose import ProposeOptions, propose
 
     if args.max_evaluations is not None and args.max_evaluations < 1:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import check_outputs_spare_inputs, check_writable, sha256_file
+from qdebug.output.files import check_outputs_spare_inputs, check_writable, sha256_file
 from qdebug.records import AnalysisConfig, Proposal, Report
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     This module is the composition root: it alone wires the TUI to :mod:`qdebug.verify`, through
     :func:`make_tui_verify`.
     """
-    from qdebug.report_io import load_bench, load_proposal
+    from qdebug.output.report_io import load_bench, load_proposal
 
     report_path, report, baseline = _open(args)  # a clear one-line error before the screen is taken over
     if args.bench:  # likewise for a missing or corrupt bench file
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 def _open(args: argparse.Namespace) -> tuple[str, Report, Baseline | None]:
     """``(report path, report, baseline)``: the report with its ``--against`` baseline, or a diff file's report
     B with its A as the baseline (from the numbers the diff holds)."""
-    from qdebug.report_io import load_report
+    from qdebug.output.report_io import load_report
     from qdebug.tui.compare import check_diff_matches, file_kind, load_baseline, open_diff
 
     if file_kind(args.report) == "diff":
@@ -176,7 +176,7 @@ def make_tui_verify(
     def verify_fn(
         proposal: Proposal, progress: Callable[[float, str], None], cancelled: Callable[[], bool]
     ) -> VerifyResult:
-        import qdebug.verify as core
+        import qdebug.verify.run as core
 
         def stage(name: str, done: int, total: int | None) -> None:
             fraction = 0.0 if not total else min(1.0, done / total)

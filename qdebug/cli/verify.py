@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qdebug.ci_outputs import JUNIT_HELP, MARKDOWN_HELP
 from qdebug.cli.common import (
     add_parallel_arguments,
     add_quant_arguments,
@@ -40,6 +39,7 @@ from qdebug.cli.common import (
     runtime_settings,
 )
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.output.ci_outputs import JUNIT_HELP, MARKDOWN_HELP
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -116,8 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify and print the side-by-side table; exit 6 when the target is missed, 8 when undecided."""
-    from qdebug import ci_outputs
     from qdebug.cli.progress import stderr_progress
+    from qdebug.output import ci_outputs
     from qdebug.verify import VerifyOptions, verify  # onnx and onnxruntime: not for --help
 
     if args.runs < 0 or args.warmup < 0 or args.flip_details < 0:

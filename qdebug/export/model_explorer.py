@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
+from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
 from qdebug.records import NodeRecord, Proposal, Report
 
 RED = "#e53935"
@@ -138,7 +138,7 @@ def export_model_explorer(
     (exit 2), an unreadable report or proposal, a normalized model that is gone or is not the report's
     (exit 3), an output that cannot be written (exit 7).
     """
-    from qdebug.report_io import load_proposal, load_report
+    from qdebug.output.report_io import load_proposal, load_report
 
     nd = _builder()
     out = Path(out_dir)

@@ -17,7 +17,7 @@ import onnx
 from onnx import ModelProto
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import sha256_file
+from qdebug.output.files import sha256_file
 
 PROTO_LIMIT = (1 << 31) - (1 << 24)
 """Models above this many bytes cannot be serialized as one protobuf: they go through external data."""
@@ -55,7 +55,7 @@ def save_with_external_data(model: ModelProto, path: Path, location: str | None 
     import os
     import tempfile
 
-    from qdebug.files import output_mode
+    from qdebug.output.files import output_mode
 
     location = location or path.name + ".data"
     target = path.parent / location
@@ -309,7 +309,7 @@ def save_model(model: ModelProto, path: Path) -> None:
     import tempfile
 
     from qdebug.errors import ExitCode, QDebugError
-    from qdebug.files import output_mode
+    from qdebug.output.files import output_mode
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -325,7 +325,7 @@ def save_model(model: ModelProto, path: Path) -> None:
             os.chmod(tmp, output_mode(path))
             os.replace(tmp, path)
     except OSError as e:
-        from qdebug.files import write_hint
+        from qdebug.output.files import write_hint
 
         raise QDebugError(f"cannot write {path}: {e.strerror or e}", write_hint(e), ExitCode.OUTPUT) from None
 

@@ -7,7 +7,7 @@ The 96,000-node main capture model of a 3,200-node graph opened in 7.3 s as one 
 2,000 nodes (``benchmarks/bench_session_init.py``, docs/benchmarks.md); writing the slices costs ~7 us per
 node, so small models and plain graphs are not sliced (:data:`SLICED_FROM`). A session that runs with graph
 optimizations off computes exactly what its nodes say, node by node, so slices run one after the other
-compute the same values (:class:`qdebug.capture.SegmentedSession` runs them).
+compute the same values (:class:`qdebug.runtime.capture.SegmentedSession` runs them).
 
 The slices follow the model's node order (a topological order), so each slice reads only graph inputs,
 its own initializers and values of earlier slices. The trailing nodes that only stack values into graph

@@ -18,15 +18,15 @@ from pathlib import Path
 import onnx
 
 from qdebug.data import batch_axes, fixed_batch
-from qdebug.formatting import ACCURACY_METRICS
 from qdebug.graph.ops import WEIGHTED_OPS
 from qdebug.graph.unshare import snippet as unshare_snippet
 from qdebug.graph.unshare import unshare_biases
+from qdebug.output.formatting import ACCURACY_METRICS
+from qdebug.output.snippet import quantize_snippet
 from qdebug.prepare import Prepared
 from qdebug.propose.search import Plan, Target, Trial
-from qdebug.quantize import QuantSpec, float16_exclusions
+from qdebug.quant.quantize import QuantSpec, float16_exclusions
 from qdebug.records import NodeReason, Report
-from qdebug.snippet import quantize_snippet
 
 
 def _reasons(

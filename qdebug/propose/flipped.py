@@ -1,14 +1,14 @@
 """``--allow calib-flipped``: the static model's flipped evaluation samples added to the calibration, as a fix.
 
 ``verify --calib-add-flipped`` widens every cached range by the FP32 values of the samples the static model
-gets wrong (:mod:`qdebug.recalibrate`). A widened range is exactly a ``TensorQuantOverrides`` ``rmin``/``rmax``
+gets wrong (:mod:`qdebug.quant.recalibrate`). A widened range is exactly a ``TensorQuantOverrides`` ``rmin``/``rmax``
 entry, so propose can try it like a clipped range: on one unit's tensors (a per-node fix, instead of keeping
 the unit FP32) or on every widened tensor at once (a whole-model first try, like whole-model per-channel).
 The proposal's overrides and snippet then reproduce it without the user's calibration data changing, and
 verify rebuilds the same overrides.
 
 :func:`flipped_ranges` measures the ranges once per run, from the report's per-sample section (static's
-flips, worst first, at most :data:`~qdebug.recalibrate.MAX_ADDED`) run through the FP32 model. The samples
+flips, worst first, at most :data:`~qdebug.quant.recalibrate.MAX_ADDED`) run through the FP32 model. The samples
 are evaluation samples, so a recovery measured on them is an upper bound (:data:`LEAK_NOTE`): opt-in only.
 """
 
@@ -20,17 +20,17 @@ from pathlib import Path
 
 import onnx
 
-from qdebug.calibrate import Ranges
-from qdebug.capture import SessionConfig
 from qdebug.data import fixed_batch
-from qdebug.evaluate import Evaluator
+from qdebug.evaluation.evaluate import Evaluator
+from qdebug.evaluation.samples import sample_inputs
 from qdebug.propose.blame import Unit
 from qdebug.propose.search import Fix
 from qdebug.propose.structure import Structure
-from qdebug.recalibrate import LEAK_NOTE as _RECALIBRATE_LEAK
-from qdebug.recalibrate import MAX_ADDED, growth, sample_ranges
+from qdebug.quant.calibrate import Ranges
+from qdebug.quant.recalibrate import LEAK_NOTE as _RECALIBRATE_LEAK
+from qdebug.quant.recalibrate import MAX_ADDED, growth, sample_ranges
 from qdebug.records import Report, TensorOverride
-from qdebug.samples import sample_inputs
+from qdebug.runtime.capture import SessionConfig
 
 KIND = "calib-flipped"
 """The ``--allow`` action (and the fix's kind)."""

@@ -2,7 +2,7 @@
 
 A proposal that meets the target by keeping half the model FP32 has given back the INT8 speed-up, and
 one that keeps 99 % is a slower FP32 model. So propose times its answer with verify's fair harness
-(:func:`qdebug.timing.time_sessions`: one session each, same batch, same threads, interleaved rounds)
+(:func:`qdebug.runtime.timing.time_sessions`: one session each, same batch, same threads, interleaved rounds)
 next to FP32, full static INT8, ``quantize_dynamic``, and the best configurations it scored that change
 less or more than the answer; every point is a model actually built and scored, never an estimate.
 :func:`speed_verdict` then says in one line when the answer is no faster than FP32 while static is,
@@ -17,16 +17,16 @@ from collections.abc import Sequence
 import onnx
 
 from qdebug.errors import QDebugError
-from qdebug.evaluate import EvalResult, Evaluator
-from qdebug.formatting import fmt_metric
-from qdebug.parallel import Pool, score_all
+from qdebug.evaluation.evaluate import EvalResult, Evaluator
+from qdebug.output.formatting import fmt_metric
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
 from qdebug.propose.search import Search, Trial
-from qdebug.quantize import dynamic_conv_note, quantize_dynamic_model
+from qdebug.quant.quantize import dynamic_conv_note, quantize_dynamic_model
 from qdebug.records import FrontierPoint
 from qdebug.records.verify import Timing
-from qdebug.timing import time_sessions
+from qdebug.runtime.parallel import Pool, score_all
+from qdebug.runtime.timing import time_sessions
 
 TIME_RUNS = 20
 """Timed runs per frontier point (``--time-runs``; 0 skips the frontier)."""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.formatting import ACCURACY_METRICS
+from qdebug.output.formatting import ACCURACY_METRICS
 from qdebug.prepare import QuantRequest, RuntimeSettings, flat_settings
 from qdebug.propose.blame import Unit
 from qdebug.propose.frontier import TIME_RUNS

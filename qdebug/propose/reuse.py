@@ -17,9 +17,9 @@ from pathlib import Path
 
 import onnxruntime
 
-from qdebug.calibrate import Ranges
-from qdebug.files import sha256_file
-from qdebug.quantize import QuantSpec
+from qdebug.output.files import sha256_file
+from qdebug.quant.calibrate import Ranges
+from qdebug.quant.quantize import QuantSpec
 from qdebug.records import Report
 
 
@@ -33,8 +33,9 @@ def offer_analyzed_inference(report: Report) -> bool:
     """Offer the quantizer the shape-inferred normalized model analyze saved next to its static model
     (``normalized.inferred.onnx``): the first static build then reads it instead of making ORT's round
     trip (save, ``infer_shapes_path``, load: 60 ms at 3,200 nodes). Taken only for the same model content,
-    made by the same onnx, ORT and qdebug, and with the sha256 recorded beside it (:mod:`qdebug.fast_quantize`)."""
-    from qdebug import fast_quantize
+    made by the same onnx, ORT and qdebug, and with the sha256 recorded beside it
+    (:mod:`qdebug.quant.fast_quantize`)."""
+    from qdebug.quant import fast_quantize
 
     if report.config.quantized_given:
         return False

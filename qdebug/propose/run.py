@@ -23,12 +23,13 @@ from pathlib import Path
 import onnx
 
 from qdebug.analysis import measure_layers, node_records, quantized_node_names, weight_records
-from qdebug.calibrate import Ranges
-from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, InputSpec, data_notes, fixed_batch, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import Evaluator, metric_scope_note
-from qdebug.files import (
+from qdebug.evaluation.evaluate import Evaluator, metric_scope_note
+from qdebug.evaluation.noise import DEFAULT_CONFIDENCE, Interval, samples_to_decide
+from qdebug.graph.load import save_model
+from qdebug.graph.match import pair_models, qdq_settings
+from qdebug.output.files import (
     artifacts_dir,
     atomic_write_text,
     check_outputs_spare_inputs,
@@ -36,11 +37,8 @@ from qdebug.files import (
     removed_on_failure,
     sha256_file,
 )
-from qdebug.formatting import ACCURACY_METRICS
-from qdebug.graph.load import save_model
-from qdebug.graph.match import pair_models, qdq_settings
-from qdebug.noise import DEFAULT_CONFIDENCE, Interval, samples_to_decide
-from qdebug.parallel import Pool, check_request, open_pool
+from qdebug.output.formatting import ACCURACY_METRICS
+from qdebug.output.report_io import dumps, load_report
 from qdebug.prepare import AnalyzeOptions, Prepared, prepare
 from qdebug.progress import Progress, no_progress
 from qdebug.propose import switch
@@ -78,10 +76,12 @@ from qdebug.propose.search import (
 from qdebug.propose.strategy import run_search
 from qdebug.propose.structure import Structure
 from qdebug.propose.switch import switch_note
-from qdebug.quantize import QuantSpec
+from qdebug.quant.calibrate import Ranges
+from qdebug.quant.quantize import QuantSpec
+from qdebug.quant.switchable import SwitchScreen
 from qdebug.records import SCHEMA_VERSION, AnalysisConfig, FrontierPoint, NodeRecord, Proposal, Report, WeightRecord
-from qdebug.report_io import dumps, load_report
-from qdebug.switchable import SwitchScreen
+from qdebug.runtime.capture import SessionConfig
+from qdebug.runtime.parallel import Pool, check_request, open_pool
 
 __all__ = [
     "ACTIONS",
@@ -212,7 +212,7 @@ def _propose(
 ) -> ProposeResult:
     """The checked request turned into a proposal: prepare, search, choose, write (inside the output guard).
 
-    ``pool`` scores the candidates (:mod:`qdebug.parallel`); the answer is the same with any."""
+    ``pool`` scores the candidates (:mod:`qdebug.runtime.parallel`); the answer is the same with any."""
     cfg = report.config
     progress("prepare", 0, None)
     prep = prepare(
@@ -325,9 +325,9 @@ def _answer_interval(
 
 
 def _quantizer_notes(report: Report) -> tuple[str, ...]:
-    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.fast_quantize`),
+    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.quant.fast_quantize`),
     unless the report already says it."""
-    from qdebug import fast_quantize
+    from qdebug.quant import fast_quantize
 
     return tuple(n for n in fast_quantize.notes() if n not in report.notes)
 
@@ -436,7 +436,7 @@ def _settings_notes(report: Report, prep: Prepared) -> list[str]:
     """A note when propose builds its variants with other settings than the report's (``--config``)."""
     if prep.settings.without_source() == report.config.quant.without_source():
         return []
-    from qdebug.quant_config import describe
+    from qdebug.quant.config import describe
 
     return [
         f"the variants are built with {prep.settings.source or 'other settings'} ({describe(prep.settings)}), "

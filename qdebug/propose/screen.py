@@ -16,15 +16,15 @@ from pathlib import Path
 
 import onnx
 
-from qdebug.capture import SessionConfig
 from qdebug.data import open_data
-from qdebug.evaluate import EvalResult, Evaluator
-from qdebug.parallel import Pool, score_all
+from qdebug.evaluation.evaluate import EvalResult, Evaluator
 from qdebug.prepare import Prepared
 from qdebug.propose.frontier import _neighbours
 from qdebug.propose.search import Plan, Search, Target, Trial, plan_of
-from qdebug.quantize import QuantSpec
+from qdebug.quant.quantize import QuantSpec
 from qdebug.records import AnalysisConfig
+from qdebug.runtime.capture import SessionConfig
+from qdebug.runtime.parallel import Pool, score_all
 
 SCREEN_SAMPLES = 256
 """Evaluation samples candidates are screened on by default."""

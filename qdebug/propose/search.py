@@ -4,7 +4,7 @@
 tensors given 16-bit activations, per-channel weights) into a score. Variants
 are re-quantized from the *cached* calibration ranges (never a recalibration;
 see ``benchmarks/bench_propose.py``) and scored with
-:class:`~qdebug.evaluate.Evaluator`; a configuration asked twice, or one whose
+:class:`~qdebug.evaluation.evaluate.Evaluator`; a configuration asked twice, or one whose
 quantized model equals an earlier one, is scored once, so a strategy may ask
 freely and only pays for what is new. Every scored variant is a :class:`Trial`
 in ``Search.trials``, the trace the proposal reports.
@@ -27,17 +27,17 @@ from dataclasses import dataclass
 
 import onnx
 
-from qdebug.calibrate import Ranges
 from qdebug.errors import QDebugError
-from qdebug.evaluate import EvalResult, Evaluator
-from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
+from qdebug.evaluation.evaluate import EvalResult, Evaluator
 from qdebug.graph.match import GraphIndex
-from qdebug.parallel import Pool, Ticket
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 from qdebug.progress import DETAIL, Progress
 from qdebug.propose.blame import Unit
 from qdebug.propose.structure import Structure
-from qdebug.quantize import QuantSpec, check_quantized_loads, quantize_static_model
+from qdebug.quant.calibrate import Ranges
+from qdebug.quant.quantize import QuantSpec, check_quantized_loads, quantize_static_model
 from qdebug.records import TensorOverride
+from qdebug.runtime.parallel import Pool, Ticket
 
 
 @dataclass(frozen=True)

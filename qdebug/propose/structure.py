@@ -19,10 +19,10 @@ import networkx as nx
 import onnx
 from onnx import TensorProto
 
-from qdebug.calibrate import op_types_to_quantize
 from qdebug.graph.match import GraphIndex
 from qdebug.graph.ops import GLUE_OPS, WEIGHTED_OPS
 from qdebug.graph.reduce import elem_types
+from qdebug.quant.calibrate import op_types_to_quantize
 from qdebug.records import NodeRecord
 
 PATTERN_MAX_NODES = 12

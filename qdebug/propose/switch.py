@@ -2,7 +2,7 @@
 
 A candidate of the search is a model re-quantized from the cached ranges; scoring it builds an ORT session
 for it, which on a graph of thousands of nodes is most of the candidate's cost (3,200 nodes: 5.3 s a
-candidate, 3.0 s through the switchable model, ``docs/benchmarks.md``). :mod:`qdebug.switchable` builds
+candidate, 3.0 s through the switchable model, ``docs/benchmarks.md``). :mod:`qdebug.quant.switchable` builds
 one model whose every Q/DQ edge a graph input switches on or off; a candidate that only keeps nodes FP32
 is then its switches, scored on the one session. Its numbers are fake-quant (float Q/DQ, no integer
 kernels), so they screen: static, the answer and every frontier point are scored again on their real
@@ -19,9 +19,9 @@ import math
 
 import onnx
 
-from qdebug.formatting import ACCURACY_METRICS
+from qdebug.output.formatting import ACCURACY_METRICS
+from qdebug.quant.switchable import SwitchScreen, build_switchable
 from qdebug.records import Report
-from qdebug.switchable import SwitchScreen, build_switchable
 
 MODES = ("auto", "on", "off")
 SWITCH_NODES = 1000

@@ -1,7 +1,7 @@
 """The ``bench.json`` schema: what ``qdebug bench`` measured, per variant and for the machine.
 
 Plain frozen dataclasses, standard library only, like the rest of :mod:`qdebug.records`: the TUI reads
-a bench file through :func:`qdebug.report_io.load_bench` without loading onnx or onnxruntime. The
+a bench file through :func:`qdebug.output.report_io.load_bench` without loading onnx or onnxruntime. The
 command that writes them is :mod:`qdebug.bench`.
 """
 
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 BENCH_SCHEMA_VERSION = 1
-"""Version of the ``bench.json`` layout; :func:`qdebug.report_io.load_bench` refuses others."""
+"""Version of the ``bench.json`` layout; :func:`qdebug.output.report_io.load_bench` refuses others."""
 
 KINDS = ("fp32", "dynamic", "static", "selective", "qoperator")
 """Variant kinds ``--variants`` accepts."""

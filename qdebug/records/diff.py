@@ -1,6 +1,6 @@
 """The ``diff.json`` schema: two analysis reports compared node by node (``qdebug diff A.json B.json``).
 
-Plain frozen dataclasses like the rest of :mod:`qdebug.records` (standard library and :mod:`qdebug.formatting`
+Plain frozen dataclasses like the rest of :mod:`qdebug.records` (standard library and :mod:`qdebug.output.formatting`
 only, for the plain-text lines both the CLI and the Markdown summary print). Every value is
 copied out of the two reports, so the layout does not depend on the report's and has its own version
 (:data:`DIFF_SCHEMA_VERSION`). Deltas are always ``B - A``; for SQNR a positive delta is better, for
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 
 DIFF_SCHEMA_VERSION = 1
 """Version of the ``diff.json`` layout; :func:`qdebug.diff.load_diff` refuses others."""

@@ -21,7 +21,7 @@ from qdebug.records.samples import SampleSection
 SCHEMA_VERSION = 3
 """Bumped on any incompatible change of the report layout (proposal and verify files share it).
 
-Readers migrate the versions :mod:`qdebug.report_io` knows (2: ``TensorRecord.folded_into`` derived from
+Readers migrate the versions :mod:`qdebug.output.report_io` knows (2: ``TensorRecord.folded_into`` derived from
 the tensor's note, as version 2's readers did) and refuse any other with the reason."""
 
 
@@ -263,7 +263,7 @@ class QuantSettings:
     (:attr:`AnalysisConfig.quant`), ``propose`` in the proposal (:attr:`Proposal.quant`), and every
     variant propose, verify and bench build is these settings plus that variant's own changes
     (exclusions, per-tensor overrides, per-channel weights). A user's ``--config`` or ``--preset`` fills
-    it (:mod:`qdebug.quant_config`); the defaults are qdebug's (``cpu-u8s8``).
+    it (:mod:`qdebug.quant.config`); the defaults are qdebug's (``cpu-u8s8``).
     """
 
     method: str = "minmax"

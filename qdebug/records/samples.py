@@ -1,7 +1,7 @@
 """The per-sample drill-down of ``report.json`` and ``verify.json``: which evaluation samples flip, and why.
 
 Frozen records like the rest of :mod:`qdebug.records`, standard library only (the TUI and the CLI
-printers read them without onnx or numpy). :mod:`qdebug.samples` computes them; the section is
+printers read them without onnx or numpy). :mod:`qdebug.evaluation.samples` computes them; the section is
 ``Report.per_sample`` (analyze: the static model) and ``VerifyResult.per_sample`` (verify: static and
 selective). It carries its own :attr:`SampleSection.version`: a file written before the section has
 ``per_sample: null`` and loads unchanged.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qdebug.formatting import fmt_db, fmt_metric
+from qdebug.output.formatting import fmt_db, fmt_metric
 
 SAMPLES_VERSION = 1
 """Version of the ``per_sample`` section (bumped on any incompatible change of its layout)."""

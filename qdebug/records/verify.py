@@ -1,7 +1,7 @@
 """The ``verify.json`` schema: FP32, full static and selective static side by side, and the verdict.
 
 Plain frozen dataclasses like the rest of :mod:`qdebug.records`, so the TUI can show a verify result
-without loading onnx or onnxruntime. They import only :mod:`qdebug.formatting` (itself standard
+without loading onnx or onnxruntime. They import only :mod:`qdebug.output.formatting` (itself standard
 library only) for the plain-text table both front ends print. The command that measures them is
 :mod:`qdebug.verify`, which re-exports these names.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
 from qdebug.records.samples import SampleSection
 
 
@@ -132,7 +132,7 @@ class VerifyResult:
     evaluation sample, the flips of each, and the selective model's worst flips measured tensor by tensor;
     ``None`` in files written before it."""
     gates: tuple[GateRecord, ...] = ()
-    """Each gate as :func:`qdebug.gates.assess` judged it (empty in files written before it)."""
+    """Each gate as :func:`qdebug.evaluation.gates.assess` judged it (empty in files written before it)."""
 
     def variant(self, name: str) -> VariantResult:
         """The ``fp32``/``static``/``selective`` column."""

@@ -22,9 +22,9 @@ from textual.app import App
 from textual.screen import Screen
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import atomic_write_text
+from qdebug.output.files import atomic_write_text
+from qdebug.output.report_io import load_bench, load_proposal, load_report
 from qdebug.records import Proposal, Report
-from qdebug.report_io import load_bench, load_proposal, load_report
 from qdebug.tui.compare import Baseline
 from qdebug.tui.model import LayerModel, TuiContext, VerifyFn
 from qdebug.tui.screens import MainScreen
@@ -91,7 +91,7 @@ class QDebugApp(App[Any]):
 def load_bench_results(path: str | Path) -> BenchReport:
     """Load a ``bench.json`` written by ``qdebug bench -o`` (QDebugError for a missing/invalid file).
 
-    :func:`qdebug.report_io.load_bench` reads it into :mod:`qdebug.records.bench` records, without onnx.
+    :func:`qdebug.output.report_io.load_bench` reads it into :mod:`qdebug.records.bench` records, without onnx.
     """
     return load_bench(path)
 

@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qdebug.formatting import fmt_size
+from qdebug.output.formatting import fmt_size
 from qdebug.records import Report
 from qdebug.tui.charts import Point
 from qdebug.tui.model import ACCURACY_METRICS, fmt_db, fmt_metric

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from qdebug.diff import SAME_DB, compare, load_diff
 from qdebug.errors import ExitCode, QDebugError
+from qdebug.output.report_io import load_report
 from qdebug.records import Report
 from qdebug.records.diff import (
     COMPARISON_KIND,
@@ -28,7 +29,6 @@ from qdebug.records.diff import (
     fmt_delta,
     negligible_change,
 )
-from qdebug.report_io import load_report
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ mention), the exported :class:`~qdebug.records.Proposal` and its
 Textual; so does :class:`TuiContext`, the session's run state (files, bench
 results, the verify callable) that the app hands to its main screen. This
 module must never import ``textual``, ``onnxruntime`` or ``onnx`` (a test
-checks ``sys.modules``): the snippet comes from :mod:`qdebug.snippet`, which is
+checks ``sys.modules``): the snippet comes from :mod:`qdebug.output.snippet`, which is
 pure text.
 """
 
@@ -22,7 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qdebug.formatting import (
+from qdebug.output.formatting import (
     ACCURACY_METRICS,
     MIN_NAME_WIDTH,  # names are never cut shorter (the table scrolls sideways instead)
     cells,
@@ -30,6 +30,7 @@ from qdebug.formatting import (
     distinct_shortened,
     shorten,
 )
+from qdebug.output.snippet import quantize_snippet
 from qdebug.records import (
     SCHEMA_VERSION,
     FrontierPoint,
@@ -40,7 +41,6 @@ from qdebug.records import (
     TensorRecord,
     WeightRecord,
 )
-from qdebug.snippet import quantize_snippet
 from qdebug.tui.compare import Baseline, change_text, change_value, judge
 from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported: the findings' old home
     Finding,
@@ -237,7 +237,7 @@ def short_op(op: str) -> str:
 
 
 def middle_ellipsis(text: str, width: int) -> str:
-    """``text`` cut to ``width`` cells by replacing its middle with ``…`` (:func:`qdebug.formatting.shorten`,
+    """``text`` cut to ``width`` cells by replacing its middle with ``…`` (:func:`qdebug.output.formatting.shorten`,
     the one shortening every table uses)."""
     return shorten(text, width)
 
@@ -254,7 +254,7 @@ class TableLayout:
     (the column header says it; the detail pane shows the full name)."""
     renamed: tuple[tuple[str, str], ...] = ()
     """(name, shown) for the few names that plain middle elision would have made equal to another
-    (:func:`~qdebug.formatting.distinct_shortened`); a tuple, so layouts still compare cheaply."""
+    (:func:`~qdebug.output.formatting.distinct_shortened`); a tuple, so layouts still compare cheaply."""
 
     @property
     def total(self) -> int:
@@ -800,7 +800,7 @@ class LayerModel:
 def proposal_snippet(report: Report, proposal: Proposal) -> str:
     """The ``quantize_static`` snippet of ``proposal``, from what ``report`` recorded.
 
-    It is :func:`qdebug.snippet.quantize_snippet`, as ``qdebug propose`` writes
+    It is :func:`qdebug.output.snippet.quantize_snippet`, as ``qdebug propose`` writes
     it: a reader for the report's calibration data (its sample limit and input
     names) and the user's model, or the normalized one when an excluded node
     was renamed by normalization. Two things ``propose`` reads from the model

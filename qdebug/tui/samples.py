@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from qdebug.formatting import fmt_db
+from qdebug.output.formatting import fmt_db
 from qdebug.tui.samples_model import SAMPLE_COLUMNS, SamplesModel
 
 DIVERGENCE_COLUMNS = ("tensor", "depth", "SQNR dB", "", "added dB", "clip", "report SQNR")

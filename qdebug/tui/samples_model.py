@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qdebug.formatting import fmt_db
+from qdebug.output.formatting import fmt_db
 from qdebug.records import Report
 from qdebug.records.samples import EFFECT_ORDER, SampleDetail, SampleFlip, SampleSection
 

@@ -22,9 +22,9 @@ from textual.widgets import Footer, Input, Label, OptionList, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from qdebug.errors import QDebugError
-from qdebug.files import atomic_write_text, check_outputs_spare_inputs
+from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs
+from qdebug.output.report_io import dumps
 from qdebug.records import Proposal
-from qdebug.report_io import dumps
 from qdebug.tui.bench_widgets import BenchChart, BenchTable
 from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
 from qdebug.tui.findings import FindingsPanel

@@ -23,7 +23,7 @@ from textual.widgets import DataTable, Input, Label, OptionList, ProgressBar, Se
 from textual.widgets.data_table import ColumnKey, RowKey
 from textual.widgets.option_list import Option
 
-from qdebug.formatting import shorten
+from qdebug.output.formatting import shorten
 from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, Report, TensorRecord
 from qdebug.tui import charts
 from qdebug.tui.compare import Baseline, change_text, change_value, judge

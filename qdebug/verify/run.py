@@ -8,7 +8,7 @@ not trusted), and the three variants are compared on:
 * the recovered fraction ``(sel - static) / (fp32 - static)`` -- for a metric
   with no finite FP32 value (output SQNR) the verdict uses ``--target-sqnr``;
 * every drop, recovery and output SQNR with its paired-bootstrap interval
-  (:mod:`qdebug.noise`, assembled by :mod:`qdebug.gates`): :func:`assess` passes or fails a gate
+  (:mod:`qdebug.evaluation.noise`, assembled by :mod:`qdebug.evaluation.gates`): :func:`assess` passes or fails a gate
   only beyond the noise at ``--confidence``, else the result is undecided (exit 8);
 * nodes kept FP32 (count and share of the quantizable nodes), Q/DQ pairs;
 * model size, and latency p50/p95 + throughput measured fairly by
@@ -38,23 +38,28 @@ from pathlib import Path
 import onnx
 
 from qdebug.analysis import quantized_node_names
-from qdebug.calibrate import op_types_to_quantize
-from qdebug.capture import SessionConfig
 from qdebug.data import DataSet, data_notes, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluate import EvalResult, Evaluator, metric_scope_note
-from qdebug.files import (
+from qdebug.evaluation.evaluate import EvalResult, Evaluator, metric_scope_note
+from qdebug.evaluation.gates import (  # re-exported: the gates verify judges by
+    Judgement,
+    _noise,
+    _noise_fields,
+    assess,
+    judge,
+)
+from qdebug.evaluation.noise import DEFAULT_CONFIDENCE
+from qdebug.evaluation.samples import DEFAULT_FLIP_DETAILS, DetailTarget, per_sample_section
+from qdebug.graph.load import LoadedModel, load_model, save_model, stored_size, weight_bytes
+from qdebug.graph.match import pair_models
+from qdebug.output.files import (
     artifacts_dir,
     atomic_write_text,
     check_outputs_spare_inputs,
     check_writable,
     removed_on_failure,
 )
-from qdebug.gates import Judgement, _noise, _noise_fields, assess, judge  # re-exported: the gates verify judges by
-from qdebug.graph.load import LoadedModel, load_model, save_model, stored_size, weight_bytes
-from qdebug.graph.match import pair_models
-from qdebug.noise import DEFAULT_CONFIDENCE
-from qdebug.parallel import Pool, check_request, open_pool, score_all
+from qdebug.output.report_io import dumps, load_proposal
 from qdebug.prepare import (
     QUANT_FLAT,
     AnalyzeOptions,
@@ -68,15 +73,16 @@ from qdebug.prepare import (
     settings_notes,
 )
 from qdebug.progress import Progress, no_progress
-from qdebug.quantize import QuantSpec, quantize_static_model
-from qdebug.recalibrate import calib_add_flipped
+from qdebug.quant.calibrate import op_types_to_quantize
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.recalibrate import calib_add_flipped
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.records.samples import SampleSection
 from qdebug.records.verify import Timing, VariantResult, VerifyResult
-from qdebug.report_io import dumps, load_proposal
-from qdebug.samples import DEFAULT_FLIP_DETAILS, DetailTarget, per_sample_section
-from qdebug.timing import CHUNK_RUNS, time_sessions  # re-exported: verify times its table there
-from qdebug.verify_table import _columns, _float_size_notes, _speed_clause, _Variants, _with_weights
+from qdebug.runtime.capture import SessionConfig
+from qdebug.runtime.parallel import Pool, check_request, open_pool, score_all
+from qdebug.runtime.timing import CHUNK_RUNS, time_sessions  # re-exported: verify times its table there
+from qdebug.verify.table import _columns, _float_size_notes, _speed_clause, _Variants, _with_weights
 
 __all__ = [
     "CHUNK_RUNS",
@@ -116,7 +122,7 @@ class VerifyOptions:
     """Judge as ``propose --target-drop`` does instead of by recovery: the selective model may lose at most
     this much against FP32 (points for top-1 style metrics). None: judge by ``min_recovery``."""
     confidence: float = DEFAULT_CONFIDENCE
-    """Confidence of the paired-bootstrap intervals the gates are judged by (:mod:`qdebug.noise`): a gate
+    """Confidence of the paired-bootstrap intervals the gates are judged by (:mod:`qdebug.evaluation.noise`): a gate
     passes or fails only beyond the noise, else the result is undecided. 0: judge the point estimates."""
     metric: str | None = None
     quant: QuantRequest = field(default_factory=QuantRequest)
@@ -133,7 +139,7 @@ class VerifyOptions:
     """The selective model's flipped samples measured tensor by tensor (``--flip-details``; 0: none)."""
     calib_add_flipped: bool = False
     """Also rebuild both variants with static's flipped samples added to the cached calibration ranges, and
-    score them (``--calib-add-flipped``, :mod:`qdebug.recalibrate`)."""
+    score them (``--calib-add-flipped``, :mod:`qdebug.quant.recalibrate`)."""
 
 
 class _Context:
@@ -468,10 +474,10 @@ def _specs(ctx: _Context, proposal: Proposal) -> tuple[QuantSpec, QuantSpec]:
 def _per_sample(
     ctx: _Context, built: _Variants, options: VerifyOptions, proposal: Proposal, notes: list[str]
 ) -> SampleSection | None:
-    """The per-sample drill-down (:mod:`qdebug.samples`): static's and selective's result per evaluation
+    """The per-sample drill-down (:mod:`qdebug.evaluation.samples`): static's and selective's result per evaluation
     sample, their flips, and the selective model's worst remaining flips measured tensor by tensor; with
     ``calib_add_flipped`` both variants rebuilt with static's flips added to the calibration
-    (:mod:`qdebug.recalibrate`)."""
+    (:mod:`qdebug.quant.recalibrate`)."""
     target = None
     if options.flip_details > 0:
         pairing = pair_models(ctx.prep.normalized, built.selective_model)
@@ -601,8 +607,8 @@ def _verify_result(
 
 
 def _quantizer_notes() -> list[str]:
-    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.fast_quantize`)."""
-    from qdebug import fast_quantize
+    """The note that ORT's own quantizer ran where qdebug's faster one could not (:mod:`qdebug.quant.fast_quantize`)."""
+    from qdebug.quant import fast_quantize
 
     return list(fast_quantize.notes())
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import onnx
 
 from qdebug.analysis.model_notes import float_size_note
-from qdebug.evaluate import EvalResult
+from qdebug.evaluation.evaluate import EvalResult
 from qdebug.graph.load import WeightBytes
 from qdebug.records.proposal import Proposal
 from qdebug.records.verify import Timing, VariantResult, fmt_binary_size

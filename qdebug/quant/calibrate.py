@@ -28,7 +28,7 @@ import numpy as np
 
 from qdebug.data import DataSet, ReaderAdapter
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import atomic_write_text
+from qdebug.output.files import atomic_write_text
 from qdebug.records import METHODS
 
 
@@ -261,7 +261,7 @@ def _run_calibrator(
 ) -> Any:
     from onnxruntime.quantization.calibrate import create_calibrator
 
-    from qdebug.fast_quantize import fast_calibrator_augmentation
+    from qdebug.quant.fast_quantize import fast_calibrator_augmentation
 
     with tempfile.TemporaryDirectory(prefix="qdebug-calib-") as tmp, quiet_ort_logging():
         try:

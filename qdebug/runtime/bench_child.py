@@ -1,6 +1,6 @@
 """The measuring side of ``qdebug bench``: one variant, one process.
 
-``python -m qdebug.bench_child SPEC.json`` times one model and writes its
+``python -m qdebug.runtime.bench_child SPEC.json`` times one model and writes its
 result JSON (path named in the spec). The parent (:mod:`qdebug.bench`) starts
 one such process per variant (one after another, each ready before the next
 starts), so each variant's peak RSS is its own and no variant inherits
@@ -14,7 +14,7 @@ runtime's, not the tool's.
 The loop (:class:`Harness`), identical for every variant:
 
 * the session is created once, with the same options as
-  ``qdebug.capture.make_session`` (``ORT_ENABLE_ALL``, the given providers and
+  ``qdebug.runtime.capture.make_session`` (``ORT_ENABLE_ALL``, the given providers and
   intra-op threads);
 * one set of input buffers per distinct batch shape is allocated before any
   timing; each batch is copied into them with ``np.copyto`` -- nothing is
@@ -61,7 +61,7 @@ _MODES = [IOBINDING_PREALLOCATED, IOBINDING_ORT_OUTPUTS, SESSION_RUN]
 
 
 def make_session(model_path: str, providers: Sequence[str], threads: int) -> Any:
-    """An InferenceSession with the options of ``qdebug.capture.make_session`` (kept in step with it)."""
+    """An InferenceSession with the options of ``qdebug.runtime.capture.make_session`` (kept in step with it)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -515,7 +515,7 @@ class _Opened:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m qdebug.bench_child SPEC.json [--serve]``: write the result JSON named in the spec.
+    """``python -m qdebug.runtime.bench_child SPEC.json [--serve]``: write the result JSON named in the spec.
 
     With ``--serve`` the passes are timed one at a time on the parent's ``pass``
     lines (stdin), each answered ``done`` (stdout); see :func:`serve`.
@@ -524,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serving = "--serve" in args
     args = [a for a in args if a != "--serve"]
     if len(args) != 1:
-        print("usage: python -m qdebug.bench_child SPEC.json [--serve]", file=sys.stderr)
+        print("usage: python -m qdebug.runtime.bench_child SPEC.json [--serve]", file=sys.stderr)
         return 2
     with open(args[0]) as f:
         spec = json.load(f)

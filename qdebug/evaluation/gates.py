@@ -2,9 +2,9 @@
 
 :func:`assess` (and :func:`judge`, its tuple form) passes or fails each gate only beyond the
 paired-bootstrap interval :func:`_noise` assembles from the evaluator's per-sample values
-(:mod:`qdebug.noise`), else calls the result undecided; :func:`_noise_fields` turns the intervals into
-``verify.json`` fields. Plain functions over values and an :class:`~qdebug.evaluate.Evaluator`: the
-``verify`` command (:mod:`qdebug.verify`) calls them, and ``qdebug.ci_outputs`` reads the same gates
+(:mod:`qdebug.evaluation.noise`), else calls the result undecided; :func:`_noise_fields` turns the intervals into
+``verify.json`` fields. Plain functions over values and an :class:`~qdebug.evaluation.evaluate.Evaluator`: the
+``verify`` command (:mod:`qdebug.verify`) calls them, and ``qdebug.output.ci_outputs`` reads the same gates
 back from the record.
 """
 
@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qdebug.evaluate import EvalResult, Evaluator, HookValues
-from qdebug.formatting import ACCURACY_METRICS, fmt_db
-from qdebug.noise import Interval, PairedNoise, paired_noise, samples_to_decide, single_interval
+from qdebug.evaluation.evaluate import EvalResult, Evaluator, HookValues
+from qdebug.evaluation.noise import Interval, PairedNoise, paired_noise, samples_to_decide, single_interval
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db
 from qdebug.records.verify import GateRecord
 
 __all__ = ["Judgement", "assess", "judge"]
@@ -205,7 +205,7 @@ def _shown(iv: Interval | None, fmt: Callable[[float], str], unit: str = "") -> 
 
 
 def _needed(iv: Interval | None, threshold: float, units: int, per_unit: float) -> int | None:
-    """Samples that would decide a straddling gate (:func:`qdebug.noise.samples_to_decide`)."""
+    """Samples that would decide a straddling gate (:func:`qdebug.evaluation.noise.samples_to_decide`)."""
     n = None if iv is None else samples_to_decide(iv, threshold, units)
     return None if n is None else math.ceil(n * per_unit)
 

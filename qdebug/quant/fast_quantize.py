@@ -175,7 +175,7 @@ VERIFIED_SOURCES: dict[str, str] = {
 }
 """sha256 (first 16 hex digits) of the source of each ORT (and onnx) function this module replaces or relies
 on, as verified byte-identical (onnxruntime 1.32.0, onnx 1.23.2). :func:`current_sources` gives today's;
-``python -m qdebug.fast_quantize`` lists the entries an installed release changed (docs/design-notes.md)."""
+``python -m qdebug.quant.fast_quantize`` lists the entries an installed release changed (docs/design-notes.md)."""
 
 VERIFIED_ON = {"onnxruntime": "1.32.0", "onnx": "1.23.2"}
 """The releases :data:`VERIFIED_SOURCES` were read from (named in the note a fallback leaves)."""
@@ -2070,7 +2070,7 @@ def save_inferred(model: onnx.ModelProto, path: Any) -> bool:
     content key, the versions that made it and its sha256 to ``path`` + ``.json``), each atomically, for a
     later process to take instead of making the round trip again (:func:`offer_inferred`: analyze's, for
     propose). False, writing nothing, when no copy is kept for that content."""
-    from qdebug.files import atomic_write_bytes, atomic_write_text
+    from qdebug.output.files import atomic_write_bytes, atomic_write_text
 
     key = content_key(model)
     with _INFERRED_LOCK:
@@ -2361,13 +2361,13 @@ def fast_calibrator_augmentation() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m qdebug.fast_quantize [--digests]``: which entries of :data:`VERIFIED_SOURCES` the installed
+    """``python -m qdebug.quant.fast_quantize [--digests]``: which entries of :data:`VERIFIED_SOURCES` the installed
     ORT and onnx changed, and which fast paths that turns off; with ``--digests``, the installed digests as a
     ``VERIFIED_SOURCES`` literal, to paste once the byte-identity tests pass on this release
     (docs/design-notes.md, "Re-verifying a new ORT"). Exit 0 when nothing changed, 1 otherwise."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m qdebug.fast_quantize", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m qdebug.quant.fast_quantize", description=main.__doc__)
     parser.add_argument("--digests", action="store_true", help="print the installed digests as a dict literal")
     args = parser.parse_args(argv)
     verified = f"onnxruntime {VERIFIED_ON['onnxruntime']} / onnx {VERIFIED_ON['onnx']}"

@@ -6,7 +6,7 @@ gate verify judges (the recovery or drop target, and ``--target-sqnr``), a faile
 verdict line as its message, an undecided one (its interval straddles the target: verify exits 8) a
 ``<skipped/>`` with that message -- the evidence shows neither a pass nor a miss, and the exit code, not
 the test count, fails the CI step. Both are rendered from the records alone (the light layer: standard library
-and :mod:`qdebug.records`, :mod:`qdebug.formatting`, :mod:`qdebug.files`) and written atomically; the
+and :mod:`qdebug.records`, :mod:`qdebug.output.formatting`, :mod:`qdebug.output.files`) and written atomically; the
 exit codes stay those of the command.
 
 A ``--markdown`` path that is the file GitHub Actions names in ``$GITHUB_STEP_SUMMARY`` is added to,
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import atomic_write_text, check_outputs_spare_inputs, check_writable
-from qdebug.formatting import ACCURACY_METRICS, fmt_db, fmt_metric, fmt_size
+from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric, fmt_size
 from qdebug.records import NodeRecord, Proposal, Report, folded_into, from_exact_input, rank_nodes
 from qdebug.records.bench import BenchReport
 from qdebug.records.diff import (

@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.bench_child import declared_shape_mismatches
-from qdebug.capture import SessionConfig, make_session
 from qdebug.data import feed_rows
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.records.verify import Timing
+from qdebug.runtime.bench_child import declared_shape_mismatches
+from qdebug.runtime.capture import SessionConfig, make_session
 
 CHUNK_RUNS = 10
 """Timed runs per model per round of :func:`time_sessions`."""

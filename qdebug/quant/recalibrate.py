@@ -22,13 +22,13 @@ import numpy as np
 import onnx
 
 from qdebug.analysis.per_sample import one_sample
-from qdebug.calibrate import Ranges
-from qdebug.capture import SessionConfig, Tap
 from qdebug.data import fixed_batch
-from qdebug.evaluate import Evaluator
-from qdebug.quantize import QuantSpec, quantize_static_model
+from qdebug.evaluation.evaluate import Evaluator
+from qdebug.evaluation.samples import flipped, sample_inputs
+from qdebug.quant.calibrate import Ranges
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
 from qdebug.records.samples import RecalibratedVariant, Recalibration, SampleSection
-from qdebug.samples import flipped, sample_inputs
+from qdebug.runtime.capture import SessionConfig, Tap
 
 MAX_ADDED = 200
 """Flipped samples added at most (the worst first)."""

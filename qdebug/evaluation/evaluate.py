@@ -19,7 +19,7 @@ Metrics (higher is better):
   where reference/candidate are lists (one per batch) of dicts output -> array.
 
 :meth:`Evaluator.sample_values` splits a scored value over its evaluation units, for the paired bootstrap
-of :mod:`qdebug.noise`: per-sample hits for ``top1`` and ``exact_match``; per-prediction agreement for
+of :mod:`qdebug.evaluation.noise`: per-sample hits for ``top1`` and ``exact_match``; per-prediction agreement for
 ``top1_agreement`` (one unit per sample, or one per batch whose predictions are positions of one sample);
 per-sample signal and noise energies of every float output for ``output_sqnr_db`` (a resample's SQNR is
 that of its summed energies). A custom metric function may carry an optional per-sample form,
@@ -38,15 +38,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from qdebug.capture import SessionConfig, make_session, run_session
 from qdebug.data import DataSet, load_hook, output_batch_axes
 from qdebug.data.rows import Batch
 from qdebug.data.store import ArrayStore
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.formatting import ACCURACY_METRICS
-from qdebug.metrics import ErrorAccumulator
-from qdebug.noise import DEFAULT_CONFIDENCE, HOOK_RESAMPLES, RESAMPLES, bootstrap, interval
+from qdebug.evaluation.metrics import ErrorAccumulator
+from qdebug.evaluation.noise import DEFAULT_CONFIDENCE, HOOK_RESAMPLES, RESAMPLES, bootstrap, interval
+from qdebug.output.formatting import ACCURACY_METRICS
 from qdebug.records import SQNR_CAP_DB, OutputMetric
+from qdebug.runtime.capture import SessionConfig, make_session, run_session
 
 BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
 
@@ -719,7 +719,7 @@ class Evaluator:
 
     def sample_values(self, result: EvalResult | None = None) -> RatioValues | SqnrValues | HookValues | None:
         """``result``'s metric (None: FP32's) split over the evaluation units, for a paired bootstrap
-        (:mod:`qdebug.noise`); every variant of one evaluator has the same units. None when it cannot be
+        (:mod:`qdebug.evaluation.noise`); every variant of one evaluator has the same units. None when it cannot be
         split: a custom metric without ``per_sample`` on one batch."""
         result = self._fp32 if result is None else result
         if self._user is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.files import (  # noqa: F401 -- re-exported: the writers' old home
+from qdebug.output.files import (  # noqa: F401 -- re-exported: the writers' old home
     atomic_write_bytes,
     atomic_write_text,
     check_outputs_spare_inputs,
@@ -439,7 +439,7 @@ def load_proposal(path: str | Path) -> Proposal:
     """Load a proposal file, refusing other kinds of qdebug files."""
     import json
 
-    from qdebug.report_io import load_record
+    from qdebug.output.report_io import load_record
 
     p = Path(path)
     if p.is_file():

@@ -271,7 +271,7 @@ def switches_for(switchable: Switchable, candidate: onnx.ModelProto) -> np.ndarr
 
 
 class SwitchScreen:
-    """Scores candidates the way an :class:`~qdebug.evaluate.Evaluator` does, through the switchable model
+    """Scores candidates the way an :class:`~qdebug.evaluation.evaluate.Evaluator` does, through the switchable model
     where the candidate is representable (one session for all of them, fake-quant semantics), else through
     the evaluator itself (the candidate's own session, integer kernels). propose screens with it and
     confirms the answer and every reported point with the evaluator.
@@ -303,7 +303,7 @@ class SwitchScreen:
     def session(self):
         """The switchable model's session (built on first use; ORT's QDQ handling off)."""
         if self._session is None:
-            from qdebug.capture import make_session
+            from qdebug.runtime.capture import make_session
 
             self._session = make_session(
                 self.switchable.model, self.evaluator.config, what="switchable fake-quant model", fake_quant=True

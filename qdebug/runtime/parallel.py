@@ -22,8 +22,8 @@ follow **once per worker**: pickled once into a temporary file that each process
 evaluator is added. Every task is then one candidate's serialized model (on Ray: put in the object store
 once). A task is "score model M on evaluator E" (:class:`Task`), or on one **shard** of E: an evaluation
 set of at least ``2 * shard_samples`` samples (:data:`SHARD_SAMPLES`) is cut into up to one shard per
-worker (:meth:`~qdebug.evaluate.Evaluator.shards`, whole batches), each candidate runs on every shard side
-by side, and the pool merges the parts (:meth:`~qdebug.evaluate.Evaluator.merge`, exact): a search that is
+worker (:meth:`~qdebug.evaluation.evaluate.Evaluator.shards`, whole batches), each candidate runs on every shard side
+by side, and the pool merges the parts (:meth:`~qdebug.evaluation.evaluate.Evaluator.merge`, exact): a search that is
 a chain of decisions still uses every worker. Local processes read a shard from the stores' files (this
 machine's); Ray actors get their shard's data from the object store (:meth:`Evaluator.portable`, put there
 once per evaluator), so actors on other machines need nothing of this one's disk.
@@ -66,7 +66,7 @@ from qdebug.errors import ExitCode, QDebugError
 if TYPE_CHECKING:
     import onnx
 
-    from qdebug.evaluate import EvalResult, Evaluator
+    from qdebug.evaluation.evaluate import EvalResult, Evaluator
 
 RAY_MISSING = '--ray needs Ray: pip install "qdebug[ray]"'
 """The one-line error of ``--ray`` without the extra (exit code :attr:`~qdebug.errors.ExitCode.USAGE`)."""
@@ -606,7 +606,7 @@ def _score_task(evaluators: list[Evaluator], task: Task) -> EvalResult | QDebugE
 
 def _numbers(r: EvalResult) -> EvalResult:
     """``r`` without what only a bootstrap or a merge reads (:attr:`Task.numbers_only`)."""
-    from qdebug.evaluate import EvalResult
+    from qdebug.evaluation.evaluate import EvalResult
 
     return EvalResult(r.metric, r.value, r.fp32_value, r.outputs, r.samples, r.seconds)
 
@@ -635,7 +635,7 @@ def _context() -> Any:
         from multiprocessing import forkserver
 
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["qdebug.parallel", "qdebug.evaluate", "onnxruntime"])
+        ctx.set_forkserver_preload(["qdebug.runtime.parallel", "qdebug.evaluation.evaluate", "onnxruntime"])
         # the server preloads with its own sys.path (Python < 3.12 ignores the one it is handed): given
         # this process's, it imports this qdebug, not another one installed in site-packages
         old = os.environ.get("PYTHONPATH")
@@ -827,7 +827,7 @@ class _RayBackend(_Backend):
 
     def prepare(self, evaluators: list[Evaluator], task: Task) -> None:
         """Put the parts of the task's evaluator in the object store, once: each a shard with its data
-        (:meth:`~qdebug.evaluate.Evaluator.portable`), pickled and put one at a time."""
+        (:meth:`~qdebug.evaluation.evaluate.Evaluator.portable`), pickled and put one at a time."""
         assert task.shard is not None
         k = task.shard[1]
         if (task.evaluator, k) not in self.parts:

@@ -2,8 +2,8 @@
 ``VerifyResult.per_sample``).
 
 :func:`per_sample_section` reads every variant's task result per evaluation sample off the
-:class:`~qdebug.evaluate.Evaluator` (:meth:`~qdebug.evaluate.Evaluator.sample_results`), lists the samples
-whose result flips against FP32's (the rule per kind of result: :mod:`qdebug.records.samples`), finds each
+:class:`~qdebug.evaluation.evaluate.Evaluator` (:meth:`~qdebug.evaluation.evaluate.Evaluator.sample_results`), lists
+the samples whose result flips against FP32's (the rule per kind of result: :mod:`qdebug.records.samples`), finds each
 one's input (global index, the batch's origin and the row in it), and runs the worst few again on their own
 through the FP32 and one quantized model with every paired tensor exposed
 (:func:`qdebug.analysis.per_sample.sample_tensors`): per tensor, that sample's SQNR, the noise each node
@@ -26,10 +26,9 @@ import onnx
 
 from qdebug.analysis.graph_engine import OptimizedSides
 from qdebug.analysis.per_sample import SampleInput, cut, sample_tensors
-from qdebug.capture import SessionConfig
 from qdebug.data import Batch, fixed_batch
 from qdebug.errors import QDebugError
-from qdebug.evaluate import EvalResult, Evaluator, SampleResults
+from qdebug.evaluation.evaluate import EvalResult, Evaluator, SampleResults
 from qdebug.graph.match import Pairing
 from qdebug.records.samples import (
     EFFECT_ORDER,
@@ -40,6 +39,7 @@ from qdebug.records.samples import (
     SampleSection,
     VariantSamples,
 )
+from qdebug.runtime.capture import SessionConfig
 
 DEFAULT_FLIP_DETAILS = 20
 """Flipped samples measured tensor by tensor (``--flip-details``): the worst ones, each run on its own."""

@@ -1,6 +1,6 @@
 """Build quantized variants -- the only module that spells ORT quantization options.
 
-Static QDQ models are built from cached :class:`~qdebug.calibrate.Ranges`
+Static QDQ models are built from cached :class:`~qdebug.quant.calibrate.Ranges`
 through ORT's ``QDQQuantizer`` (what ``quantize_static`` runs after it has
 calibrated), so a variant with other ``nodes_to_exclude`` costs tens of
 milliseconds instead of a full recalibration. Every ORT failure becomes one
@@ -22,13 +22,13 @@ from typing import Any
 
 import onnx
 
-from qdebug.calibrate import Ranges, op_types_to_quantize, quiet_ort_logging
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.load import PER_CHANNEL_OPSET, default_opset, save_model
+from qdebug.output.snippet import quantize_snippet as quantize_snippet  # re-exported: it moved to snippet.py
+from qdebug.quant.calibrate import Ranges, op_types_to_quantize, quiet_ort_logging
 from qdebug.records import QUANT_TYPES, TensorOverride
 from qdebug.records.proposal import merge_tensor_overrides
 from qdebug.records.report import ExtraOption, QuantSettings
-from qdebug.snippet import quantize_snippet as quantize_snippet  # re-exported: it moved to snippet.py
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class QuantSpec:
 
     def extra_options(self) -> dict[str, Any]:
         """ORT ``extra_options`` for this spec: the base's, the variant's overrides merged in."""
-        from qdebug.quant_config import ort_extra_options
+        from qdebug.quant.config import ort_extra_options
 
         extras = {o.key: o.value for o in self.base_extra}
         opts: dict[str, Any] = {}
@@ -125,7 +125,7 @@ def quantize_static_model(
     form (QLinearConv, QLinearMatMul...) instead, through ORT's ``ONNXQuantizer``
     (what ``quantize_static(quant_format=QuantFormat.QOperator)`` runs).
     """
-    from qdebug import fast_quantize
+    from qdebug.quant import fast_quantize
 
     key = fast_quantize.content_key(model)
     facts = _facts(model, key)
@@ -167,16 +167,16 @@ def _run_quantizer(
 ) -> tuple[onnx.ModelProto, Any]:
     """ORT's ``QDQQuantizer`` (or ``ONNXQuantizer`` for QOperator) over a copy of ``model``, as
     ``quantize_static`` runs it after calibrating. ``fast`` runs the same quantizer over qdebug's indexed
-    model (:mod:`qdebug.fast_quantize`: the same model, in time linear in the graph); it raises
-    :class:`~qdebug.fast_quantize.IndexOutOfStep` if its index and the graph disagree at the end. ``key``:
-    ``model``'s :func:`~qdebug.fast_quantize.content_key`, when the caller has it. Returns the model and,
+    model (:mod:`qdebug.quant.fast_quantize`: the same model, in time linear in the graph); it raises
+    :class:`~qdebug.quant.fast_quantize.IndexOutOfStep` if its index and the graph disagree at the end. ``key``:
+    ``model``'s :func:`~qdebug.quant.fast_quantize.content_key`, when the caller has it. Returns the model and,
     on the fast path, the names its index check read off the result
-    (:meth:`~qdebug.fast_quantize.IndexedModel.final_names`; None: read them again)."""
+    (:meth:`~qdebug.quant.fast_quantize.IndexedModel.final_names`; None: read them again)."""
     from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
     from onnxruntime.quantization.quant_utils import QuantizationMode
 
-    from qdebug import fast_quantize
+    from qdebug.quant import fast_quantize
 
     work = model if fast else copy.deepcopy(model)  # fast: copied below, once it is known from what
     per_channel_weights = spec.per_channel or any(o.axis is not None for o in spec.tensor_overrides)
@@ -356,7 +356,7 @@ class _Names:
     @classmethod
     def of(cls, model: onnx.ModelProto, read: Any = None) -> _Names:
         """``_Names(model)``, taken from what the quantizer's index check read off ``model`` where it hands
-        that over (``read``: :class:`~qdebug.fast_quantize.GraphNames`; 35 ms less at 3,200 nodes)."""
+        that over (``read``: :class:`~qdebug.quant.fast_quantize.GraphNames`; 35 ms less at 3,200 nodes)."""
         if read is None or read.written is None or read.producer is None or read.initializers is None:
             return cls(model)
         names = cls.__new__(cls)
@@ -598,7 +598,7 @@ def float16_exclusions(model: onnx.ModelProto) -> list[str]:
     half = float16_nodes(model)
     if not half:
         return []
-    from qdebug.calibrate import op_types_to_quantize
+    from qdebug.quant.calibrate import op_types_to_quantize
 
     ops = set(op_types_to_quantize())
     skip = set(half)
@@ -645,12 +645,12 @@ def quantize_dynamic_model(
 ) -> onnx.ModelProto:
     """Dynamic quantization (QInt8 weights, activations quantized at run time): the model ORT's
     ``quantize_dynamic`` writes, byte for byte, run over qdebug's indexed model where the sources it relies
-    on are the verified ones (:mod:`qdebug.fast_quantize`; ORT's own function is quadratic in the node
+    on are the verified ones (:mod:`qdebug.quant.fast_quantize`; ORT's own function is quadratic in the node
     count: 7.7 s of a 25 s propose on 3,200 nodes). Written to ``out_path`` when given; returned either way
     (on the fast path without a write and a read-back when there is no ``out_path``). Where this ORT cannot run
     the ConvInteger nodes its ``quantize_dynamic`` writes (:func:`int8_conv_integer_runs`), its default op types
     less Conv (:func:`dynamic_conv_note`)."""
-    from qdebug import fast_quantize
+    from qdebug.quant import fast_quantize
 
     if op_types is None and not int8_conv_integer_runs():
         from onnxruntime.quantization.registry import IntegerOpsRegistry
@@ -766,7 +766,7 @@ def _dynamic_indexed(
     model_path: Path, out_path: Path | None, op_types: Sequence[str] | None, per_channel: bool
 ) -> onnx.ModelProto:
     """The body of ORT's ``quantize_dynamic`` (its source is among the verified ones) with the quantizer
-    over an :class:`~qdebug.fast_quantize.IndexedModel`; raises ``IndexOutOfStep`` before writing anything
+    over an :class:`~qdebug.quant.fast_quantize.IndexedModel`; raises ``IndexOutOfStep`` before writing anything
     if the index and the graph disagree at the end. Without ``out_path`` the model is returned as ORT's
     ``save_model_to_file`` would write it (verified source too), without the write."""
     from onnxruntime.quantization import QuantType
@@ -778,7 +778,7 @@ def _dynamic_indexed(
     )
     from onnxruntime.quantization.registry import IntegerOpsRegistry
 
-    from qdebug import fast_quantize
+    from qdebug.quant import fast_quantize
 
     ops = list(op_types) if op_types else list(IntegerOpsRegistry.keys())
     with fast_quantize.installed():

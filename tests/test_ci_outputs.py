@@ -83,9 +83,9 @@ def test_junit_of_a_passing_verify(run, tmp_path, capsys):
     code, junit, md, result = _verify(run, tmp_path, "--min-recovery", "0", "--target-sqnr", "10")
     assert code == 0
     root = check_junit(junit)
-    assert root.get("tests") == "2" and root.get("failures") == "0"
+    assert root.get("tests") == "3" and root.get("failures") == "0"
     names = [c.get("name") for c in root.iter("testcase")]
-    assert any("recovery" in n for n in names) and "output SQNR >= 10 dB" in names
+    assert any("recovery" in n for n in names) and "output SQNR >= 10 dB" in names and "INT8 speed-up kept" in names
     assert result["verdict"].startswith("PASS")
     text = md.read_text()
     assert text.startswith("## qdebug verify: PASS") and result["verdict"] in text
@@ -96,13 +96,13 @@ def test_junit_of_a_failing_verify_carries_the_verdict(run, tmp_path, capsys):
     code, junit, md, result = _verify(run, tmp_path, "--target-sqnr", "200")
     assert code == ExitCode.TARGET_NOT_MET  # unchanged by the outputs
     root = check_junit(junit)
-    assert root.get("tests") == "2" and root.get("failures") == "1"
+    assert root.get("tests") == "3" and root.get("failures") == "1"
     failed = [c for c in root.iter("testcase") if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["output SQNR >= 200 dB"]
     assert failed[0].find("failure").get("message") == result["verdict"]
     # the gates as verify judged them are in the record, and the JUnit cases are those gates
     recorded = {g["name"]: g["side"] for g in result["gates"]}
-    assert recorded["output SQNR >= 200 dB"] == -1 and len(recorded) == 2
+    assert recorded["output SQNR >= 200 dB"] == -1 and recorded["INT8 speed-up kept"] == 1 and len(recorded) == 3
     assert sorted(c.get("name") for c in root.iter("testcase")) == sorted(recorded)
     assert all(g["text"] in result["verdict"] for g in result["gates"])
     assert result["verdict"] in capsys.readouterr().out  # the line printed is the message

@@ -132,6 +132,46 @@ def test_min_recovery_zero_passes_an_empty_proposal(setup, tmp_path):
     )
 
 
+def _excluding(setup, share: float) -> Proposal:
+    """A proposal keeping FP32 the first ``share`` of the nodes the report found quantized."""
+    quantized = [n.name for n in setup[3].nodes if n.quantized]
+    kept = tuple(quantized[: math.ceil(share * len(quantized))])
+    return dataclasses.replace(
+        Proposal(SCHEMA_VERSION, "proposal", "", setup[3].model.sha256, "", kept), method="minmax"
+    )
+
+
+def test_a_proposal_with_nothing_quantized_never_passes(setup, tmp_path, capsys):
+    """Every quantized node kept FP32: the selective model is the FP32 model. It recovers 100 % of the loss,
+    and verify had printed PASS on it; a CI gate must not go green on FP32, --accept-no-speedup or not."""
+    path = _write(_excluding(setup, 1.0), tmp_path / "all.json")
+    out = tmp_path / "v.json"
+    assert main(_args(setup, path, "--runs", "0", "--accept-no-speedup", "-o", str(out))) == ExitCode.TARGET_NOT_MET
+    raw = json.loads(out.read_text())
+    v = {x["name"]: x for x in raw["variants"]}
+    assert v["selective"]["qdq_pairs"] == 0 and raw["recovered_fraction"] == pytest.approx(1.0)
+    gates = {g["name"]: g["side"] for g in raw["gates"]}
+    assert gates == {"top1 recovery >= 90%": 1, "INT8 speed-up kept": -1}
+    assert raw["verdict"].startswith("FAIL") and "the selective model quantizes nothing" in raw["verdict"]
+
+
+def test_a_mostly_fp32_proposal_fails_as_propose_refuses_it_unless_accepted(setup, tmp_path, capsys):
+    """Propose's rule (more than half the quantizable nodes FP32 gives the speed-up back: exit 6 unless
+    --accept-no-speedup) is verify's: verify had passed a proposal propose refused."""
+    path = _write(_excluding(setup, 0.6), tmp_path / "most.json")
+    out = tmp_path / "v.json"
+    args = _args(setup, path, "--runs", "0", "--min-recovery", "0", "-o", str(out))
+    assert main(args) == ExitCode.TARGET_NOT_MET
+    raw = json.loads(out.read_text())
+    speed = next(g for g in raw["gates"] if g["name"] == "INT8 speed-up kept")
+    assert speed["side"] == -1 and "FP32: most of the INT8 speed-up is gone" in speed["text"]
+    assert "--accept-no-speedup" in speed["text"] and speed["text"] in raw["verdict"]
+    assert main([*args, "--accept-no-speedup"]) == 0
+    raw = json.loads(out.read_text())
+    speed = next(g for g in raw["gates"] if g["name"] == "INT8 speed-up kept")
+    assert speed["side"] == 1 and "accepted with --accept-no-speedup" in speed["text"]
+
+
 def test_unknown_node_is_refused(setup, tmp_path, capsys):
     proposal = Proposal(
         SCHEMA_VERSION, "proposal", "", setup[3].model.sha256, "", ("layer0/ln1", "no/such/node")

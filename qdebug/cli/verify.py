@@ -14,7 +14,10 @@ evaluation samples at --confidence (and, for top1, McNemar's exact test of
 FP32 vs selective): a gate passes or fails only beyond the noise.
 
 exit codes: 0 when the recovery (and --target-sqnr, if given) is met beyond
-the noise; 6 when missed beyond it (for CI gating); 8 when undecided: the
+the noise and the selective model keeps the INT8 speed-up (propose's rule:
+not most quantizable nodes FP32, not timed slower than FP32 while static is
+faster; --accept-no-speedup waives it; a model with nothing quantized never
+passes); 6 when missed beyond it (for CI gating); 8 when undecided: the
 evaluation set is too small, the interval straddles the target (the verdict
 says about how many samples would decide it); 3 for a proposal made for
 another model or naming nodes the model does not have; 5 for evaluation data
@@ -108,6 +111,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o", "--output", default=None, help="write verify.json here (and the models to <stem>_files/)"
     )
+    p.add_argument(
+        "--accept-no-speedup",
+        action="store_true",
+        help="pass a selective model that gives the INT8 speed-up back, as propose --accept-no-speedup does: it "
+        "keeps most quantizable nodes FP32, or is timed slower than FP32 while full static is faster (default: "
+        "exit 6); one that quantizes nothing never passes",
+    )
     p.add_argument("--junit", default=None, metavar="FILE", help=JUNIT_HELP)
     p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
     add_quant_arguments(p, from_proposal=True)  # None = the setting recorded in the proposal
@@ -138,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         flip_details=args.flip_details,
         calib_add_flipped=args.calib_add_flipped,
+        accept_no_speedup=args.accept_no_speedup,
     )
     ci_outputs.check_ci_outputs(args, (args.model, args.calib, args.eval, args.proposal), (args.output,))
     with stderr_progress(not args.quiet) as progress:

@@ -12,15 +12,51 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from qdebug.evaluation.evaluate import EvalResult, Evaluator, HookValues
 from qdebug.evaluation.noise import Interval, PairedNoise, paired_noise, samples_to_decide, single_interval
 from qdebug.output.formatting import ACCURACY_METRICS, fmt_db
-from qdebug.records.verify import GateRecord
+from qdebug.records.verify import GateRecord, VariantResult
 
-__all__ = ["Judgement", "assess", "judge"]
+__all__ = ["Judgement", "assess", "judge", "speedup_gate"]
+
+MOSTLY_FP32_SHARE = 0.5
+"""A selective model keeping more than this share of the quantizable nodes FP32 has given back most of the
+INT8 speed-up (Q/DQ at every boundary, float kernels between): propose refuses such an answer and verify
+fails it, both unless ``--accept-no-speedup``."""
+
+SPEED_MARGIN = 0.1
+"""How far beyond the other's spread a latency must be to count (10 %): an exit code must not hang on the
+noise of a loaded 2-core machine."""
+
+SPEEDUP_GATE = "INT8 speed-up kept"
+"""The speed-up gate's name (a JUnit test case's)."""
+
+
+class Latency(Protocol):
+    """A timed model: verify's :class:`~qdebug.records.verify.Timing`, propose's frontier point."""
+
+    p50_ms: float
+    p95_ms: float
+
+
+def mostly_fp32(kept_fp32: int, quantizable: int) -> bool:
+    """Whether keeping ``kept_fp32`` of ``quantizable`` nodes FP32 gives most of the speed-up back."""
+    return quantizable > 0 and kept_fp32 > MOSTLY_FP32_SHARE * quantizable
+
+
+def static_buys_speed(fp32: Latency, static: Latency) -> bool:
+    """Full static INT8 is faster than FP32 beyond the timing noise (else speed is not judged: the CPU's
+    integer kernels buy nothing here)."""
+    return static.p95_ms < (1 - SPEED_MARGIN) * fp32.p50_ms
+
+
+def slower_than_fp32(fp32: Latency, candidate: Latency) -> bool:
+    """``candidate`` is slower than FP32 beyond the timing noise."""
+    return candidate.p50_ms > (1 + SPEED_MARGIN) * fp32.p95_ms
 
 
 def _noise(
@@ -147,8 +183,10 @@ def assess(
     target_drop: float | None = None,
     *,
     noise: PairedNoise | None = None,
+    speed: _Gate | None = None,
 ) -> Judgement:
-    """Judge the selective model's gates, by their intervals when ``noise`` gives them.
+    """Judge the selective model's gates, by their intervals when ``noise`` gives them, and ``speed``
+    (:func:`speedup_gate`) when given.
 
     ``target_drop`` judges the selective model against FP32 as ``propose --target-drop`` does (points for
     accuracy metrics), so a CI gate can hold the proposal to the target it was searched for: by recovery,
@@ -169,6 +207,8 @@ def assess(
         gates.append(_recovery_gate(metric, fp32, static, selective, min_recovery, noise))
     if target_sqnr is not None:
         gates.append(_sqnr_gate(selective_sqnr, target_sqnr, noise))
+    if speed is not None:
+        gates.append(speed)
     mixed = len({g.side for g in gates}) > 1  # each part then says which way it went
     parts = "; ".join(f"{SIDES[g.side]}: {g.text}" if mixed else g.text for g in gates)
     records = tuple(GateRecord(g.name, g.side, g.text) for g in gates)
@@ -290,3 +330,50 @@ def _percent(fraction: float) -> str:
     """A threshold as given: 90%, 93.06% (a rounded one had printed "recovered 93.1% (< 93% required)"),
     never -0%."""
     return f"{100 * fraction + 0.0:.4g}%"
+
+
+def speedup_gate(columns: Sequence[VariantResult], accept_no_speedup: bool = False) -> _Gate:
+    """Whether the selective model is still an INT8 model that keeps the speed-up, by propose's rule.
+
+    It fails, whatever ``accept_no_speedup`` says, when nothing is quantized: no node of the full static
+    model (ORT's quantizer found nothing to quantize, e.g. a network inside an If), or none left in the
+    selective one (all its nodes FP32, no Q/DQ pair): a CI gate must not go green on the FP32 model. It
+    fails unless ``accept_no_speedup`` when the selective model keeps most quantizable nodes FP32
+    (:func:`mostly_fp32`), or is timed slower than FP32 while full static is faster, both beyond the noise.
+    """
+    by = {c.name: c for c in columns}
+    fp32, static, selective = by["fp32"], by["static"], by["selective"]
+    quantizable, kept = fp32.nodes_excluded, selective.nodes_excluded
+    if quantizable == 0 or static.qdq_pairs == 0:
+        text = (
+            "ORT's quantizer quantized no node of this model (the full static model has no Q/DQ pair): there is "
+            "no INT8 model to verify"
+        )
+        return _Gate(SPEEDUP_GATE, text, -1)
+    if kept >= quantizable or selective.qdq_pairs == 0:
+        text = (
+            f"the selective model quantizes nothing (all {quantizable} quantizable nodes FP32, "
+            f"{selective.qdq_pairs} Q/DQ pairs): it is the FP32 model, not selective quantization"
+        )
+        return _Gate(SPEEDUP_GATE, text, -1)
+    reasons = []
+    if mostly_fp32(kept, quantizable):
+        reasons.append(
+            f"the selective model keeps {kept} of {quantizable} quantizable nodes ({100 * kept / quantizable:.0f} %) "
+            "FP32: most of the INT8 speed-up is gone"
+        )
+    t_fp32, t_static, t_sel = fp32.timing, static.timing, selective.timing
+    buys = t_fp32 is not None and t_static is not None and static_buys_speed(t_fp32, t_static)
+    if buys and t_sel is not None and slower_than_fp32(t_fp32, t_sel):  # type: ignore[arg-type]
+        reasons.append(
+            f"the selective model is slower than FP32 (p50 {t_sel.p50_ms:.3g} vs {t_fp32.p50_ms:.3g} ms; "  # type: ignore[union-attr]
+            f"full static {t_static.p50_ms:.3g} ms): it gives the INT8 speed-up back"  # type: ignore[union-attr]
+        )
+    if reasons and not accept_no_speedup:
+        return _Gate(SPEEDUP_GATE, "; ".join(reasons) + " (--accept-no-speedup takes it anyway)", -1)
+    if reasons:
+        return _Gate(SPEEDUP_GATE, "; ".join(reasons) + ", accepted with --accept-no-speedup", 1)
+    text = f"the selective model quantizes {quantizable - kept} of {quantizable} quantizable nodes"
+    if t_fp32 is not None and t_static is not None and not buys:
+        text += "; full static INT8 is not faster than FP32 here beyond the timing noise, so speed is not judged"
+    return _Gate(SPEEDUP_GATE, text, 1)

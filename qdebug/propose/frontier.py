@@ -18,6 +18,7 @@ import onnx
 
 from qdebug.errors import QDebugError
 from qdebug.evaluation.evaluate import EvalResult, Evaluator
+from qdebug.evaluation.gates import slower_than_fp32, static_buys_speed
 from qdebug.output.formatting import fmt_metric
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
@@ -156,17 +157,11 @@ def _changed(label: str, trial: Trial | None) -> str:
     return " + ".join(parts) + (", per-channel weights" if trial.per_channel else "")
 
 
-SPEED_MARGIN = 0.1
-"""How far beyond the other's spread a latency must be to count (10 %): an exit code must not hang on the
-noise of a loaded 2-core machine."""
-
-
 def speed_verdict(points: Sequence[FrontierPoint]) -> tuple[list[str], bool]:
     """(lines for the user, whether the answer gave the speed-up back) from the frontier.
 
-    Judged beyond the timing noise only: the answer gives the speed-up back when its median is more than
-    :data:`SPEED_MARGIN` slower than FP32's 95th percentile while static's 95th percentile is that much
-    faster than FP32's median. When static itself is
+    Judged beyond the timing noise only (:func:`~qdebug.gates.slower_than_fp32` while
+    :func:`~qdebug.gates.static_buys_speed`: verify's speed-up gate applies the same rule). When static is
     no faster than FP32, quantization buys no speed on this machine: said so, and the answer is judged on
     accuracy alone. Another measured point that also meets the target and is faster than the answer is
     named either way (``quantize_dynamic`` often is, on a transformer).
@@ -176,13 +171,13 @@ def speed_verdict(points: Sequence[FrontierPoint]) -> tuple[list[str], bool]:
     if fp32 is None or static is None or answer is None:
         return [], False
     lines, slow = [], False
-    if static.p95_ms >= (1 - SPEED_MARGIN) * fp32.p50_ms:
+    if not static_buys_speed(fp32, static):
         lines.append(
             f"full static INT8 is not faster than FP32 here beyond the timing noise (p50 {static.p50_ms:.3g} vs "
             f"{fp32.p50_ms:.3g} ms): on this CPU and provider static INT8 kernels buy little or no speed (check "
             "its int8 support, e.g. VNNI); the proposal is judged on accuracy alone"
         )
-    elif answer.p50_ms > (1 + SPEED_MARGIN) * fp32.p95_ms:
+    elif slower_than_fp32(fp32, answer):
         slow = True
         lines.append(
             f"the proposal is slower than FP32 (p50 {answer.p50_ms:.3g} vs {fp32.p50_ms:.3g} ms; full static "

@@ -26,6 +26,7 @@ from qdebug.analysis import measure_layers, node_records, quantized_node_names, 
 from qdebug.data import DataSet, InputSpec, data_notes, fixed_batch, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluation.evaluate import Evaluator, metric_scope_note
+from qdebug.evaluation.gates import mostly_fp32
 from qdebug.evaluation.noise import DEFAULT_CONFIDENCE, Interval, samples_to_decide
 from qdebug.graph.load import save_model
 from qdebug.graph.match import pair_models, qdq_settings
@@ -385,14 +386,9 @@ def _speed(
     return frontier, notes, "; ".join(reasons) + ". Pass --accept-no-speedup to take this proposal anyway"
 
 
-MOSTLY_FP32_SHARE = 0.5
-"""A proposal keeping more than this share of the quantizable nodes FP32 has given back most of the INT8
-speed-up (Q/DQ at every boundary, float kernels between): propose says so and exits 6 unless accepted."""
-
-
 def _mostly_fp32(final: Trial, quantizable: int) -> str:
     """The plain line for an answer that keeps most of the model FP32 (``""`` when it does not)."""
-    if not quantizable or len(final.nodes) <= MOSTLY_FP32_SHARE * quantizable:
+    if not mostly_fp32(len(final.nodes), quantizable):
         return ""
     return (
         f"the proposal keeps {len(final.nodes)} of {quantizable} quantizable nodes "

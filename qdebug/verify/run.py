@@ -47,6 +47,7 @@ from qdebug.evaluation.gates import (  # re-exported: the gates verify judges by
     _noise_fields,
     assess,
     judge,
+    speedup_gate,
 )
 from qdebug.evaluation.noise import DEFAULT_CONFIDENCE
 from qdebug.evaluation.samples import DEFAULT_FLIP_DETAILS, DetailTarget, per_sample_section
@@ -137,6 +138,10 @@ class VerifyOptions:
     warmup: int = 5
     flip_details: int = DEFAULT_FLIP_DETAILS
     """The selective model's flipped samples measured tensor by tensor (``--flip-details``; 0: none)."""
+    accept_no_speedup: bool = False
+    """Pass a selective model that gives the INT8 speed-up back (most quantizable nodes FP32, or timed slower
+    than FP32 while full static is faster), as ``propose --accept-no-speedup`` takes such an answer; one
+    that quantizes nothing never passes (:func:`~qdebug.gates.speedup_gate`)."""
     calib_add_flipped: bool = False
     """Also rebuild both variants with static's flipped samples added to the cached calibration ranges, and
     score them (``--calib-add-flipped``, :mod:`qdebug.quant.recalibrate`)."""
@@ -570,6 +575,7 @@ def _verify_result(
         options.target_sqnr,
         options.target_drop,
         noise=noise,
+        speed=speedup_gate(columns, options.accept_no_speedup),
     )
     recovered, met, verdict = j.recovered, j.met, j.verdict + _speed_clause(columns)
     sample_notes: list[str] = []

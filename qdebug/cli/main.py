@@ -22,8 +22,8 @@ from typing import NoReturn, TextIO
 from qdebug import __version__
 from qdebug.errors import ExitCode, QDebugError
 
-SUBCOMMANDS = ("analyze", "propose", "verify", "bench", "diff", "export", "tui", "demo")
-RUNS_ORT = ("analyze", "propose", "verify", "bench", "demo")
+SUBCOMMANDS = ("analyze", "propose", "verify", "bench", "profile", "diff", "export", "tui", "demo")
+RUNS_ORT = ("analyze", "propose", "verify", "bench", "profile", "demo")
 """The subcommands that run ONNX Runtime: onnxruntime, onnx and numpy are checked before they start
 (:func:`qdebug.versions.check_installed`); the others read reports only."""
 

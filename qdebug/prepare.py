@@ -364,6 +364,31 @@ def calibrated(
     return dataclasses.replace(prep, ranges=ranges, settings=settings)
 
 
+def recipe_base(prep: Prepared, proposal: Proposal, options: AnalyzeOptions, method: str = "") -> Prepared:
+    """The prepared FP32 model a proposal's selective variant is quantized from: ``prep`` itself, or the
+    proposal's recipe's transformed model (:class:`~qdebug.records.RecipeRecord`), checked by hash and
+    calibrated with ``prep``'s settings (``method``: another calibration method's), cached like any ranges."""
+    recipe = proposal.recipe
+    if recipe is None or not recipe.fp32_model:
+        return prep
+    path = Path(recipe.fp32_model)
+    if not path.is_file():
+        raise QDebugError(
+            f"the proposal's recipe model {path} is missing (recipe {recipe.name})",
+            "keep the proposal's <stem>_files/ folder where propose wrote it, or run qdebug propose again",
+            ExitCode.INPUT,
+        )
+    if recipe.fp32_sha256 and sha256_file(path) != recipe.fp32_sha256:
+        raise QDebugError(
+            f"the proposal's recipe model {path} changed since propose wrote it (recipe {recipe.name})",
+            "run qdebug propose again",
+            ExitCode.INPUT,
+        )
+    base = dataclasses.replace(prep, normalized=load_model(path).proto, normalized_path=path.resolve(), ranges=None)
+    settings = dataclasses.replace(prep.settings, method=method) if method else prep.settings
+    return calibrated(base, settings, options)
+
+
 def in_workdir(prep: Prepared, workdir: Path) -> Prepared:
     """``prep`` with its normalized model saved to ``workdir`` as well: each report of ``analyze --method
     a,b,c`` keeps its own ``<stem>_files/normalized.onnx``, byte for byte the one a run of its own writes."""

@@ -11,7 +11,7 @@ The layers, each allowed to import only the ones below it::
     front ends   cli/ (the composition root)   tui/ (light only)
     commands     pipeline (analyze)   propose/   verify/   bench/
     prelude      prepare
-    engine       analysis/  quant/  evaluation/  runtime/  data/  graph/  export/  specialize  versions
+    engine       analysis/  quant/  recipes/  evaluation/  runtime/  data/  graph/  export/  specialize  versions
     light        records/  output/  progress  errors  graph/ops  diff
 
 The light layer loads neither onnx nor onnxruntime: the TUI and the CLI printers are built on it. The

@@ -263,8 +263,14 @@ def _proposal_notes(prop: Proposal | None, prep: Prepared, options: BenchOptions
     if prop is None:
         return []
     notes: list[str] = []
-    if prep.ranges is not None and options.methods[0] == (prop.method or "minmax"):
-        notes.extend(calibration_notes(prop, prep.ranges))
+    if prep.ranges is not None and options.methods[0] == (prop.method or "minmax") and prop.recipe is None:
+        notes.extend(calibration_notes(prop, prep.ranges))  # (a recipe's model has ranges of its own)
+    if prop.recipe is not None:
+        steps = "+".join(prop.recipe.steps) or prop.recipe.name
+        notes.append(
+            f"selective is quantized from the proposal's recipe model ({steps}: {prop.recipe.fp32_model}), the "
+            "other variants from your model"
+        )
     notes.extend(base_setting_notes(prop, options.per_channel))
     return notes
 

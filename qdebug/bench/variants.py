@@ -17,7 +17,7 @@ from pathlib import Path
 
 from qdebug.bench.options import BenchOptions
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.prepare import Prepared
+from qdebug.prepare import AnalyzeOptions, Prepared, recipe_base
 from qdebug.progress import Progress
 from qdebug.quant.calibrate import Ranges
 from qdebug.quant.config import describe
@@ -190,7 +190,12 @@ def _selective(
     options: BenchOptions,
     proposal: Proposal,
 ) -> _Built:
-    """The static variant with the proposal's exclusions, tensor overrides and per-channel setting."""
+    """The static variant with the proposal's exclusions, tensor overrides and per-channel setting, quantized
+    from the proposal's recipe's transformed FP32 model when it has one."""
+    if proposal.recipe is not None and proposal.recipe.fp32_model:
+        prep = recipe_base(prep, proposal, AnalyzeOptions(runtime=options.runtime), method)
+        assert prep.ranges is not None
+        ranges = prep.ranges
     spec = QuantSpec.of(
         prep.settings,
         per_channel=proposal.per_channel,

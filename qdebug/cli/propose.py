@@ -75,6 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "by the report's flipped evaluation samples (as verify --calib-add-flipped), for the whole model, "
         "else per node after the other fixes; an upper bound, as those samples are evaluation samples",
     )
+    p.add_argument(
+        "--recipes",
+        default="all",
+        metavar="LIST",
+        help="whole-model recipes tried before any per-node change when full static INT8 misses the target: "
+        "comma list of fold-bn, equalize, smooth, bias-correction, or all (default) or none. The first that "
+        "meets the target is the answer; else the per-node search starts from the best",
+    )
     p.add_argument("--model", default=None, help="FP32 model (default: the path recorded in the report)")
     p.add_argument("--calib", default=None, help="calibration data (default: the report's)")
     p.add_argument("--eval", default=None, help="evaluation data (default: the report's)")
@@ -171,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         target_sqnr=args.target_sqnr,
         max_nodes=args.max_nodes,
         allow=tuple(args.allow.split(",")),
+        recipes=_recipes_arg(args.recipes),
         metric=args.metric,
         eval_max_samples=args.eval_max_samples,
         max_evaluations=args.max_evaluations,
@@ -233,6 +242,10 @@ def print_summary(result, wide: bool = False) -> None:
         f"{name}{on}: FP32 {fmt_metric(name, p.fp32_metric)}  static {fmt_metric(name, p.static_metric)}  "
         f"selective {fmt_metric(name, p.expected_metric)}"
     )
+    if p.recipe is not None:
+        r = p.recipe
+        what = f"{len(r.changed)} node(s) rewritten" + (f", {len(r.removed)} folded away" if r.removed else "")
+        console.print(f"recipe: {'+'.join(r.steps) or r.name} ({what}); quantized from {r.fp32_model or 'its model'}")
     share = f"{100 * len(p.nodes_to_exclude) / p.quantizable_nodes:.1f}%" if p.quantizable_nodes else "-"
     console.print(
         f"nodes kept FP32: {len(p.nodes_to_exclude)} of {p.quantizable_nodes} quantizable "
@@ -308,3 +321,13 @@ def _reasons_table(console, reasons, wide: bool) -> None:
     for name, row in zip(names, rows, strict=True):
         table.add_row(name, *row)
     console.print(table)
+
+
+def _recipes_arg(value: str) -> tuple[str, ...] | None:
+    """``--recipes``: ``all`` (None: every recipe), ``none`` (no recipe), else the names (checked by propose)."""
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if names == ("all",):
+        return None
+    if names == ("none",) or not names:
+        return ()
+    return names

@@ -26,7 +26,7 @@ from qdebug.output.snippet import quantize_snippet
 from qdebug.prepare import Prepared
 from qdebug.propose.search import Plan, Target, Trial
 from qdebug.quant.quantize import QuantSpec, float16_exclusions
-from qdebug.records import NodeReason, Report
+from qdebug.records import NodeReason, RecipeRecord, Report
 
 
 def _reasons(
@@ -131,8 +131,16 @@ def _fmt(target: Target, trial: Trial) -> str:
     return f"{v:.4g}"
 
 
-def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, calib_src: str | Path) -> str:
-    """The quantize_static snippet; on the normalized model when an excluded node had no (unique) name."""
+def _snippet(
+    report: Report,
+    model_path: Path,
+    prep: Prepared,
+    spec: QuantSpec,
+    calib_src: str | Path,
+    recipe: RecipeRecord | None = None,
+) -> str:
+    """The quantize_static snippet; on the normalized model when an excluded node had no (unique) name, on
+    the recipe's transformed FP32 model (``prep``'s) when the proposal has one."""
     # float16 nodes are excluded from every variant qdebug builds; plain ORT needs them spelled out
     excluded = tuple(spec.nodes_to_exclude)
     excluded += tuple(n for n in float16_exclusions(prep.normalized) if n not in excluded)
@@ -141,10 +149,16 @@ def _snippet(report: Report, model_path: Path, prep: Prepared, spec: QuantSpec, 
     # plain quantize_static leaves weights held in Constant nodes float (normalization made them initializers)
     named = (*excluded, *prep.settings.nodes_to_exclude, *prep.settings.nodes_to_quantize)
     normalized = any(n in renamed for n in named) or _constant_weights(user) or _if_inlined(user, prep)
+    normalized = normalized or recipe is not None
     target_model = prep.normalized_path if normalized else model_path
     model_file = str(Path(target_model).resolve())
     prelude = ""
-    if not normalized and _hits_shared_bias_bug(user):
+    if recipe is not None:
+        prelude = (
+            f"# recipe {'+'.join(recipe.steps) or recipe.name}: the model below is your FP32 model transformed by "
+            "qdebug propose (saved with the proposal); quantize it, not the original\n"
+        )
+    elif not normalized and _hits_shared_bias_bug(user):
         # the user's own quantize_static would rewire an activation to a bias copy (ORT's _dup_initializer)
         prelude = unshare_snippet(model_file, "model.unshared.onnx") + "\n"
         model_file = "model.unshared.onnx"

@@ -11,6 +11,7 @@ beyond the timing noise, and names the best option it measured.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -22,12 +23,16 @@ from qdebug.evaluation.gates import slower_than_fp32, static_buys_speed
 from qdebug.output.formatting import fmt_metric
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
+from qdebug.propose.recipes import RecipeStage, best_per_family, recipe_label
 from qdebug.propose.search import Search, Trial
-from qdebug.quant.quantize import dynamic_conv_note, quantize_dynamic_model
+from qdebug.quant.quantize import QuantSpec, dynamic_conv_note, quantize_dynamic_model, quantize_static_model
 from qdebug.records import FrontierPoint
 from qdebug.records.verify import Timing
 from qdebug.runtime.parallel import Pool, score_all
 from qdebug.runtime.timing import time_sessions
+
+_Entry = tuple[str, "Trial | None", "EvalResult | None", onnx.ModelProto]
+"""A frontier point before it is timed: label, the search's trial (if any), its score here (if any), model."""
 
 TIME_RUNS = 20
 """Timed runs per frontier point (``--time-runs``; 0 skips the frontier)."""
@@ -44,22 +49,30 @@ def verified_frontier(
     rescore: bool = False,
     pool: Pool | None = None,
     dynamic: onnx.ModelProto | QDebugError | None = None,
+    recipes: RecipeStage | None = None,
 ) -> tuple[tuple[FrontierPoint, ...], list[str]]:
     """The frontier points (FP32 first) and notes on what could not be measured; ``rescore``: the search
     was screened on part of the evaluation set, so its neighbours are scored again on all of it.
 
     The evaluations (the neighbours rescored, the dynamic model) go to ``pool`` side by side; the timing
     after them runs here, one model at a time, with the workers idle. ``dynamic``: the dynamic model
-    already built (:func:`dynamic_variant`; None: built here)."""
+    already built (:func:`dynamic_variant`; None: built here). ``recipes``: the whole-model recipes tried
+    (:mod:`qdebug.propose.recipes`): the best of each family is a point, ``recipe <name>``; when one is the
+    search's base, ``static`` stays the user's model's full static INT8 and the base's is that recipe's point."""
     if runs <= 0 or not evaluator.batches:
         return (), []
     notes: list[str] = []
     static = search.trials[0]
-    entries: list[tuple[str, Trial | None, EvalResult | None, onnx.ModelProto]] = [
-        ("fp32", None, None, prep.normalized),
-        ("static", static, None, search.build((), (), static.per_channel)[1]),
-        ("proposal", final, None, selective),
-    ]
+    base_static = search.build((), (), static.per_channel)[1]
+    entries: list[_Entry] = [("fp32", None, None, prep.normalized)]
+    tried = _recipe_points(recipes, prep, evaluator, pool)
+    if recipes is not None and recipes.chosen is not None:
+        entries.append(tried.pop(0))  # the user's model's full static INT8
+        entries.append((recipe_label(recipes.chosen), static, None, base_static))
+    else:
+        entries.append(("static", static, None, base_static))
+    entries.append(("proposal", final, None, selective))
+    entries += tried
     neighbours = [
         (label, trial, search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)[1])
         for label, trial in _neighbours(search, final)
@@ -76,7 +89,32 @@ def verified_frontier(
     timings = time_sessions(models, first.feeds, evaluator.config, runs=runs, notes=notes, rows=first.size)
     progress("frontier", len(entries), len(entries))
     points = tuple(_point(search, label, trial, result, timings[label]) for label, trial, result, _ in entries)
+    if recipes is not None and recipes.chosen is not None:  # the answer is built on the recipe's model
+        prefix = recipe_label(recipes.chosen).removeprefix("recipe ")
+        points = tuple(
+            dataclasses.replace(p, changed=f"{prefix} + {p.changed}") if p.label == "proposal" else p for p in points
+        )
     return points, notes
+
+
+def _recipe_points(
+    recipes: RecipeStage | None, prep: Prepared, evaluator: Evaluator, pool: Pool | None
+) -> list[_Entry]:
+    """The frontier's recipe entries, scored on every evaluation sample: the user's model's full static
+    INT8 first when a recipe is the search's base, then the best trial of each recipe family not chosen."""
+    if recipes is None or not recipes.trials:
+        return []
+    models: list[tuple[str, onnx.ModelProto]] = []
+    if recipes.chosen is not None:
+        assert prep.ranges is not None
+        models.append(("static", quantize_static_model(prep.normalized, prep.ranges, QuantSpec.of(prep.settings))))
+    for trial in best_per_family(recipes.trials):
+        if trial is recipes.chosen or trial.prep is None or trial.prep.ranges is None:
+            continue
+        spec = QuantSpec.of(trial.prep.settings)
+        models.append((recipe_label(trial), quantize_static_model(trial.prep.normalized, trial.prep.ranges, spec)))
+    results = score_all(pool, evaluator, [m for _, m in models], numbers_only=True)
+    return [(label, None, result, model) for (label, model), result in zip(models, results, strict=True)]
 
 
 def _neighbours(search: Search, final: Trial) -> list[tuple[str, Trial]]:
@@ -143,6 +181,8 @@ def _point(search: Search, label: str, trial: Trial | None, result: EvalResult |
 def _changed(label: str, trial: Trial | None) -> str:
     if label == "fp32":
         return "no quantization"
+    if label.startswith("recipe "):
+        return f"{label.removeprefix('recipe ')} + " + _changed("static", trial)
     if label == "dynamic":
         return "quantize_dynamic (weights INT8, activations at run time)"
     if trial is None or _size(trial) == 0:
@@ -157,20 +197,30 @@ def _changed(label: str, trial: Trial | None) -> str:
     return " + ".join(parts) + (", per-channel weights" if trial.per_channel else "")
 
 
-def speed_verdict(points: Sequence[FrontierPoint]) -> tuple[list[str], bool]:
+def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tuple[list[str], bool]:
     """(lines for the user, whether the answer gave the speed-up back) from the frontier.
 
     Judged beyond the timing noise only (:func:`~qdebug.gates.slower_than_fp32` while
     :func:`~qdebug.gates.static_buys_speed`: verify's speed-up gate applies the same rule). When static is
     no faster than FP32, quantization buys no speed on this machine: said so, and the answer is judged on
     accuracy alone. Another measured point that also meets the target and is faster than the answer is
-    named either way (``quantize_dynamic`` often is, on a transformer).
+    named either way (``quantize_dynamic`` often is, on a transformer). ``base``: the label of the full
+    static INT8 the answer was searched from (a recipe's, when one was chosen).
     """
     by = {p.label: p for p in points}
-    fp32, static, answer = by.get("fp32"), by.get("static"), by.get("proposal")
+    fp32, static, answer = by.get("fp32"), by.get(base, by.get("static")), by.get("proposal")
     if fp32 is None or static is None or answer is None:
         return [], False
     lines, slow = [], False
+    plain = by.get("static")
+    recipe_pays = base != "static" and plain is not None and static_buys_speed(fp32, static)
+    if recipe_pays and not static_buys_speed(fp32, plain):  # type: ignore[arg-type]
+        lines.append(
+            f"full static INT8 of your model is not faster than FP32 (p50 {plain.p50_ms:.3g} vs {fp32.p50_ms:.3g} ms) "
+            f"where {base.removeprefix('recipe ')} makes it faster ({static.p50_ms:.3g} ms)"
+            + (": a BatchNormalization left between Q/DQ pairs runs as a float kernel, quantized twice; folded "
+               "into its Conv (as ORT's quant_pre_process does) it costs neither" if "fold-bn" in base else "")
+        )  # fmt: skip
     if not static_buys_speed(fp32, static):
         lines.append(
             f"full static INT8 is not faster than FP32 here beyond the timing noise (p50 {static.p50_ms:.3g} vs "

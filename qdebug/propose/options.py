@@ -50,6 +50,9 @@ class ProposeOptions:
     max_nodes: int | None = None
     """Most nodes the proposal may keep out of quantization (None: no limit)."""
     allow: tuple[str, ...] = DEFAULT_ALLOW
+    recipes: tuple[str, ...] | None = None
+    """Whole-model recipes tried first when full static INT8 misses the target (None: every one in
+    :mod:`qdebug.recipes.registry`; empty: none): :mod:`qdebug.propose.recipes`."""
     metric: str | None = None
     """Task metric (default: the report's, else top1 when the data has labels)."""
     eval_max_samples: int | None = None

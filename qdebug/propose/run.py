@@ -59,6 +59,8 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     _check_allow,
     make_target,
 )
+from qdebug.propose.recipes import RecipeStage, recipe_label, run_recipes
+from qdebug.propose.recipes import wanted as wanted_recipes
 from qdebug.propose.reuse import analyzed_static, offer_analyzed_inference
 from qdebug.propose.screen import confirm_on_all, screening_evaluator, start_on_all
 from qdebug.propose.search import (
@@ -80,7 +82,16 @@ from qdebug.propose.switch import switch_note
 from qdebug.quant.calibrate import Ranges
 from qdebug.quant.quantize import QuantSpec
 from qdebug.quant.switchable import SwitchScreen
-from qdebug.records import SCHEMA_VERSION, AnalysisConfig, FrontierPoint, NodeRecord, Proposal, Report, WeightRecord
+from qdebug.records import (
+    SCHEMA_VERSION,
+    AnalysisConfig,
+    FrontierPoint,
+    NodeRecord,
+    Proposal,
+    RecipeRecord,
+    Report,
+    WeightRecord,
+)
 from qdebug.runtime.capture import SessionConfig
 from qdebug.runtime.parallel import Pool, check_request, open_pool
 
@@ -165,6 +176,7 @@ def propose(
     if not isinstance(report, Report):
         report = load_report(report)
     allow = _check_allow(options.allow)
+    recipes = wanted_recipes(options.recipes)
     check_request(options.runtime)
     if options.max_nodes is not None and options.max_nodes < 0:
         raise QDebugError("--max-nodes must be >= 0", "pass a node count", ExitCode.USAGE)
@@ -194,8 +206,9 @@ def propose(
             open_pool(options.runtime) as pool,
         ):
             return _propose(
-                report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start, pool
-            )
+                report, model_path, calib_src, eval_src, workdir, output, options, allow, progress, start, pool,
+                recipes,
+            )  # fmt: skip
 
 
 def _propose(
@@ -210,6 +223,7 @@ def _propose(
     progress: Progress,
     start: float,
     pool: Pool | None = None,
+    recipes: Sequence[str] = (),
 ) -> ProposeResult:
     """The checked request turned into a proposal: prepare, search, choose, write (inside the output guard).
 
@@ -238,7 +252,12 @@ def _propose(
     screened = screen or evaluator
     screen_target = make_target(screened.metric_name, screened.fp32_value, screened.samples, options)
     dynamic = _start_pool(pool, prep, screened, evaluator, options)
+    fp32_prep = prep  # the user's model: the FP32 reference, its timing and the dynamic variant
+    stage = _recipes(prep, report, screened, screen_target, options, workdir, progress, recipes)
+    prep, report = stage.prep, _on_base(report, stage.prep)  # the search starts from the recipe chosen, if any
     search, structure, initial = _search(prep, report, screened, screen_target, options, progress, pool)
+    for model, result in stage.prescored():  # plain static (per-channel too), scored already: not again
+        search.prescore(model, result)
     switch = _switch_screen(search, prep, report, options)
     if switch is not None:
         screen = switch  # confirmed below like a subset screen: everything reported is on real models
@@ -273,14 +292,26 @@ def _propose(
         screen_notes += confirm_notes
     static = search.trials[0]
     frontier, speed_notes, no_speedup = _speed(
-        search, prep, evaluator, final, selective, options, progress, rescore=screen is not None, pool=pool,
-        dynamic=dynamic, allow=allow,
+        search, fp32_prep, evaluator, final, selective, options, progress, rescore=screen is not None, pool=pool,
+        dynamic=dynamic, allow=allow, recipes=stage,
     )  # fmt: skip
     interval = _answer_interval(search, evaluator, selective, pool)
     seconds = time.perf_counter() - start
     sel_path = selective_model_path(output) if output is not None else None
-    proposal = _proposal_record(report, model_path, prep, calib_src, search, plan, spec, final, seconds, sel_path)
-    proposal = dataclasses.replace(proposal, frontier=frontier, drop_interval=interval)
+    recipe = stage.record(prep.normalized_path if output is not None else None)
+    proposal = _proposal_record(
+        report, model_path, prep, calib_src, search, plan, spec, final, seconds, sel_path, recipe
+    )
+    plain_static = _plain_static(stage, frontier, evaluator, search.target) if recipe else proposal.static_metric
+    proposal = dataclasses.replace(
+        proposal,
+        frontier=frontier,
+        drop_interval=interval,
+        recipe=recipe,
+        static_metric=plain_static,
+        normalized_model=proposal.normalized_model if recipe is None or output is None
+        else str(fp32_prep.normalized_path.resolve()),
+    )
     if output is not None and sel_path is not None:
         save_model(selective, sel_path)
         atomic_write_text(output, dumps(proposal))
@@ -300,6 +331,7 @@ def _propose(
             *_settings_notes(report, prep),
             *_notes(report),
             *_nothing_quantized(final, static),
+            *stage.notes,
             *([flipped_note] if flipped_note else leak_notes(final.fixes, flipped)),
             *screen_notes,
             *search.skips,
@@ -366,17 +398,19 @@ def _speed(
     pool: Pool | None = None,
     dynamic: onnx.ModelProto | QDebugError | None = None,
     allow: Sequence[str] = ("fp32",),
+    recipes: RecipeStage | None = None,
 ) -> tuple[tuple[FrontierPoint, ...], list[str], str]:
     """The verified frontier, notes on it, and the line saying the answer gives the speed-up back (``""``
     when it does not): it keeps most of the model FP32, or it is timed slower than FP32 beyond the noise."""
     frontier, notes = verified_frontier(
         search, prep, evaluator, final, selective, options.time_runs, progress, rescore=rescore, pool=pool,
-        dynamic=dynamic,
+        dynamic=dynamic, recipes=recipes,
     )  # fmt: skip
     if not (final.met and search.fits(final)):
         missed = missed_verdict(frontier, allow, search.target.metric if search.target.kind == "drop" else "")
         return frontier, [*notes, missed] if frontier else notes, ""
-    lines, slow = speed_verdict(frontier)
+    base = recipe_label(recipes.chosen) if recipes is not None and recipes.chosen is not None else "static"
+    lines, slow = speed_verdict(frontier, base)
     mostly = _mostly_fp32(final, len(search.structure.excludable))
     if not slow:
         notes.extend(lines)
@@ -438,6 +472,48 @@ def _settings_notes(report: Report, prep: Prepared) -> list[str]:
         f"the variants are built with {prep.settings.source or 'other settings'} ({describe(prep.settings)}), "
         f"not the report's ({describe(report.config.quant)}): the ranking describes the report's model"
     ]
+
+
+def _recipes(
+    prep: Prepared,
+    report: Report,
+    screened: Evaluator,
+    target: Target,
+    options: ProposeOptions,
+    workdir: Path,
+    progress: Progress,
+    recipes: Sequence[str],
+) -> RecipeStage:
+    """The recipes stage (:mod:`qdebug.propose.recipes`); its plain static build reads analyze's own static
+    model and shape-inferred normalized model where they are what this run would build."""
+    assert prep.ranges is not None
+    offer_analyzed_inference(report)
+    analyzed = analyzed_static(report, prep.normalized_path, prep.ranges, QuantSpec.of(prep.settings))
+    aopts = _prepare_options(report.config, options)
+    return run_recipes(
+        prep, screened, target, aopts, workdir, progress, recipes, static_bytes=analyzed,
+        per_channel_first="per-channel" in options.allow,
+    )  # fmt: skip
+
+
+def _plain_static(stage: RecipeStage, frontier: Sequence[FrontierPoint], evaluator: Evaluator, target: Target) -> float:
+    """The user's model's full static INT8 metric on every evaluation sample, when a recipe is the base (the
+    search's first trial is then the recipe's): the frontier's ``static`` point, else scored here."""
+    point = next((p for p in frontier if p.label == "static"), None)
+    if point is not None:
+        return point.metric
+    assert stage.static is not None
+    model, result = stage.static
+    return target.value(result if result.samples == evaluator.samples else evaluator.score(model))
+
+
+def _on_base(report: Report, base: Prepared) -> Report:
+    """The report as the search reads it on ``base``: a recipe that folded nodes away (BatchNormalization
+    into its Conv) leaves them out of the ranking, since no variant can exclude them."""
+    names = {n.name for n in base.normalized.graph.node}
+    if all(n.name in names for n in report.nodes):
+        return report
+    return dataclasses.replace(report, nodes=tuple(n for n in report.nodes if n.name in names))
 
 
 def _check_names(report: Report, prep: Prepared) -> None:
@@ -580,6 +656,7 @@ def _proposal_record(
     final: Trial,
     seconds: float,
     sel_path: Path | None,
+    recipe: RecipeRecord | None = None,
 ) -> Proposal:
     """The proposal file's record; ``sel_path`` is where the selective model goes (``None``: nothing is
     written, so the normalized model recorded is the report's)."""
@@ -603,7 +680,7 @@ def _proposal_record(
         search_seconds=seconds,
         source="propose",
         quantized_model=str(sel_path.resolve()) if sel_path is not None else None,
-        snippet=_snippet(report, model_path, prep, spec, calib_src),
+        snippet=_snippet(report, model_path, prep, spec, calib_src, recipe),
         quantizable_nodes=len(search.structure.excludable),
         qdq_pairs_delta=final.qdq_pairs - static.qdq_pairs,
         method=settings.method,

@@ -204,6 +204,9 @@ class Search:
         from its own (no evaluation again) when the search scored it on the whole set."""
         """Variants built, by what was asked (serialized, at most :data:`BUILT_BYTES` in all, the most recent
         kept): the answer, static and the frontier's points are built again after the search."""
+        self.prescored: dict[str, EvalResult] = {}
+        """Scores of models already scored by this evaluator before the search (the recipes stage's full
+        static), by model digest: taken once instead of scoring the same model again."""
         self.hinted: OrderedDict[tuple, bool] = OrderedDict()
         """The last hint's variants not built yet (-> every one will be asked for)."""
 
@@ -276,6 +279,10 @@ class Search:
         if keep:  # the trace records the nodes leaks were closed with: the answer is built again from those
             self._keep_built((frozenset(nodes), asked[1], pc, frozenset(), asked[4]), spec, model)
         return spec, model, time.perf_counter() - start
+
+    def prescore(self, model: onnx.ModelProto, result: EvalResult) -> None:
+        """Take ``result`` as this search's evaluator's score of ``model`` (scored before the search)."""
+        self.prescored[model_digest(model)] = result
 
     def adopt_static(self, data: bytes) -> None:
         """Take ``data`` (a serialized model) as the static variant, built: analyze's own, checked by
@@ -438,7 +445,7 @@ class Search:
             self.equivalents.append(trial)
             return trial
         try:
-            result = self._score(model, ahead)
+            result = self.prescored.pop(digest, None) or self._score(model, ahead)
         except QDebugError as scored:
             # built without ORT's trial load (the evaluation opens the one session): name the quantizer's fault
             # if it is one, and skip the candidate either way unless it is full static itself

@@ -9,6 +9,7 @@ from qdebug.records.proposal import (
     FrontierPoint,
     NodeReason,
     Proposal,
+    RecipeRecord,
     TensorOverride,
 )
 from qdebug.records.report import (
@@ -50,6 +51,7 @@ __all__ = [
     "NotCaptured",
     "OutputMetric",
     "Proposal",
+    "RecipeRecord",
     "QUANT_TYPES",
     "QuantParams",
     "Report",

@@ -108,6 +108,30 @@ class FrontierPoint:
 
 
 @dataclass(frozen=True)
+class RecipeRecord:
+    """The whole-model recipe a proposal is built on (:mod:`qdebug.recipes.registry` names it): the
+    transformed FP32 model that ORT's quantizer quantizes instead of the user's, and what changed in it."""
+
+    name: str
+    """The registry's key of the recipe chosen (``fold-bn``, ``equalize``, ``smooth``, ``bias-correction``)."""
+    steps: tuple[str, ...] = ()
+    """The transforms applied, in order (``equalize`` folds BatchNormalization first)."""
+    params: tuple[tuple[str, float], ...] = ()
+    """Their parameters (SmoothQuant's ``alpha``)."""
+    fp32_model: str | None = None
+    """The transformed FP32 model the selective model is quantized from (``None``: not written)."""
+    fp32_sha256: str = ""
+    changed: tuple[str, ...] = ()
+    """Nodes whose weights or biases the recipe rewrote."""
+    removed: tuple[str, ...] = ()
+    """Nodes it removed (BatchNormalization folded into its Conv)."""
+    screened_metric: float = float("nan")
+    """The recipe's full static INT8 model's metric on the screening samples."""
+    notes: tuple[str, ...] = ()
+    """What the transforms did and skipped, one line each."""
+
+
+@dataclass(frozen=True)
 class Proposal:
     """A mixed-precision proposal: the input of ``verify``/``bench`` and the TUI's export format."""
 
@@ -173,6 +197,9 @@ class Proposal:
     readers): the selective model is these settings plus ``nodes_to_exclude``, ``tensor_overrides`` and
     ``per_channel``. ``None`` in proposals written before it was recorded (and the TUI's): :attr:`quant`
     rebuilds it from those fields."""
+    recipe: RecipeRecord | None = None
+    """The whole-model recipe the selective model is built on (``None``: the user's FP32 model, plain static
+    INT8 plus the per-node changes): its transformed FP32 model is what verify and bench quantize."""
 
     @property
     def quant(self) -> QuantSettings:

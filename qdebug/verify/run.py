@@ -64,6 +64,7 @@ from qdebug.output.report_io import dumps, load_proposal
 from qdebug.prepare import (
     QUANT_FLAT,
     AnalyzeOptions,
+    Prepared,
     QuantRequest,
     RuntimeSettings,
     base_setting_notes,
@@ -71,6 +72,7 @@ from qdebug.prepare import (
     check_proposal,
     flat_settings,
     prepare,
+    recipe_base,
     settings_notes,
 )
 from qdebug.progress import Progress, no_progress
@@ -172,6 +174,7 @@ class _Context:
             max_samples=options.max_samples,
             batch_axes=options.batch_axes,
         )
+        self.aopts = aopts
         self.prep = prepare(
             model,
             calib,
@@ -192,7 +195,19 @@ class _Context:
         self.data_notes += [n for n in [metric_scope_note(self.evaluator)] if n]
         self.feeds = dict(self.evaluator.batches[0].feeds)
         self.static_cache: dict[str, tuple[onnx.ModelProto, EvalResult, set[str]]] = {}
+        self._recipe_bases: dict[str, Prepared] = {}
         self._ops = set(self.prep.settings.op_types or op_types_to_quantize())
+
+    def base_of(self, proposal: Proposal) -> Prepared:
+        """The prepared FP32 model the selective variant is quantized from: the context's, or the proposal's
+        recipe's transformed model (checked by hash, calibrated with the context's settings, cached)."""
+        recipe = proposal.recipe
+        if recipe is None or not recipe.fp32_model:
+            return self.prep
+        key = f"{recipe.fp32_model}:{recipe.fp32_sha256}"
+        if key not in self._recipe_bases:
+            self._recipe_bases[key] = recipe_base(self.prep, proposal, self.aopts)
+        return self._recipe_bases[key]
 
     def static(
         self, spec: QuantSpec, pool: Pool | None = None, then: Callable[[], object] | None = None
@@ -442,9 +457,10 @@ def _quantized_variants(
     base, sel_spec = _specs(ctx, proposal)
     side = pool if pool is not None and not pool.inline else None
     handed: list = []
+    sel_base = ctx.base_of(proposal)  # the recipe's transformed FP32 model, when the proposal has one
 
     def selective_too() -> None:  # built and handed over while static is scored
-        model = quantize_static_model(ctx.prep.normalized, ctx.prep.ranges, sel_spec)
+        model = quantize_static_model(sel_base.normalized, sel_base.ranges, sel_spec)
         handed.extend([model, side.submit(ctx.evaluator, model, "selective quantized model")])  # type: ignore[union-attr]
 
     progress("static", 0, 3)
@@ -455,11 +471,12 @@ def _quantized_variants(
     if handed:
         sel_model, sel_res = handed[0], side.result(handed[1])  # type: ignore[union-attr]
     else:  # one after the other (one worker, or static known already)
-        sel_model = quantize_static_model(ctx.prep.normalized, ctx.prep.ranges, sel_spec)
+        sel_model = quantize_static_model(sel_base.normalized, sel_base.ranges, sel_spec)
         sel_res = score_all(side, ctx.evaluator, [sel_model], "selective quantized model")[0]
     if cancelled():
         return None
-    return _Variants(static_model, static_res, quantizable, sel_model, sel_res)
+    other = sel_base.normalized if sel_base is not ctx.prep else None
+    return _Variants(static_model, static_res, quantizable, sel_model, sel_res, other)
 
 
 def _specs(ctx: _Context, proposal: Proposal) -> tuple[QuantSpec, QuantSpec]:
@@ -485,7 +502,7 @@ def _per_sample(
     (:mod:`qdebug.quant.recalibrate`)."""
     target = None
     if options.flip_details > 0:
-        pairing = pair_models(ctx.prep.normalized, built.selective_model)
+        pairing = pair_models(built.selective_base or ctx.prep.normalized, built.selective_model)
         target = DetailTarget("selective", built.selective_model, pairing)
     section = per_sample_section(
         ctx.evaluator,
@@ -500,6 +517,9 @@ def _per_sample(
         return section
     static_spec, sel_spec = _specs(ctx, proposal)
     specs = [("static", static_spec, built.static.value), ("selective", sel_spec, built.selective.value)]
+    if built.selective_base is not None:  # the two variants have different FP32 bases: not rebuilt alike
+        notes.append("--calib-add-flipped is not applied to a proposal built on a recipe's transformed model")
+        return section
     again = calib_add_flipped(ctx.evaluator, section, ctx.prep.normalized, ctx.prep.ranges, specs, ctx.config)
     return dataclasses.replace(section, recalibrated=again)
 
@@ -598,7 +618,7 @@ def _verify_result(
         seconds=time.perf_counter() - start,
         notes=tuple(
             ctx.data_notes
-            + calibration_notes(proposal, ctx.prep.ranges)
+            + calibration_notes(proposal, ctx.base_of(proposal).ranges)
             + base_setting_notes(proposal, options.per_channel)
             + settings_notes(proposal, ctx.prep.settings)
             + noise_notes

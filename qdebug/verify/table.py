@@ -34,6 +34,9 @@ class _Variants:
     """Nodes whose exclusion changes the static model: what the excluded share is counted against."""
     selective_model: onnx.ModelProto
     selective: EvalResult
+    selective_base: onnx.ModelProto | None = None
+    """The FP32 model the selective one was quantized from when it is not the context's: the proposal's
+    recipe's transformed model (None: the context's normalized model)."""
 
 
 def _with_weights(columns: tuple[VariantResult, ...], weights: Mapping[str, WeightBytes]) -> tuple[VariantResult, ...]:

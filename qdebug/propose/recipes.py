@@ -1,0 +1,366 @@
+"""Recipes first: when full static INT8 misses the target, the whole-model recipes are scored before any node.
+
+The per-node search answers "which nodes need more bits"; on a model whose error is spread over every layer
+(a per-tensor MobileNet, a Transformer with outlier channels) its honest answer was "most of them", the
+INT8 speed-up gone. The known remedies are whole-model recipes (:mod:`qdebug.recipes.registry`): a
+transform of the FP32 model that ORT's quantizer then quantizes as usual. This stage builds each
+applicable one, checks that an equivalence transform leaves the FP32 outputs as they were, calibrates it
+(cached like every calibration), quantizes it with the run's settings and scores it on the search's
+(screening) evaluator. The first recipe, in the registry's order, that meets the target is the base of
+the rest of propose, which then has nothing left to change. When none meets it alone, the per-node search
+starts from plain static as before (a planted culprit stays a one-node answer, not a recipe plus that
+node), and the best recipe is named in the notes and measured in the frontier. Every number reported is
+still confirmed on all samples and timed, in the frontier, like the search's own points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qdebug.errors import QDebugError
+from qdebug.evaluation.evaluate import EvalResult, Evaluator
+from qdebug.graph.load import save_model
+from qdebug.output.files import sha256_file
+from qdebug.prepare import AnalyzeOptions, Prepared, calibrated
+from qdebug.progress import Progress
+from qdebug.propose.search import Target
+from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.recipes.base import Transformed
+from qdebug.recipes.registry import RECIPES, recipe
+from qdebug.records.proposal import RecipeRecord
+
+RECIPE_SAMPLES = 64
+"""Calibration samples the recipes' statistics and equivalence checks read (the ranges use them all)."""
+SMOOTH_ALPHAS = (0.5, 0.75, 0.25)
+"""SmoothQuant's migration strengths tried, most common first; the later ones only while each helps."""
+EQUIVALENCE_RTOL = 1e-3
+"""Largest relative output difference an equivalence transform may make (float rounding is ~1e-6)."""
+GAIN = 1e-9
+"""A recipe that does not score above plain static by more than this is no base for the search."""
+
+
+@dataclass(frozen=True)
+class RecipeTrial:
+    """One recipe tried: its transformed FP32 model, prepared and scored (``result`` None: refused)."""
+
+    name: str
+    steps: tuple[str, ...]
+    transformed: Transformed
+    prep: Prepared | None
+    result: EvalResult | None
+    met: bool
+    params: tuple[tuple[str, float], ...] = ()
+    refused: str = ""
+
+
+@dataclass(frozen=True)
+class RecipeStage:
+    """What the stage found: the base for the search (``prep``), the recipe chosen, every trial and notes."""
+
+    prep: Prepared
+    chosen: RecipeTrial | None
+    trials: tuple[RecipeTrial, ...]
+    static_value: float
+    notes: tuple[str, ...]
+    static: tuple[onnx.ModelProto, EvalResult] | None = None
+    """Plain full static INT8 and its score by the stage's evaluator: the search takes it as its first trial."""
+    scored: tuple[tuple[onnx.ModelProto, EvalResult], ...] = ()
+    """Other models the stage scored that the search will ask for (per-channel weights): not scored again."""
+
+    def prescored(self) -> tuple[tuple[onnx.ModelProto, EvalResult], ...]:
+        """What the search may take as scored: plain static when it stays the base, and the others."""
+        plain = (self.static,) if self.static is not None and self.chosen is None else ()
+        return (*plain, *self.scored)
+
+    def record(self, path: Path | None) -> RecipeRecord | None:
+        """The proposal's record of the chosen recipe; ``path`` is where its FP32 model was saved."""
+        if self.chosen is None:
+            return None
+        t = self.chosen
+        return RecipeRecord(
+            name=t.name,
+            steps=t.steps,
+            params=t.params,
+            fp32_model=str(path.resolve()) if path is not None else None,
+            fp32_sha256=sha256_file(path) if path is not None else "",
+            changed=t.transformed.changed,
+            removed=t.transformed.removed,
+            screened_metric=t.result.value if t.result is not None else math.nan,
+            notes=t.transformed.notes,
+        )
+
+
+def wanted(asked: Sequence[str] | None) -> tuple[str, ...]:
+    """The recipes a run may try: ``None`` every one in the registry, else those named (checked)."""
+    if asked is None:
+        return tuple(RECIPES)
+    unknown = [a for a in asked if a not in RECIPES]
+    if unknown:
+        from qdebug.errors import ExitCode
+
+        raise QDebugError(
+            f"--recipes names unknown recipe(s): {', '.join(unknown)}",
+            f"use some of {', '.join(RECIPES)}, or 'none'",
+            ExitCode.USAGE,
+        )
+    return tuple(asked)
+
+
+def run_recipes(
+    prep: Prepared,
+    evaluator: Evaluator,
+    target: Target,
+    options: AnalyzeOptions,
+    workdir: Path,
+    progress: Progress,
+    names: Sequence[str],
+    static_bytes: bytes | None = None,
+    per_channel_first: bool = False,
+) -> RecipeStage:
+    """Score plain static and, when it misses ``target``, each applicable recipe in ``names``; choose the base.
+    ``static_bytes``: plain static already built (analyze's, when it is what this run would build).
+    ``per_channel_first``: per-channel weights (a quantizer option, no transformed model: the smaller change)
+    are scored before any recipe, and when they meet the target no recipe is tried (the per-node search
+    then finds them, as its first whole-model fix, without scoring them again)."""
+    assert prep.ranges is not None
+    spec = QuantSpec.of(prep.settings)
+    if static_bytes is not None:
+        static_model = onnx.load_model_from_string(static_bytes)
+    else:
+        static_model = quantize_static_model(prep.normalized, prep.ranges, spec, load_check=False)
+    static = evaluator.score(static_model)
+    plain = (static_model, static)
+    ops = {n.op_type for n in prep.normalized.graph.node}
+    if target.met(static):
+        # ORT's documented path folds BatchNormalization before quantizing (quant_pre_process): a model
+        # that meets the target anyway is still built that way when that meets it too, for its speed
+        names = [n for n in names if n == "fold-bn"]
+    if not names:
+        return RecipeStage(prep, None, (), target.value(static), (), plain)
+    if per_channel_first and not target.met(static) and not spec.per_channel:
+        pc = _per_channel(prep, spec, evaluator)
+        if pc is not None and target.met(pc[1]):
+            note = (
+                f"full static INT8 misses the target ({target.show(static)}); per-channel weights meet it "
+                f"({target.show(pc[1])}): no recipe was needed"
+            )
+            return RecipeStage(prep, None, (), target.value(static), (note,), plain, (pc,))
+    trials: list[RecipeTrial] = []
+    notes: list[str] = []
+    builders = _builders(prep, names)
+    for i, (name, build) in enumerate(builders):
+        if any(t.met for t in trials):  # the least change that meets the target is the answer
+            break
+        entry = recipe(name)
+        if entry.applies_to and not ops & set(entry.applies_to):
+            continue
+        progress("recipes", i, len(builders))
+        try:
+            for transformed, steps, params in build(trials):
+                trial = _score(prep, name, steps, params, transformed, evaluator, target, options, workdir)
+                trials.append(trial)
+                if trial.met or trial.result is None:
+                    break
+        except QDebugError as e:
+            notes.append(f"recipe {name} could not be tried: {e.message}")
+    progress("recipes", len(builders), len(builders))
+    chosen = next((t for t in trials if t.met and t.prep is not None), None)
+    notes.extend(_notes(trials, chosen, target, static))
+    base = chosen.prep if chosen is not None and chosen.prep is not None else prep
+    return RecipeStage(base, chosen, tuple(trials), target.value(static), tuple(notes), plain)
+
+
+Build = Callable[[list[RecipeTrial]], Iterator[tuple[Transformed, tuple[str, ...], tuple[tuple[str, float], ...]]]]
+
+
+def _builders(prep: Prepared, names: Sequence[str]) -> list[tuple[str, Build]]:
+    """Each wanted recipe's builder, in the registry's order: a generator of transformed models to score
+    (SmoothQuant yields one per alpha; it stops at the first that meets the target)."""
+    model = prep.normalized
+
+    def fold(_: list[RecipeTrial]):
+        from qdebug.recipes.fold import fold_batchnorm
+
+        t = fold_batchnorm(model)
+        if t.touched:
+            yield t, ("fold-bn",), ()
+
+    def equalize(_: list[RecipeTrial]):
+        from qdebug.recipes.equalize import equalize as cle
+        from qdebug.recipes.fold import fold_batchnorm
+
+        folded = fold_batchnorm(model)
+        t = cle(folded.model)
+        if t.touched:
+            yield _chain(folded, t), ("fold-bn", "equalize") if folded.touched else ("equalize",), ()
+
+    def smooth(_: list[RecipeTrial]):
+        from qdebug.recipes.smooth import smooth as sq
+        from qdebug.recipes.smooth import smoothable
+        from qdebug.recipes.stats import channel_stats
+
+        sites = smoothable(model)
+        if not sites:
+            return
+        stats = channel_stats(model, [s.tensor for s in sites], _batches(prep))
+        absmax = {k: v.absmax for k, v in stats.items()}
+        for alpha in SMOOTH_ALPHAS:
+            t = sq(model, absmax, alpha=alpha)
+            if not t.touched:
+                return
+            yield t, ("smooth",), (("alpha", alpha),)
+
+    def bias(trials: list[RecipeTrial]):
+        from qdebug.recipes.bias import bias_correction_tensors, bias_probe, correct_bias
+        from qdebug.recipes.stats import channel_stats
+
+        base, base_prep, steps = model, prep, ()
+        best = _choose([t for t in trials if recipe(t.name).equivalent], -math.inf)
+        if best is not None and best.prep is not None:  # corrected on top of the best equivalence transform
+            base, base_prep, steps = best.prep.normalized, best.prep, best.steps
+        if not bias_correction_tensors(base):
+            return
+        assert base_prep.ranges is not None
+        quantized = quantize_static_model(base, base_prep.ranges, QuantSpec.of(base_prep.settings), load_check=False)
+        # each layer's own shift: its FP32 twin reads the same quantized input in a probe copy of the QDQ model
+        # (FP32 against QDQ end to end counts every upstream shift again downstream, and over-corrects)
+        probe = bias_probe(base, quantized)
+        stats = channel_stats(probe.model, probe.tensors(), _batches(prep))
+        fp32 = {k: stats[r].mean for k, r in probe.reference.items()}
+        t = correct_bias(base, fp32, {k: stats[q].mean for k, q in probe.quantized.items()})
+        if t.touched:
+            yield t, (*steps, "bias-correction"), ()
+
+    table = {"fold-bn": fold, "equalize": equalize, "smooth": smooth, "bias-correction": bias}
+    return [(n, table[n]) for n in RECIPES if n in names]
+
+
+def _per_channel(prep: Prepared, spec: QuantSpec, evaluator: Evaluator) -> tuple[onnx.ModelProto, EvalResult] | None:
+    """Full static INT8 with per-channel weights, scored (None: ORT's quantizer cannot build it)."""
+    assert prep.ranges is not None
+    try:
+        spec = dataclasses.replace(spec, per_channel=True)
+        model = quantize_static_model(prep.normalized, prep.ranges, spec, load_check=False)
+        return model, evaluator.score(model)
+    except QDebugError:
+        return None
+
+
+def _chain(first: Transformed, second: Transformed) -> Transformed:
+    """Two transforms applied in turn, as one."""
+    return Transformed(
+        model=second.model,
+        changed=tuple(dict.fromkeys(n for n in (*first.changed, *second.changed) if n not in second.removed)),
+        removed=tuple(dict.fromkeys((*first.removed, *second.removed))),
+        notes=(*first.notes, *second.notes),
+    )
+
+
+def _batches(prep: Prepared) -> Iterator[dict[str, np.ndarray]]:
+    """The first :data:`RECIPE_SAMPLES` calibration samples' feeds, batch by batch."""
+    seen = 0
+    for batch in prep.calib.batches():
+        yield dict(batch.feeds)
+        seen += batch.size
+        if seen >= RECIPE_SAMPLES:
+            return
+
+
+def _score(
+    prep: Prepared,
+    name: str,
+    steps: tuple[str, ...],
+    params: tuple[tuple[str, float], ...],
+    transformed: Transformed,
+    evaluator: Evaluator,
+    target: Target,
+    options: AnalyzeOptions,
+    workdir: Path,
+) -> RecipeTrial:
+    """Check, calibrate, quantize and score one transformed model (refused: with the reason, unscored)."""
+    if all(recipe(s).equivalent for s in steps):
+        from qdebug.recipes.equivalence import check_equivalent
+
+        same = check_equivalent(prep.normalized, transformed.model, islice(_batches(prep), 8), rtol=EQUIVALENCE_RTOL)
+        if not same.ok:
+            return RecipeTrial(name, steps, transformed, None, None, False, params, refused=same.describe())
+    tag = "+".join(steps) + "".join(f"-{k}{v:g}" for k, v in params)
+    path = workdir / f"recipe.{tag}.onnx"
+    save_model(transformed.model, path)
+    base = dataclasses.replace(prep, normalized=transformed.model, normalized_path=path, ranges=None)
+    ready = calibrated(base, prep.settings, options)
+    assert ready.ranges is not None
+    model = quantize_static_model(ready.normalized, ready.ranges, QuantSpec.of(ready.settings), load_check=False)
+    result = evaluator.score(model)
+    return RecipeTrial(name, steps, transformed, ready, result, target.met(result), params)
+
+
+def _choose(trials: Sequence[RecipeTrial], static_value: float) -> RecipeTrial | None:
+    """The first trial (registry order) that meets the target; else the best-scoring one that beats plain
+    static; else None (plain static stays the base)."""
+    scored = [t for t in trials if t.result is not None]
+    met = [t for t in scored if t.met]
+    if met:
+        return met[0]
+    better = [t for t in scored if math.isfinite(t.result.value) and t.result.value > static_value + GAIN]  # type: ignore[union-attr]
+    return max(better, key=lambda t: t.result.value) if better else None  # type: ignore[union-attr]
+
+
+def _label(t: RecipeTrial) -> str:
+    """A trial's name with its parameters (``fold-bn+equalize``, ``smooth alpha=0.5``)."""
+    extra = " ".join(f"{k}={v:g}" for k, v in t.params)
+    return f"{'+'.join(t.steps)}" + (f" {extra}" if extra else "")
+
+
+def recipe_label(t: RecipeTrial) -> str:
+    """The frontier's label of a recipe's full static INT8 point (``recipe smooth alpha=0.5``)."""
+    return f"recipe {_label(t)}"
+
+
+def best_per_family(trials: Sequence[RecipeTrial]) -> list[RecipeTrial]:
+    """The best-scoring scored trial of each recipe, in the order tried."""
+    best: dict[str, RecipeTrial] = {}
+    for t in trials:
+        if t.result is None:
+            continue
+        if t.name not in best or t.result.value > best[t.name].result.value:  # type: ignore[union-attr]
+            best[t.name] = t
+    return list(best.values())
+
+
+def _notes(
+    trials: Sequence[RecipeTrial], chosen: RecipeTrial | None, target: Target, static_result: EvalResult
+) -> list[str]:
+    """One line on what the recipes reached, and one per refused transform."""
+    static = target.show(static_result)
+    notes = [f"recipe {_label(t)} refused: {t.refused}" for t in trials if t.refused]
+    scored = [t for t in trials if t.result is not None]
+    if not scored:
+        return notes
+    reached = "; ".join(f"{_label(t)} {target.show(t.result)}" for t in scored)  # type: ignore[arg-type]
+    best = _choose(trials, target.value(static_result))
+    if chosen is not None and target.met(static_result):
+        head = (
+            f"full static INT8 meets the target ({static}); built with {_label(chosen)} (ORT's quant_pre_process "
+            "folds BatchNormalization the same way) it meets it too and its BatchNormalization nodes leave the "
+            "quantized graph"
+        )
+    elif chosen is not None:
+        head = f"full static INT8 misses the target ({static}); recipe {_label(chosen)} meets it"
+    elif best is not None:
+        head = (
+            f"full static INT8 misses the target ({static}); no recipe meets it alone (the best, "
+            f"{_label(best)}, is in the frontier), so the per-node search starts from plain static"
+        )
+    else:
+        head = f"full static INT8 misses the target ({static}); no recipe did better"
+    notes.append(f"{head} (screened: {reached})")
+    return notes

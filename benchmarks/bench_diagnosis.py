@@ -6,7 +6,8 @@ Usage::
     python benchmarks/bench_diagnosis.py [--kinds detector_concat,two_culprits] [--size bench]
         [--out results.json] [--keep DIR] [--no-verify] [--runs 30] [--timeout 600]
 
-For every kind of ``fixtures/planted.py`` (a generated model with a known minimal culprit set),
+For every kind of ``fixtures/planted.py`` (a generated model with a known minimal culprit set, or a
+known whole-model recipe that meets the target where no small set does),
 generates the model, then runs the CLI as a user would:
 
 1. ``qdebug analyze MODEL --calib C --eval E --metric M -o report.json -q``
@@ -41,6 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "fixtures"))
 
 import planted  # noqa: E402  (fixtures/planted.py: the generators)
+
+RECIPE_FIXES = ("equalize", "smooth", "bias-correction")
+"""The planted kinds whose remedy is a whole-model recipe (no culprit set): propose should answer with it."""
 
 VARIANTS = {"default": None, "fp32,int16,per-channel": "fp32,int16,per-channel"}
 """propose's ``--allow`` variants: its default, and every fix it offers."""
@@ -134,6 +138,7 @@ def run_kind(kind: str, size: str, work: Path, args: argparse.Namespace) -> dict
                 fp32_metric=p.get("fp32_metric"),
                 static_metric=p.get("static_metric"),
                 quantizable_nodes=p.get("quantizable_nodes"),
+                recipe="+".join((p.get("recipe") or {}).get("steps") or []),
                 compare=_compare(nodes, [o.get("tensor", "") for o in p.get("tensor_overrides", [])], rec.culprits),
                 reasons=[{k: r.get(k) for k in ("node", "op_type", "action", "reason")} for r in p.get("reasons", [])],
             )
@@ -165,7 +170,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         pl = r["planted"]
-        planted_txt = ", ".join(f"`{c}`" for c in pl["culprits"]) or "none exists"
+        planted_txt = ", ".join(f"`{c}`" for c in pl["culprits"]) or (
+            f"recipe {pl['fix']}" if pl["fix"] in RECIPE_FIXES else "none exists"
+        )
         if not pl.get("reproduces", True):
             planted_txt += " (does not reproduce on this CPU)"
         if r["analyze"]["rc"] != 0:
@@ -176,6 +183,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 lines.append(f"| {r['kind']} | {label} | - | {planted_txt} | propose rc {v['rc']}: {v['stderr']} |||||")
                 continue
             prop = v["compare"] + (" + per-channel weights" if v.get("per_channel") else "")
+            if v.get("recipe"):
+                prop = f"recipe {v['recipe']}, " + prop.replace(" (none planted)", "")
             ver = v.get("verify", {})
             ms = ver.get("metrics") or {}
             sel = ms.get("selective", v.get("expected_metric"))

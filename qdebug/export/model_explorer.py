@@ -18,7 +18,8 @@ proposal, one of the action it takes per node, each built from Model Explorer's 
 * **Colours.** Added noise and the SQNRs by fixed thresholds, the TUI's: red for an SQNR up to 20 dB or a
   node adding more than -20 dB of noise (alone, it takes a clean signal to 20 dB SQNR), amber up to 30 dB
   (-30 dB), light green beyond. KL has no absolute scale: a gradient from white (the lowest value) to red
-  (the highest). A proposal's actions (``fp32``, ``int16``, ``clip``, ``per-channel``, ``reduce-range``,
+  (the highest). A proposal's actions (``fp32``, ``int16``, ``clip``, ``per-channel``, ``reduce-range``;
+  ``recipe`` for a node whose weights its whole-model recipe rewrote, ``folded`` for one it folded away;
   ``unchanged`` for the other quantized nodes) are strings, one colour each.
 
 The packages are imported only here, when an export runs: without the ``viz`` extra the export fails in
@@ -51,6 +52,8 @@ ACTION_COLOURS = {
     "per-channel": "#ce93d8",
     "reduce-range": "#90caf9",
     "calib-flipped": "#80cbc4",
+    "folded": "#bcaaa4",
+    "recipe": "#a1887f",
     UNCHANGED: "#e0e0e0",
 }
 """Colour of each proposal action, the most drastic first: a node with several takes its first one's."""
@@ -233,6 +236,11 @@ def node_actions(report: Report, proposal: Proposal, where: str = "the proposal"
     for reason in proposal.reasons:
         if reason.node and reason.action not in actions.get(reason.node, []):
             actions.setdefault(reason.node, []).append(reason.action)
+    if proposal.recipe is not None:  # the whole-model recipe's own changes: weights rewritten, nodes folded
+        for name in proposal.recipe.changed:
+            actions.setdefault(name, []).append("recipe")
+        for name in proposal.recipe.removed:
+            actions.setdefault(name, []).append("folded")
     known = {n.name for n in report.nodes}
     unknown = [name for name in actions if name not in known]
     if unknown:
@@ -261,6 +269,8 @@ def _action_data(nd: Any, report: Report, proposal: Proposal, where: str) -> Any
         results[name] = nd.NodeDataResult(value=action, bgColor=colour)
     whole = any(r.action == "per-channel" and not r.node for r in proposal.reasons)
     title = "proposal: action per node" + (" (and per-channel weights for the whole model)" if whole else "")
+    if proposal.recipe is not None:
+        title += f"; recipe {'+'.join(proposal.recipe.steps) or proposal.recipe.name}"
     return nd.GraphNodeData(
         results=results,
         name=title,

@@ -790,6 +790,8 @@ class LayerModel:
             weight_type=report.config.weight_type,
             base_per_channel=report.config.per_channel,
             quant_settings=report.config.quant,  # the user's config, so verify rebuilds their quantization
+            # a loaded proposal's whole-model recipe stays: its nodes are toggled on the recipe's model
+            recipe=self.proposal.recipe if self.proposal is not None else None,
             # the cache file is named by the ranges' key
             calibration_key=Path(report.calibration_cache).stem if report.calibration_cache else "",
             calib_max_samples=report.config.max_samples,
@@ -813,7 +815,14 @@ def proposal_snippet(report: Report, proposal: Proposal) -> str:
     renamed = {new for new, old in report.name_map if new != old}
     normalized = proposal.normalized_model or report.normalized_model
     model = normalized if any(n in renamed for n in proposal.nodes_to_exclude) else report.model.path
-    return quantize_snippet(
+    prelude = ""
+    if proposal.recipe is not None and proposal.recipe.fp32_model:
+        model = proposal.recipe.fp32_model  # the transformed FP32 model the proposal's recipe wrote
+        prelude = (
+            f"# recipe {'+'.join(proposal.recipe.steps) or proposal.recipe.name}: the model below is your FP32 "
+            "model transformed by qdebug propose (saved with the proposal); quantize it, not the original\n"
+        )
+    return prelude + quantize_snippet(
         model,
         proposal.nodes_to_exclude,
         method=cfg.method,

@@ -182,6 +182,13 @@ class MainScreen(Screen):
                 severity="warning",
                 timeout=10,
             )
+        recipe = m.proposal.recipe if m.proposal is not None else None
+        if recipe is not None:
+            self._notify(
+                f"the proposal is built on recipe {'+'.join(recipe.steps) or recipe.name}: its transformed FP32 "
+                "model is what gets quantized, and an exported proposal keeps it",
+                timeout=10,
+            )
         if m.sha_mismatch:
             self._notify(
                 "the proposal was made for another model (SHA-256 differs)", severity="warning", timeout=10

@@ -12,7 +12,7 @@ The layers, each allowed to import only the ones below it::
     commands     pipeline (analyze)   propose/   verify/   bench/
     prelude      prepare
     engine       analysis/  quant/  recipes/  evaluation/  runtime/  data/  graph/  export/  specialize  versions
-    light        records/  output/  progress  errors  graph/ops  diff
+    light        records/  output/  progress  errors  graph/ops  diff  vocabulary
 
 The light layer loads neither onnx nor onnxruntime: the TUI and the CLI printers are built on it. The
 subprocess probe of that lives in ``tests/test_tui.py``
@@ -41,6 +41,7 @@ LIGHT = (
     "qdebug.errors",
     "qdebug.graph.ops",
     "qdebug.diff",  # two reports paired and compared: pure over records (the TUI's comparison column reads it)
+    "qdebug.vocabulary",  # propose's fix kinds and recipes: what --allow and --recipes name, one registry
 )
 COMMANDS = ("qdebug.pipeline", "qdebug.propose", "qdebug.verify", "qdebug.bench")
 MEASURING_CHILD = "qdebug.runtime.bench_child"

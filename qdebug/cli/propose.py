@@ -42,6 +42,7 @@ from qdebug.cli.common import (
 )
 from qdebug.output.ci_outputs import MARKDOWN_HELP
 from qdebug.output.formatting import prefix_note
+from qdebug.vocabulary import ACTIONS, DEFAULT_ALLOW, RECIPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,9 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-nodes", type=int, default=None, metavar="K", help="keep at most K nodes FP32")
     p.add_argument(
         "--allow",
-        default="fp32,clip,per-channel,reduce-range",
+        default=",".join(DEFAULT_ALLOW),
         metavar="LIST",
-        help="comma list of fp32, clip, per-channel, reduce-range, int16, calib-flipped (default: all but "
+        help=f"comma list of {', '.join(ACTIONS)} (default: all but "
         "int16, which runs as float on the CPU provider, and calib-flipped); the cheapest change that meets "
         "the target is kept, per node: per-channel weights for the whole model, else a clipped range < "
         "per-channel weights < 7-bit weights < 16-bit activations < fp32. calib-flipped: the ranges widened "
@@ -80,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="all",
         metavar="LIST",
         help="whole-model recipes tried before any per-node change when full static INT8 misses the target: "
-        "comma list of fold-bn, equalize, smooth, bias-correction, or all (default) or none. The first that "
+        f"comma list of {', '.join(RECIPES)}, or all (default) or none. The first that "
         "meets the target is the answer; else the per-node search starts from the best",
     )
     p.add_argument("--model", default=None, help="FP32 model (default: the path recorded in the report)")

@@ -37,6 +37,7 @@ from typing import Any
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
 from qdebug.records import NodeRecord, Proposal, Report
+from qdebug.vocabulary import FIX_KINDS, RECIPE_COLOURS
 
 RED = "#e53935"
 AMBER = "#ffb300"
@@ -46,14 +47,8 @@ WHITE = "#ffffff"
 INSTALL_HINT = "pip install 'qdebug[viz]'"
 UNCHANGED = "unchanged"
 ACTION_COLOURS = {
-    "fp32": RED,
-    "int16": "#fb8c00",
-    "clip": "#fdd835",
-    "per-channel": "#ce93d8",
-    "reduce-range": "#90caf9",
-    "calib-flipped": "#80cbc4",
-    "folded": "#bcaaa4",
-    "recipe": "#a1887f",
+    **{k: FIX_KINDS[k].colour for k in reversed(FIX_KINDS)},
+    **RECIPE_COLOURS,
     UNCHANGED: "#e0e0e0",
 }
 """Colour of each proposal action, the most drastic first: a node with several takes its first one's."""

@@ -18,15 +18,8 @@ from qdebug.propose.blame import Unit
 from qdebug.propose.frontier import TIME_RUNS
 from qdebug.propose.search import Target, Trial
 from qdebug.records import Proposal
+from qdebug.vocabulary import ACTIONS, DEFAULT_ALLOW  # re-exported: --allow's vocabulary
 
-ACTIONS = ("fp32", "int16", "per-channel", "clip", "reduce-range", "calib-flipped")
-"""What ``--allow`` accepts: keep nodes FP32, 16-bit activations, per-channel weights (the whole model's,
-else one node's), a clipped activation range, 7-bit weights for one node, ranges widened by the static
-model's flipped evaluation samples (the whole model's, else one node's: :mod:`qdebug.propose.flipped`)."""
-
-DEFAULT_ALLOW = ("fp32", "clip", "per-channel", "reduce-range")
-"""Every action that keeps integer kernels on the CPU provider (16-bit activations run as float there), but
-``calib-flipped``: its ranges come from evaluation samples, so the metric it reaches there is an upper bound."""
 RERANK_SAMPLES = 32
 """Calibration samples used by one re-ranking capture."""
 
@@ -52,7 +45,7 @@ class ProposeOptions:
     allow: tuple[str, ...] = DEFAULT_ALLOW
     recipes: tuple[str, ...] | None = None
     """Whole-model recipes tried first when full static INT8 misses the target (None: every one in
-    :mod:`qdebug.recipes.registry`; empty: none): :mod:`qdebug.propose.recipes`."""
+    :mod:`qdebug.vocabulary`; empty: none): :mod:`qdebug.propose.recipes`."""
     metric: str | None = None
     """Task metric (default: the report's, else top1 when the data has labels)."""
     eval_max_samples: int | None = None

@@ -2,7 +2,7 @@
 
 The per-node search answers "which nodes need more bits"; on a model whose error is spread over every layer
 (a per-tensor MobileNet, a Transformer with outlier channels) its honest answer was "most of them", the
-INT8 speed-up gone. The known remedies are whole-model recipes (:mod:`qdebug.recipes.registry`): a
+INT8 speed-up gone. The known remedies are whole-model recipes (:mod:`qdebug.vocabulary`): a
 transform of the FP32 model that ORT's quantizer then quantizes as usual. This stage builds each
 applicable one, checks that an equivalence transform leaves the FP32 outputs as they were, calibrates it
 (cached like every calibration), quantizes it with the run's settings and scores it on the search's
@@ -34,8 +34,8 @@ from qdebug.progress import Progress
 from qdebug.propose.search import Target
 from qdebug.quant.quantize import QuantSpec, quantize_static_model
 from qdebug.recipes.base import Transformed
-from qdebug.recipes.registry import RECIPES, recipe
 from qdebug.records.proposal import RecipeRecord
+from qdebug.vocabulary import RECIPES, recipe
 
 RECIPE_SAMPLES = 64
 """Calibration samples the recipes' statistics and equivalence checks read (the ranges use them all)."""

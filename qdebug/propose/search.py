@@ -38,6 +38,7 @@ from qdebug.quant.calibrate import Ranges
 from qdebug.quant.quantize import QuantSpec, check_quantized_loads, quantize_static_model
 from qdebug.records import TensorOverride
 from qdebug.runtime.parallel import Pool, Ticket
+from qdebug.vocabulary import PER_UNIT_FIXES
 
 
 @dataclass(frozen=True)
@@ -566,7 +567,8 @@ class Fix:
     """What the change is, in numbers (the clipped range and the share of values it keeps)."""
 
 
-FIXES = ("clip", "per-channel", "reduce-range")
+FIXES = PER_UNIT_FIXES
+"""The per-unit fixes from the report's own numbers, cheapest first (:mod:`qdebug.vocabulary`)."""
 """Per-node fixes tried, in this order, before 16-bit activations and FP32: a clipped activation range
 (from the cached histogram), per-channel weights for that node, 7-bit weights (u8s8 kernels without VNNI)."""
 

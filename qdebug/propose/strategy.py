@@ -42,9 +42,10 @@ from collections.abc import Callable, Sequence
 
 from qdebug.propose.blame import Unit
 from qdebug.propose.minimize import minimal_subset
-from qdebug.propose.search import FIXES, Fix, Plan, Rerank, Search, Trial, _evaluate_plan, plan_ask
+from qdebug.propose.search import Fix, Plan, Rerank, Search, Trial, _evaluate_plan, plan_ask
+from qdebug.vocabulary import FIX_KINDS as FIX_KINDS_ALL
 
-BEFORE_PER_CHANNEL = frozenset({"reduce-range"})
+BEFORE_PER_CHANNEL = frozenset(k for k, f in FIX_KINDS_ALL.items() if f.whole_first)
 """Whole-model fixes tried before per-channel weights: 7-bit weights are offered only where analyze measured
 the integer kernels saturating at several nodes, which per-channel scales do not cure (they widen each
 channel's codes to the full 8 bits); trying them first saves a build and an evaluation where they are the
@@ -200,7 +201,7 @@ def _diagnosed(search: Search, diagnosed: Sequence[Unit], action: str) -> tuple[
 Fixer = Callable[[Unit, str], Fix | None]
 """The per-node fix of a kind for a unit, or None where it does not apply (:mod:`qdebug.propose.fixes`)."""
 
-FIX_KINDS = (*FIXES, "calib-flipped")
+FIX_KINDS = tuple(k for k, f in FIX_KINDS_ALL.items() if f.per_unit)
 """The per-node fixes in the order tried: ``calib-flipped`` last, as its recovery is measured on the samples
 its ranges come from (an upper bound), so a fix without that caveat is preferred where one suffices."""
 

@@ -109,7 +109,7 @@ class FrontierPoint:
 
 @dataclass(frozen=True)
 class RecipeRecord:
-    """The whole-model recipe a proposal is built on (:mod:`qdebug.recipes.registry` names it): the
+    """The whole-model recipe a proposal is built on (:mod:`qdebug.vocabulary` names it): the
     transformed FP32 model that ORT's quantizer quantizes instead of the user's, and what changed in it."""
 
     name: str

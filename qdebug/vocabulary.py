@@ -1,16 +1,65 @@
-"""The recipes propose knows, in one place: what each applies to, how it is built, screened, reproduced, explained.
+"""propose's vocabulary in one place: the per-node fixes ``--allow`` names, and the whole-model recipes.
 
-A new recipe is one entry here, its own module under ``qdebug/recipes/`` and its tests: the search
-(:mod:`qdebug.propose.recipes`), the proposal record, verify's rebuild and the snippet read every other
-fact from the entry. The entries are in the order propose tries them, the least change first: when two
-recipes meet the target, the earlier one is the answer.
+Each entry says what it applies to, how it is tried, reproduced and explained. A new fix kind or recipe is
+one entry here, its own module and its tests: ``--allow``'s and ``--recipes``' checks and help, the search's
+order, the proposal record, verify's rebuild, the snippet and Model Explorer's colours read every other fact
+from the entry (a recipe's module lives under ``qdebug/recipes/``, a fix's in ``qdebug/propose/fixes.py``).
 
-This module imports nothing but the standard library, so the TUI and the printers may read it.
+Both tables are in the order propose tries them, the least change first: when two recipes meet the target
+the earlier one is the answer, and a unit gets the first fix that meets it.
+
+The light layer: standard library only, so the TUI and the printers may read it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FixKind:
+    """One per-node change ``--allow`` names (``fp32`` keeps a node out of quantization; the others keep it
+    quantized more cheaply)."""
+
+    name: str
+    title: str
+    """What it changes, in a few words (``--allow``'s help, tables)."""
+    default: bool
+    """In ``--allow``'s default list (16-bit activations run as float on the CPU provider; the flipped
+    samples' ranges come from evaluation samples, so what they reach is an upper bound)."""
+    per_unit: bool
+    """Tried on one unit of the answer before keeping it FP32 (clip, per-channel, reduce-range, calib-flipped)."""
+    whole_first: bool = False
+    """Its whole-model form is tried before per-channel weights (7-bit weights: per-channel weights do not
+    cure the saturating kernels it fixes)."""
+    from_evaluation: bool = False
+    """Its ranges come from evaluation samples (an upper bound, opt-in)."""
+    colour: str = "#e53935"
+    """Model Explorer's colour of a node it changes."""
+
+
+FIX_KINDS: dict[str, FixKind] = {
+    f.name: f
+    for f in (
+        FixKind("clip", "a clipped activation range", True, True, colour="#fdd835"),
+        FixKind("per-channel", "per-channel weights (the whole model's, else one node's)", True, True,
+                colour="#ce93d8"),
+        FixKind("reduce-range", "7-bit weights (one node's, or the whole model's where the kernels saturate)",
+                True, True, whole_first=True, colour="#90caf9"),
+        FixKind("calib-flipped", "ranges widened by the static model's flipped evaluation samples", False, True,
+                from_evaluation=True, colour="#80cbc4"),
+        FixKind("int16", "16-bit activations", False, False, colour="#fb8c00"),
+        FixKind("fp32", "the node kept FP32", True, False, colour="#e53935"),
+    )
+}  # fmt: skip
+"""Every fix kind, the cheapest first (the order a unit's fixes are tried in; FP32 is the last resort)."""
+
+ACTIONS = tuple(FIX_KINDS)
+"""What ``--allow`` accepts."""
+DEFAULT_ALLOW = tuple(k for k, f in FIX_KINDS.items() if f.default)
+"""``--allow``'s default: every fix that keeps integer kernels on the CPU provider, and FP32."""
+PER_UNIT_FIXES = tuple(k for k, f in FIX_KINDS.items() if f.per_unit and not f.from_evaluation)
+"""The fixes a unit may get from the report's own numbers, cheapest first."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +144,10 @@ RECIPES: dict[str, Recipe] = {
         ),
     )
 }
+
+
+RECIPE_COLOURS = {"recipe": "#a1887f", "folded": "#bcaaa4"}
+"""Model Explorer's colours of a node a recipe rewrote, and of one it folded away."""
 
 
 def recipe(name: str) -> Recipe:

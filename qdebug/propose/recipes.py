@@ -155,7 +155,7 @@ def run_recipes(
             return RecipeStage(prep, None, (), target.value(static), (note,), plain, (pc,))
     trials: list[RecipeTrial] = []
     notes: list[str] = []
-    builders = _builders(prep, names)
+    builders = _builders(prep, names, target.value(static))
     for i, (name, build) in enumerate(builders):
         if any(t.met for t in trials):  # the least change that meets the target is the answer
             break
@@ -181,7 +181,7 @@ def run_recipes(
 Build = Callable[[list[RecipeTrial]], Iterator[tuple[Transformed, tuple[str, ...], tuple[tuple[str, float], ...]]]]
 
 
-def _builders(prep: Prepared, names: Sequence[str]) -> list[tuple[str, Build]]:
+def _builders(prep: Prepared, names: Sequence[str], static_value: float) -> list[tuple[str, Build]]:
     """Each wanted recipe's builder, in the registry's order: a generator of transformed models to score
     (SmoothQuant yields one per alpha; it stops at the first that meets the target)."""
     model = prep.normalized
@@ -223,8 +223,8 @@ def _builders(prep: Prepared, names: Sequence[str]) -> list[tuple[str, Build]]:
         from qdebug.recipes.stats import channel_stats
 
         base, base_prep, steps = model, prep, ()
-        best = _choose([t for t in trials if recipe(t.name).equivalent], -math.inf)
-        if best is not None and best.prep is not None:  # corrected on top of the best equivalence transform
+        best = _choose([t for t in trials if recipe(t.name).equivalent], static_value)
+        if best is not None and best.prep is not None:  # on top of the best equivalence transform beating static
             base, base_prep, steps = best.prep.normalized, best.prep, best.steps
         if not bias_correction_tensors(base):
             return

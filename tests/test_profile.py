@@ -19,8 +19,31 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qdebug.cli.main import main
-from qdebug.records.profile import CAUSES, ORT_INSERTED, PROFILE_SCHEMA_VERSION, ProfileReport, sorted_nodes
-from qdebug.runtime.profile import LAYOUT_OPS, parse_trace, run_profile
+from qdebug.records.profile import (
+    CAUSES,
+    ORT_INSERTED,
+    PROFILE_SCHEMA_VERSION,
+    KernelRecord,
+    ModelProfile,
+    ProfileReport,
+    sorted_nodes,
+)
+from qdebug.runtime.capture import SessionConfig
+from qdebug.runtime.profile import (
+    LAYOUT_OPS,
+    QDQ_OVERHEAD_MIN_MS,
+    GraphIndex,
+    KernelMapping,
+    ModelRun,
+    ModelToProfile,
+    node_rows,
+    parse_trace,
+    profile_models,
+    run_profile,
+    subgraph_parents,
+    timed_rounds,
+)
+from qdebug.runtime.timing import CHUNK_RUNS
 
 C = 16
 RUNS = 6
@@ -267,3 +290,210 @@ def test_unnamed_nodes_are_named_in_a_copy_and_paired_through_the_q_dq(tmp_path:
         "unfolded-batchnorm",
         "no-integer-kernel",
     ]
+
+
+def _loop_model(path: Path) -> Path:
+    """Relu -> Loop (10 times: MatMul -> Tanh on a 32x32 state, and an unnamed Identity for the condition)."""
+    w = numpy_helper.from_array(np.random.default_rng(2).normal(0, 0.1, (32, 32)).astype(np.float32), "W")
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["s_in", "W"], ["m"], name="body_mm"),
+            helper.make_node("Tanh", ["m"], ["s_out"], name="body_tanh"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("s_in", TensorProto.FLOAT, ["N", 32]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("s_out", TensorProto.FLOAT, ["N", 32]),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Loop", ["trip", "cond", "r"], ["y"], name="loop", body=body),
+        ],
+        "looped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])],
+        [w, numpy_helper.from_array(np.array(10, np.int64), "trip"), numpy_helper.from_array(np.array(True), "cond")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_loop_body_kernels_count_once_in_the_loop(tmp_path: Path) -> None:
+    """The profiler times a Loop body's kernels inside the Loop's own event: they are detail booked to
+    the Loop node (the unnamed one named in the copy), never ORT-inserted, and in no total, so that the
+    kernel sum stays within ORT's model_run and the wall time (it was twice the body's time before)."""
+    path = _loop_model(tmp_path / "loop.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(3).normal(size=(16, 32)).astype(np.float32))
+    before = _sha(path)
+    report = run_profile(path, None, str(tmp_path / "x.npz"), runs=4, config=SessionConfig(intra_op_threads=1))
+    assert _sha(path) == before
+    m = report.fp32
+    assert {k.name for k in m.kernels} == {"relu", "loop"}
+    assert all(k.nodes == (k.booked_to,) for k in m.kernels) and m.inserted_ms == 0
+    inner = {k.name: k for k in m.subgraph_kernels}
+    assert set(inner) == {"body_mm", "body_tanh", "loop/Identity_2"}
+    assert all(k.inside == "loop" and k.booked_to == "loop" and k.nodes == ("loop",) for k in inner.values())
+    loop = next(k for k in m.kernels if k.name == "loop")
+    slack_ms = (len(m.kernels) + len(inner)) * 2e-3
+    assert sum(k.ms_per_run for k in inner.values()) <= loop.ms_per_run + slack_ms
+    assert m.kernel_ms == pytest.approx(sum(k.ms_per_run for k in m.kernels), rel=1e-9)
+    assert m.kernel_ms <= m.model_run_ms + slack_ms
+    for kernel_ms, wall_ms in zip(m.run_kernel_ms, m.run_wall_ms, strict=True):
+        assert kernel_ms <= wall_ms + slack_ms
+    rows = {n.name: n for n in report.nodes}
+    assert set(rows) == {"relu", "loop"} and rows["loop"].fp32_ms == loop.ms_per_run
+
+
+def test_parse_trace_books_a_body_kernel_inside_its_parent_event_only(tmp_path: Path) -> None:
+    """An event of a body node that lies inside its Loop's event of the same run is detail of that Loop;
+    the same name outside it (a main-graph node of that name) stays a kernel of its own."""
+
+    def event(name: str, ts: int, dur: int, op: str = "MatMul") -> dict:
+        return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
+        event("loop", 10, 60, "Loop"), event("mm", 12, 20), event("mm", 40, 20), event("mm", 75, 5),
+    ]  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(events))
+    trace = parse_trace(path, warmup=0, subgraphs={"mm": "loop"})
+    assert {(k.name, k.total_us, k.inside) for k in trace.kernels} == {("loop", 60.0, ""), ("mm", 5.0, "")}
+    assert [(k.name, k.total_us, k.inside) for k in trace.subgraph_kernels] == [("mm", 40.0, "loop")]
+    assert trace.kernel_us_per_run == (65.0,)
+    assert parse_trace(path, warmup=0).kernel_us_per_run == (105.0,)  # without the map: counted twice
+
+
+def test_a_model_ort_refuses_is_one_line_on_stderr(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """ORT's own log line (``EndProfiling] Could not write a profile because no model was loaded``, on the
+    process's stderr) is silenced; ORT's reason is in qdebug's one line."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="twice"), helper.make_node("Relu", ["r"], ["y"], name="twice")]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "refused.onnx"))
+    np.savez(tmp_path / "x.npz", x=np.zeros((1,), np.float32))
+    assert main(["profile", str(tmp_path / "refused.onnx"), "--data", str(tmp_path / "x.npz"), "-q"]) == 4
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "cannot load the FP32 model" in err and "same node name" in err, err
+
+
+def test_the_optimized_graph_keeps_its_initializers_in_a_data_file(tmp_path: Path) -> None:
+    """ORT saves the optimized graph with every initializer of 1 KiB or more in a file beside it (as
+    capture's optimize_for_capture does): a model over the protobuf limit saves too, and no weight is
+    copied inline."""
+    path = _loop_model(tmp_path / "loop.onnx")
+    proto = onnx.load(str(path))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    feeds = [{"x": np.ones((2, 32), np.float32)}]
+    (run,) = profile_models([ModelToProfile(path, proto, _sha(path), "FP32 model")], feeds, SessionConfig(), runs=1,
+                            scratch=scratch)  # fmt: skip
+    assert run.profile.runs == 1
+    optimized = onnx.load(str(scratch / "fp32-optimized.onnx"), load_external_data=False)
+    assert (scratch / "fp32-optimized.data").stat().st_size >= 32 * 32 * 4
+    assert (scratch / "fp32-optimized.onnx").stat().st_size < 32 * 32 * 4
+    external = [t.name for g in _graphs(optimized.graph) for t in g.initializer
+                if t.data_location == TensorProto.EXTERNAL]  # fmt: skip
+    assert "W" in external
+    assert subgraph_parents(optimized.graph).keys() >= {"body_mm", "body_tanh", "loop/Identity_2"}
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    out = [graph]
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("g"):
+                out += _graphs(a.g)
+    return out
+
+
+def test_timed_runs_alternate_between_the_models_in_rounds() -> None:
+    """One warm-up run each, then rounds of CHUNK_RUNS runs per model in turn, run k of each on batch k."""
+    calls: list[tuple[str, int]] = []
+    batches = [[{"k": np.array(i)} for i in range(3)], [{"k": np.array(i)} for i in range(3)]]
+    steps = [lambda b, m=m: calls.append((m, int(b["k"]))) for m in ("fp32", "int8")]
+    runs = 2 * CHUNK_RUNS + 5
+    walls = timed_rounds(steps, batches, runs)
+    assert [len(w) for w in walls] == [runs, runs]
+    assert calls[:2] == [("fp32", 0), ("int8", 0)]
+    expected = []
+    for start, size in ((0, CHUNK_RUNS), (CHUNK_RUNS, CHUNK_RUNS), (2 * CHUNK_RUNS, 5)):
+        for m in ("fp32", "int8"):
+            expected += [(m, k % 3) for k in range(start, start + size)]
+    assert calls[2:] == expected
+
+
+def _qdq_runs(
+    fp32_ms: float, int8_ms: float, q_ms: float, out_dq_ms: float, other_ms: float
+) -> tuple[ModelRun, ModelRun]:
+    """FP32 ``x -> sm -> y`` and INT8 ``x -> q -> dq -> sm -> q2 -> dq2 -> y`` (dq2 writes the graph
+    output), each node its own kernel: ``q`` and ``dq2`` cost ``q_ms`` and ``out_dq_ms``, the node's integer
+    kernel ``int8_ms``, and a kernel ORT inserted ``other_ms`` (the rest of a larger model)."""
+
+    def graph(nodes: list[onnx.NodeProto]) -> GraphIndex:
+        io = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1]) for t in ("x", "y")]
+        return GraphIndex.of(helper.make_graph(nodes, "g", io[:1], io[1:]))
+
+    def run(user: GraphIndex, times: dict[str, float], integer: bool) -> ModelRun:
+        kernels = [KernelRecord(n, user.nodes[user.names.index(n)].op_type, "CPU", ms, integer, (n,), n)
+                   for n, ms in times.items()]  # fmt: skip
+        kernels.append(KernelRecord("reorder", "ReorderInput", "CPU", other_ms, False, (), ""))
+        mappings = {k.name: KernelMapping((user.names.index(k.name),), user.names.index(k.name)) for k in kernels
+                    if k.nodes}  # fmt: skip
+        mappings["reorder"] = KernelMapping((), None)
+        total = sum(k.ms_per_run for k in kernels)
+        profile = ModelProfile("m.onnx", "", 1, total, total, total, total, other_ms, (total,), (total,),
+                               tuple(kernels))  # fmt: skip
+        return ModelRun(profile, user, mappings)
+
+    fp32 = graph([helper.make_node("Softmax", ["x"], ["y"], name="sm")])
+    int8 = graph([
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+        helper.make_node("Softmax", ["xd"], ["sm_out"], name="sm"),
+        helper.make_node("QuantizeLinear", ["sm_out", "s", "z"], ["yq"], name="q2"),
+        helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["y"], name="dq2"),
+    ])  # fmt: skip
+    return run(fp32, {"sm": fp32_ms}, False), run(int8, {"q": q_ms, "sm": int8_ms, "dq2": out_dq_ms}, True)
+
+
+def test_a_graph_outputs_dequantize_is_no_qdq_overhead() -> None:
+    """The DequantizeLinear writing a graph output is in the node's Q/DQ time, but no cause: the INT8 model
+    pays it wherever its quantized region ends. Without it the same node is qdq-overhead."""
+    (row,) = node_rows(*_qdq_runs(fp32_ms=1.0, int8_ms=0.9, q_ms=0.05, out_dq_ms=0.2, other_ms=0.0))
+    assert (row.name, row.qdq_ms, row.output_dq_ms, row.cause) == ("sm", pytest.approx(0.25), 0.2, "")
+    assert row.saved_ms == pytest.approx(-0.15)
+    (row,) = node_rows(*_qdq_runs(fp32_ms=1.0, int8_ms=0.9, q_ms=0.25, out_dq_ms=0.0, other_ms=0.0))
+    assert (row.qdq_ms, row.output_dq_ms, row.cause) == (0.25, 0.0, "qdq-overhead")
+
+
+@pytest.mark.parametrize(
+    ("q_ms", "other_ms", "cause"),
+    [
+        (QDQ_OVERHEAD_MIN_MS / 2, 0.0, ""),  # microseconds: noise
+        (0.05, 10.0, ""),  # 0.05 ms of an INT8 run of 10.95 ms: below 2 %
+        (0.05, 1.0, "qdq-overhead"),  # 0.05 of 1.95 ms: over both
+    ],
+)
+def test_qdq_overhead_needs_time_that_is_no_noise(q_ms: float, other_ms: float, cause: str) -> None:
+    """In every case the node's integer kernel saves 0.001 ms and its Q/DQ costs more than that."""
+    (row,) = node_rows(*_qdq_runs(fp32_ms=0.901, int8_ms=0.9, q_ms=q_ms, out_dq_ms=0.0, other_ms=other_ms))
+    assert 0 < row.fp32_ms - row.int8_ms < row.qdq_ms
+    assert row.cause == cause

@@ -1,13 +1,15 @@
 """Per-node latency from ONNX Runtime's own profiler: where static INT8 gains and loses time against FP32.
 
 Runs each model in one session with ORT's profiler on (one warm-up run, then --runs timed runs over the
-data's batches) and books every kernel to the nodes of your model it computes, through the optimized graph:
-fused kernels (Conv+BN+Relu, MatMul+Add -> Gemm, DQ->Conv->Q -> QLinearConv) count for the node whose op
-they run, and surviving QuantizeLinear/DequantizeLinear kernels as Q/DQ time around the node they feed or
-follow; layout kernels ORT adds (NCHWc reorders, NHWC transposes) are listed as ORT-inserted. Prints one
-row per node (FP32 ms, INT8 ms, saved ms, the INT8 kernel and whether it is an integer one, Q/DQ ms, a
-cause), the totals, the measured p50 wall time per run of each model and a verdict. Causes:
-unfolded-batchnorm, no-integer-kernel, qdq-overhead. --json writes it all (profile.json).
+data's batches; the two models' runs alternate in rounds, so that a change of load hits both alike) and
+books every kernel to the nodes of your model it computes, through the optimized graph: fused kernels
+(Conv+BN+Relu, MatMul+Add -> Gemm, DQ->Conv->Q -> QLinearConv) count for the node whose op they run, and
+surviving QuantizeLinear/DequantizeLinear kernels as Q/DQ time around the node they feed or follow; layout
+kernels ORT adds (NCHWc reorders, NHWC transposes) are listed as ORT-inserted; the kernels an If, Loop or
+Scan runs in its bodies are in that node's time, counted once. Prints one row per node (FP32 ms, INT8 ms,
+saved ms, the INT8 kernel and whether it is an integer one, Q/DQ ms, a cause), the totals, the measured
+p50 wall time per run of each model and a verdict. Causes: unfolded-batchnorm, no-integer-kernel,
+qdq-overhead. --json writes it all (profile.json).
 
 Example:
   qdebug profile model.onnx model.int8.onnx --data calib.npz --runs 20 --json profile.json
@@ -114,8 +116,10 @@ def print_profile(report, sort: str = "lost", top: int = 20) -> None:
         console.print(f"{len(rows) - len(shown)} more nodes (--top 0 shows all)")
     for label, m in (("FP32", report.fp32), ("INT8", int8)):
         if m is not None:
+            inner = len({k.name for k in m.subgraph_kernels})
+            within = f"; {inner} more inside If/Loop/Scan kernels, in their time" if inner else ""
             console.print(
-                f"{label}: kernels {m.kernel_ms:.3f} ms per run ({m.inserted_ms:.3f} ORT-inserted), "
+                f"{label}: kernels {m.kernel_ms:.3f} ms per run ({m.inserted_ms:.3f} ORT-inserted{within}), "
                 f"ORT model_run {m.model_run_ms:.3f} ms, wall p50 {m.wall_p50_ms:.3f} ms over {m.runs} runs"
             )
     for cause in sorted({n.cause for n in report.nodes if n.cause}):

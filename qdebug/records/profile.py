@@ -24,8 +24,9 @@ CAUSES: dict[str, str] = {
     "it into the Conv before quantizing (onnxruntime.quantization.shape_inference.quant_pre_process does)",
     "no-integer-kernel": "ORT has no integer kernel for this op: it runs DQ -> float op -> Q between "
     "quantized neighbours; exclude it (nodes_to_exclude) with its neighbours, or replace the op",
-    "qdq-overhead": "its integer kernel is faster, but the Q/DQ kernels around it cost more than that saves: leave it "
-    "in float (nodes_to_exclude) or quantize a larger region so the Q/DQ pairs cancel",
+    "qdq-overhead": "its integer kernel is faster, but the Q/DQ kernels around it (a graph output's "
+    "DequantizeLinear not counted) cost more than that saves, and at least 2 % of the INT8 model's kernel "
+    "time: leave it in float (nodes_to_exclude) or quantize a larger region so the Q/DQ pairs cancel",
 }
 """Why a node loses time in the INT8 model: the name in :attr:`NodeLatency.cause`, and its explanation."""
 
@@ -50,6 +51,9 @@ class KernelRecord:
     booked_to: str
     """The node its time counts for: the one whose op it runs (``Conv`` for a ``FusedConv`` of
     Conv+BatchNormalization+Relu); the others were fused into it. Empty when ORT inserted the kernel."""
+    inside: str = ""
+    """For a kernel of an If branch or a Loop/Scan body (:attr:`ModelProfile.subgraph_kernels`): the
+    If/Loop/Scan kernel that ran it, whose node it is booked to. Empty for a kernel of the main graph."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,9 @@ class ModelProfile:
     model_run_ms: float
     """ORT's own ``model_run`` duration per run (mean): the kernels and the executor's work between them."""
     kernel_ms: float
-    """The sum of every kernel's duration per run (mean). Kernels run one after the other within a run
-    (sequential executor), so this is at most :attr:`model_run_ms`, itself at most :attr:`wall_mean_ms`."""
+    """The sum of the main graph's kernel durations per run (mean). They run one after the other within a
+    run (sequential executor), so this is at most :attr:`model_run_ms`, itself at most :attr:`wall_mean_ms`.
+    The kernels of If/Loop/Scan bodies are not in it: their parent's duration holds them."""
     inserted_ms: float
     """Of :attr:`kernel_ms`, the kernels ORT inserted (layout changes), per run."""
     run_wall_ms: tuple[float, ...]
@@ -76,6 +81,10 @@ class ModelProfile:
     run_kernel_ms: tuple[float, ...]
     """Each timed run's sum of kernel durations, in the same order."""
     kernels: tuple[KernelRecord, ...]
+    """The main graph's kernels: every total and node row is made of these."""
+    subgraph_kernels: tuple[KernelRecord, ...] = ()
+    """Kernels an If/Loop/Scan kernel ran in its branches or body, per run, each booked to that node as
+    detail: their time is inside the parent kernel's already, so they count in no total and no row."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,9 @@ class NodeLatency:
     """Whether the INT8 kernel is an integer one (False for a float op between Q/DQ)."""
     cause: str = ""
     """A key of :data:`CAUSES`, or empty."""
+    output_dq_ms: float = 0.0
+    """Of :attr:`qdq_ms`, the DequantizeLinear that writes a graph output from this node's quantized
+    result: the INT8 model pays it wherever its quantized region ends, so it is never ``qdq-overhead``."""
 
     @property
     def saved_ms(self) -> float:

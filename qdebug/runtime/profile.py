@@ -9,7 +9,11 @@ becomes one ``Conv``, MatMul+Add a ``Gemm``, DQ->Conv->Q a ``QLinearConv``), ren
 tensors, not names: every tensor of the optimized graph that still carries a user tensor's value anchors it;
 a kernel (or a group of kernels joined by tensors that exist only inside ORT) computes the user's nodes
 between its anchored inputs and its anchored outputs. Name equality only decides which covered node a
-kernel's time is booked to.
+kernel's time is booked to. The kernels an If, Loop or Scan runs in its bodies are profiled inside that
+node's own event: they are kept as detail of that node and left out of every total.
+
+Both models' sessions are open together and their timed runs alternate in rounds (as
+:mod:`qdebug.runtime.timing` does), so that load or CPU-frequency drift hits both alike.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from qdebug.records.profile import (
     verdict_line,
 )
 from qdebug.runtime.capture import SessionConfig
+from qdebug.runtime.timing import CHUNK_RUNS
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 LAYOUT_OPS = frozenset({"Transpose", "ReorderInput", "ReorderOutput", "MemcpyToHost", "MemcpyFromHost"})
@@ -47,6 +52,14 @@ INTEGER_DTYPES = frozenset({"int8", "uint8", "int16", "uint16", "int4", "uint4"}
 """Input element types that make a kernel an integer one (the profiler's ``input_type_shape``)."""
 _SAME_OP = {"Gemm": ("Gemm", "MatMul"), "FusedGemm": ("Gemm", "MatMul"), "QGemm": ("Gemm", "MatMul")}
 """Kernel ops that run a user op of another name beyond the prefix/suffix rule of :func:`base_ops`."""
+QDQ_OVERHEAD_MIN_MS = 0.01
+"""Q/DQ time per run below which ``qdq-overhead`` is never the cause: a few microseconds of kernel events
+(whole microseconds each) are timer noise, not a cost worth a change to the model."""
+QDQ_OVERHEAD_MIN_SHARE = 0.02
+"""Nor below this share of the INT8 model's kernel time per run: what no change to one node could win."""
+TICK_US = 2.0
+"""Slack when testing that one profiler event lies inside another: start and duration are each truncated
+to whole microseconds."""
 
 
 # --------------------------------------------------------------------------- graphs
@@ -64,6 +77,7 @@ class GraphIndex:
     constants: frozenset[str]
     """Initializers: never activations, never anchors."""
     inputs: frozenset[str]
+    outputs: frozenset[str]
 
     @classmethod
     def of(cls, graph: onnx.GraphProto) -> GraphIndex:
@@ -84,6 +98,7 @@ class GraphIndex:
             consumers={k: tuple(v) for k, v in consumers.items()},
             constants=frozenset(t.name for t in graph.initializer),
             inputs=frozenset(v.name for v in graph.input),
+            outputs=frozenset(v.name for v in graph.output),
         )
 
     def activations(self, tensors: Iterable[str]) -> list[str]:
@@ -92,6 +107,24 @@ class GraphIndex:
 
     def index_of_name(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.names)}
+
+
+def subgraph_parents(graph: onnx.GraphProto) -> dict[str, str]:
+    """Node name -> the top-level node whose If branch or Loop/Scan body holds it, at any depth (an If in a
+    Loop body belongs to the Loop). The profiler times these nodes inside their parent's own event."""
+    from qdebug.graph.load import iter_graphs
+
+    out: dict[str, str] = {}
+    for i, node in enumerate(graph.node):
+        parent = node.name or f"{node.op_type}_{i}"
+        for attr in node.attribute:
+            subs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+            for sub in subs:
+                for g in iter_graphs(sub):
+                    for n in g.node:
+                        if n.name:
+                            out.setdefault(n.name, parent)
+    return out
 
 
 def base_ops(kernel_op: str) -> tuple[str, ...]:
@@ -303,6 +336,13 @@ def qdq_owner(user: GraphIndex, i: int) -> int | None:
     return found if found is not None else _producer_through_qdq(user, i)
 
 
+def is_output_dq(user: GraphIndex, i: int) -> bool:
+    """Whether node ``i`` is a DequantizeLinear that writes a graph output: the INT8 model pays it wherever
+    its quantized region ends, so it is time around a node but never that node's overhead."""
+    node = user.nodes[i]
+    return node.op_type == "DequantizeLinear" and any(t in user.outputs for t in node.output)
+
+
 def _consumer_through_qdq(user: GraphIndex, i: int) -> int | None:
     stack, seen = [i], set()
     while stack:
@@ -345,6 +385,9 @@ class KernelTime:
     provider: str
     total_us: float
     integer: bool
+    inside: str = ""
+    """The If/Loop/Scan kernel whose branch or body ran this one (its events lie inside that kernel's):
+    empty for a kernel of the main graph."""
 
 
 @dataclass(frozen=True)
@@ -352,39 +395,63 @@ class Trace:
     """What the profiler recorded for the timed runs (the warm-up runs left out)."""
 
     kernels: tuple[KernelTime, ...]
+    """The main graph's kernels: one at a time in a run, so their durations add up."""
     runs: int
     kernel_us_per_run: tuple[float, ...]
-    """Sum of kernel durations in each timed run."""
+    """Sum of the main graph's kernel durations in each timed run."""
     model_run_us: tuple[float, ...]
     """ORT's ``model_run`` duration of each timed run."""
+    subgraph_kernels: tuple[KernelTime, ...] = ()
+    """Kernels run inside an If/Loop/Scan kernel: already in its duration, so in no sum."""
 
 
-def parse_trace(path: str | Path, warmup: int) -> Trace:
+def parse_trace(path: str | Path, warmup: int, subgraphs: Mapping[str, str] | None = None) -> Trace:
     """Read the profiler's JSON: ``model_run`` events delimit runs, ``cat == "Node"`` events named
     ``<node>_kernel_time`` are kernels (fence events are skipped); events of the first ``warmup`` runs
-    are left out."""
+    are left out.
+
+    ``subgraphs`` maps the nodes of If/Loop/Scan bodies to their top-level node (:func:`subgraph_parents`):
+    an event of such a node that lies inside an event of that parent in the same run was timed within the
+    parent's (the same name in the main graph, outside it, stays a kernel of its own)."""
     events = json.loads(Path(path).read_text())
     if isinstance(events, dict):
         events = events.get("traceEvents", [])
     runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"), key=_ts)
     timed = runs[warmup:]
     starts = [_ts(r) for r in timed]
-    totals: dict[str, list[Any]] = {}
-    per_run = [0.0] * len(timed)
+    found: list[tuple[str, int, float, float, Mapping[str, Any]]] = []
     for e in events:
         if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
             continue
         k = _run_of(_ts(e), timed, starts)
-        if k is None:
-            continue
-        name = e["name"][: -len("_kernel_time")]
-        args = e.get("args", {})
-        dur = float(e.get("dur", 0))
-        per_run[k] += dur
-        entry = totals.setdefault(name, [args.get("op_name", ""), args.get("provider", ""), 0.0, _integer(args)])
+        if k is not None:
+            found.append((e["name"][: -len("_kernel_time")], k, _ts(e), float(e.get("dur", 0)), e.get("args", {})))
+    parents = subgraphs or {}
+    parent_names = set(parents.values())
+    spans: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for name, k, ts, dur, _args in found:
+        if name in parent_names:
+            spans.setdefault((name, k), []).append((ts, ts + dur))
+    totals: dict[tuple[str, str], list[Any]] = {}
+    per_run = [0.0] * len(timed)
+    for name, k, ts, dur, args in found:
+        parent = parents.get(name, "")
+        inside = parent and any(a - TICK_US <= ts and ts + dur <= b + TICK_US for a, b in spans.get((parent, k), ()))
+        if not inside:
+            parent = ""
+            per_run[k] += dur
+        entry = totals.setdefault(
+            (name, parent), [args.get("op_name", ""), args.get("provider", ""), 0.0, _integer(args)]
+        )
         entry[2] += dur
-    kernels = tuple(KernelTime(n, op, prov, us, integer) for n, (op, prov, us, integer) in totals.items())
-    return Trace(kernels, len(timed), tuple(per_run), tuple(float(r.get("dur", 0)) for r in timed))
+    kernels = [KernelTime(n, op, prov, us, integer, parent) for (n, parent), (op, prov, us, integer) in totals.items()]
+    return Trace(
+        tuple(k for k in kernels if not k.inside),
+        len(timed),
+        tuple(per_run),
+        tuple(float(r.get("dur", 0)) for r in timed),
+        tuple(k for k in kernels if k.inside),
+    )
 
 
 def _ts(e: Mapping[str, Any]) -> float:
@@ -419,54 +486,117 @@ class ModelRun:
     """Kernel name -> where it belongs."""
 
 
-def profile_model(
-    path: Path,
-    proto: onnx.ModelProto,
-    sha256: str,
+@dataclass(frozen=True)
+class ModelToProfile:
+    """A model file as :func:`profile_models` takes it."""
+
+    path: Path
+    proto: onnx.ModelProto
+    sha256: str
+    what: str
+    """``FP32 model`` or ``INT8 model``: in messages, and its first word tags the scratch files."""
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """One model's profiling session, open while the runs of all models alternate."""
+
+    model: ModelToProfile
+    proto: onnx.ModelProto
+    """The model with every node named (:func:`_with_node_names`)."""
+    tag: str
+    session: Any
+    batches: list[dict[str, np.ndarray]]
+
+
+def profile_models(
+    models: Sequence[ModelToProfile],
     feeds: Sequence[Mapping[str, np.ndarray]],
     config: SessionConfig,
     *,
     runs: int,
-    what: str,
     scratch: Path,
-) -> ModelRun:
-    """Profile one model: one session, one warm-up run, ``runs`` timed runs cycling over ``feeds``."""
-    tag = what.split()[0].lower()
-    proto, copy = _with_node_names(proto, scratch / f"{tag}-named.onnx")
-    session = _profiling_session(copy or path, config, scratch, tag, what)
-    names = [i.name for i in session.get_inputs()]
-    batches = [{n: f[n] for n in names if n in f} for f in feeds]
-    _run(session, batches[0], what)
-    walls = []
-    for k in range(runs):
-        batch = batches[k % len(batches)]
-        t0 = time.perf_counter()
-        _run(session, batch, what)
-        walls.append(time.perf_counter() - t0)
-    trace = parse_trace(session.end_profiling(), warmup=1)
-    optimized = onnx.load(str(scratch / f"{tag}-optimized.onnx"), load_external_data=False)
-    user, opt = GraphIndex.of(proto.graph), GraphIndex.of(optimized.graph)
+) -> list[ModelRun]:
+    """Profile the models together: one session each, all open at once; one warm-up run each, then
+    ``runs`` timed runs each cycling over ``feeds``, in rounds (:func:`timed_rounds`)."""
+    opened = []
+    for model in models:
+        tag = model.what.split()[0].lower()
+        proto, copy = _with_node_names(model.proto, scratch / f"{tag}-named.onnx")
+        session = _profiling_session(copy or model.path, config, scratch, tag, model.what)
+        names = [i.name for i in session.get_inputs()]
+        batches = [{n: f[n] for n in names if n in f} for f in feeds]
+        opened.append(_Opened(model, proto, tag, session, batches))
+    steps = [lambda batch, o=o: _run(o.session, batch, o.model.what) for o in opened]
+    walls = timed_rounds(steps, [o.batches for o in opened], runs)
+    return [_record(o, w, scratch) for o, w in zip(opened, walls, strict=True)]
+
+
+def timed_rounds(
+    steps: Sequence[Callable[[Mapping[str, np.ndarray]], None]],
+    batches: Sequence[Sequence[Mapping[str, np.ndarray]]],
+    runs: int,
+) -> list[list[float]]:
+    """Each step's wall times (seconds) of ``runs`` timed calls, after one warm-up call each on its first batch.
+
+    The timed calls alternate between the steps in rounds of :data:`~qdebug.runtime.timing.CHUNK_RUNS`, as
+    :func:`qdebug.runtime.timing.time_sessions` does: a drift of CPU frequency or background load hits every
+    model alike, while within a round a model runs undisturbed by the other session's spinning threads and
+    with its own weights in cache, as it would deployed. Call ``k`` of every step gets its ``k``-th batch
+    (cycling), so that the models see the same data run by run.
+    """
+    for step, own in zip(steps, batches, strict=True):
+        step(own[0])
+    walls: list[list[float]] = [[] for _ in steps]
+    done = 0
+    while done < runs:
+        chunk = min(CHUNK_RUNS, runs - done)
+        for step, own, out in zip(steps, batches, walls, strict=True):
+            for k in range(done, done + chunk):
+                batch = own[k % len(own)]
+                t0 = time.perf_counter()
+                step(batch)
+                out.append(time.perf_counter() - t0)
+        done += chunk
+    return walls
+
+
+def _record(o: _Opened, walls: Sequence[float], scratch: Path) -> ModelRun:
+    """One model's record from its session's trace and optimized graph."""
+    optimized = onnx.load(str(scratch / f"{o.tag}-optimized.onnx"), load_external_data=False)
+    parents = subgraph_parents(optimized.graph)
+    trace = parse_trace(o.session.end_profiling(), warmup=1, subgraphs=parents)
+    user, opt = GraphIndex.of(o.proto.graph), GraphIndex.of(optimized.graph)
     by_name = opt.index_of_name()
     mapping = map_kernels(user, opt)
-    mappings, kernels = {}, []
+    mappings: dict[str, KernelMapping] = {}
     n = max(trace.runs, 1)
+
+    def record(k: KernelTime, m: KernelMapping) -> KernelRecord:
+        return KernelRecord(
+            name=k.name,
+            op_type=k.op_type,
+            provider=k.provider,
+            ms_per_run=k.total_us / n / 1e3,
+            integer=k.integer,
+            nodes=tuple(user.names[u] for u in m.nodes),
+            booked_to="" if m.booked_to is None else user.names[m.booked_to],
+            inside=k.inside,
+        )
+
+    kernels = []
     for k in trace.kernels:
         m = mapping[by_name[k.name]] if k.name in by_name else KernelMapping((), None)
         mappings[k.name] = m
-        kernels.append(
-            KernelRecord(
-                name=k.name,
-                op_type=k.op_type,
-                provider=k.provider,
-                ms_per_run=k.total_us / n / 1e3,
-                integer=k.integer,
-                nodes=tuple(user.names[u] for u in m.nodes),
-                booked_to="" if m.booked_to is None else user.names[m.booked_to],
-            )
-        )
-    record = ModelProfile(
-        path=str(path),
-        sha256=sha256,
+        kernels.append(record(k, m))
+    inner = []
+    for k in trace.subgraph_kernels:  # detail of the If/Loop/Scan node its parent kernel is booked to
+        parent = mapping[by_name[k.inside]] if k.inside in by_name else KernelMapping((), None)
+        booked = () if parent.booked_to is None else (parent.booked_to,)
+        inner.append(record(k, KernelMapping(booked, parent.booked_to)))
+    record_ = ModelProfile(
+        path=str(o.model.path),
+        sha256=o.model.sha256,
         runs=trace.runs,
         wall_p50_ms=1e3 * statistics.median(walls),
         wall_mean_ms=1e3 * statistics.fmean(walls),
@@ -476,8 +606,9 @@ def profile_model(
         run_wall_ms=tuple(1e3 * w for w in walls),
         run_kernel_ms=tuple(us / 1e3 for us in trace.kernel_us_per_run),
         kernels=tuple(kernels),
+        subgraph_kernels=tuple(inner),
     )
-    return ModelRun(record, user, mappings)
+    return ModelRun(record_, user, mappings)
 
 
 def _with_node_names(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProto, Path | None]:
@@ -485,22 +616,17 @@ def _with_node_names(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProt
 
     ORT's profiler calls an unnamed node ``<op>_<internal index>``, and the optimized graph it saves keeps
     the name empty: nothing ties the two. A copy in the scratch folder (the user's file is never touched)
-    names them ``<op>_<position>``, a name the profiler and the optimized graph then share.
+    names them ``<op>_<position>`` (in an If/Loop/Scan body ``<parent>/<op>_<position>``), a name the
+    profiler and the optimized graph then share.
     """
-    if all(n.name for n in proto.graph.node):
-        return proto, None
-    from qdebug.graph.load import is_large, save_with_external_data
+    from qdebug.graph.load import is_large, iter_graphs, save_with_external_data
 
+    if all(n.name for g in iter_graphs(proto.graph) for n in g.node):
+        return proto, None
     named = onnx.ModelProto()
     named.CopyFrom(proto)
-    taken = {n.name for n in named.graph.node if n.name}
-    for i, n in enumerate(named.graph.node):
-        if not n.name:
-            name = f"{n.op_type}_{i}"
-            while name in taken:
-                name += "_"
-            n.name = name
-            taken.add(name)
+    taken = {n.name for g in iter_graphs(named.graph) for n in g.node if n.name}
+    _name_nodes(named.graph, "", taken)
     if is_large(named):
         save_with_external_data(named, path)
     else:
@@ -508,16 +634,41 @@ def _with_node_names(proto: onnx.ModelProto, path: Path) -> tuple[onnx.ModelProt
     return named, path
 
 
+def _name_nodes(graph: onnx.GraphProto, prefix: str, taken: set[str]) -> None:
+    """Name the unnamed nodes of ``graph`` and of its subgraphs, each name new to ``taken``."""
+    for i, n in enumerate(graph.node):
+        if not n.name:
+            name = f"{prefix}{n.op_type}_{i}"
+            while name in taken:
+                name += "_"
+            n.name = name
+            taken.add(name)
+        for attr in n.attribute:
+            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
+                _name_nodes(sub, f"{n.name}/", taken)
+
+
 def _profiling_session(path: Path, config: SessionConfig, scratch: Path, tag: str, what: str) -> Any:
-    """A session with ORT's profiler on and its optimized graph saved, both under ``scratch``."""
+    """A session with ORT's profiler on and its optimized graph saved, both under ``scratch``: the graph
+    with its initializers in a data file beside it (as :func:`qdebug.runtime.capture.optimize_for_capture`
+    does), never copied inline, so that a model over the protobuf limit saves too."""
     import onnxruntime as ort
+
+    from qdebug.graph.load import EXTERNAL_MIN_BYTES
 
     opts = ort.SessionOptions()
     opts.enable_profiling = True
     opts.profile_file_prefix = str(scratch / f"{tag}-profile")
     opts.optimized_model_filepath = str(scratch / f"{tag}-optimized.onnx")
+    opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{tag}-optimized.data")
+    opts.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", str(EXTERNAL_MIN_BYTES)
+    )
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3  # the NCHWc "hardware specific" warning on saving the optimized graph
+    # 4 (fatal only): ORT's own log lines never reach the user's stderr -- the NCHWc "hardware specific"
+    # warning on saving the optimized graph, and, for a model ORT refuses, "EndProfiling] Could not write
+    # a profile because no model was loaded" before qdebug's one line. Its errors still come as exceptions.
+    opts.log_severity_level = 4
     if config.intra_op_threads:
         opts.intra_op_num_threads = config.intra_op_threads
     try:
@@ -555,6 +706,10 @@ class _Side:
     """Booked node -> op of its (slowest) kernel; a fused node -> ``fused into NODE``."""
     integer: dict[int, bool]
     qdq_ms: dict[int, float]
+    output_dq_ms: dict[int, float]
+    """Of ``qdq_ms``, a graph output's DequantizeLinear (:func:`is_output_dq`)."""
+    kernel_ms: float
+    """The model's kernel time per run: what ``qdq-overhead`` must be a share of."""
 
 
 def _side(run: ModelRun) -> _Side:
@@ -564,6 +719,7 @@ def _side(run: ModelRun) -> _Side:
     integer: dict[int, bool] = {}
     fused: dict[int, str] = {}
     qdq: dict[int, float] = {}
+    output_dq: dict[int, float] = {}
     index = user.index_of_name()
     for k in run.profile.kernels:
         m = run.mappings[k.name]
@@ -574,6 +730,8 @@ def _side(run: ModelRun) -> _Side:
             owner = qdq_owner(user, b)
             if owner is not None:
                 qdq[owner] = qdq.get(owner, 0.0) + k.ms_per_run
+                if is_output_dq(user, b):
+                    output_dq[owner] = output_dq.get(owner, 0.0) + k.ms_per_run
                 continue
         ms[b] = ms.get(b, 0.0) + k.ms_per_run
         if b not in kernel or k.ms_per_run > kernel[b][0]:
@@ -586,7 +744,7 @@ def _side(run: ModelRun) -> _Side:
     kinds = {b: op for b, (_, op) in kernel.items()}
     for u, into in fused.items():
         kinds.setdefault(u, f"fused into {into}")
-    return _Side(ms, kinds, integer, qdq)
+    return _Side(ms, kinds, integer, qdq, output_dq, run.profile.kernel_ms)
 
 
 def node_rows(fp32: ModelRun, int8: ModelRun | None) -> tuple[NodeLatency, ...]:
@@ -661,12 +819,17 @@ def _row(
         fp32_kernel=fp32_kernel,
         int8_kernel=b.kernel.get(j, "-"),
         integer=b.integer.get(j, False),
+        output_dq_ms=b.output_dq_ms.get(j, 0.0),
     )
-    return _with_cause(row, int8.user, j, own_kernel=j in b.ms)
+    return _with_cause(row, int8.user, j, own_kernel=j in b.ms, kernel_ms=b.kernel_ms)
 
 
-def _with_cause(row: NodeLatency, user: GraphIndex, j: int, *, own_kernel: bool) -> NodeLatency:
-    """The cause of a node's lost time (``CAUSES``), from its place between Q/DQ and its kernel."""
+def _with_cause(row: NodeLatency, user: GraphIndex, j: int, *, own_kernel: bool, kernel_ms: float) -> NodeLatency:
+    """The cause of a node's lost time (``CAUSES``), from its place between Q/DQ and its kernel.
+
+    ``qdq-overhead`` needs Q/DQ time that is no noise and could be won: the Q/DQ around the node without
+    a graph output's DequantizeLinear, at least :data:`QDQ_OVERHEAD_MIN_MS` and
+    :data:`QDQ_OVERHEAD_MIN_SHARE` of the INT8 model's ``kernel_ms``, and more than its kernel saves."""
     from dataclasses import replace
 
     node = user.nodes[j]
@@ -683,7 +846,9 @@ def _with_cause(row: NodeLatency, user: GraphIndex, j: int, *, own_kernel: bool)
         return replace(row, cause="unfolded-batchnorm")
     if after_dq and before_q and float_kernel:
         return replace(row, cause="no-integer-kernel")
-    if 0 < row.fp32_ms - row.int8_ms < row.qdq_ms:  # a slower integer kernel is no Q/DQ matter
+    overhead = row.qdq_ms - row.output_dq_ms
+    floor = max(QDQ_OVERHEAD_MIN_MS, QDQ_OVERHEAD_MIN_SHARE * kernel_ms)
+    if overhead >= floor and 0 < row.fp32_ms - row.int8_ms < overhead:  # a slower integer kernel: no Q/DQ matter
         return replace(row, cause="qdq-overhead")
     return row
 
@@ -725,18 +890,14 @@ def run_profile(
     feeds = [dict(b.feeds) for b in islice(data.batches(), runs)]
     if not feeds:
         raise QDebugError(f"data source {data_source} yields no samples", "give at least one sample", ExitCode.DATA)
+    models = [ModelToProfile(fp32.path, fp32.proto, fp32.sha256, "FP32 model")]
+    if quant is not None:
+        models.append(ModelToProfile(quant.path, quant.proto, quant.sha256, "INT8 model"))
     with tempfile.TemporaryDirectory(prefix="qdebug-profile-") as tmp:
-        scratch = Path(tmp)
-        say(f"profiling the FP32 model ({runs} runs)")
-        a = profile_model(
-            fp32.path, fp32.proto, fp32.sha256, feeds, config, runs=runs, what="FP32 model", scratch=scratch
-        )
-        b = None
-        if quant is not None:
-            say(f"profiling the INT8 model ({runs} runs)")
-            b = profile_model(
-                quant.path, quant.proto, quant.sha256, feeds, config, runs=runs, what="INT8 model", scratch=scratch
-            )
+        which = "the FP32 and the INT8 model in turn" if quant is not None else "the FP32 model"
+        say(f"profiling {which} ({runs} runs each)")
+        done = profile_models(models, feeds, config, runs=runs, scratch=Path(tmp))
+    a, b = done[0], (done[1] if quant is not None else None)
     rows = node_rows(a, b)
     notes = []
     if b is None:
@@ -779,14 +940,19 @@ def _check_same_inputs(fp32: onnx.ModelProto, quant: onnx.ModelProto, path: Path
 
 __all__ = [
     "ORT_INSERTED",
+    "QDQ_OVERHEAD_MIN_MS",
+    "QDQ_OVERHEAD_MIN_SHARE",
     "GraphIndex",
     "KernelMapping",
+    "ModelToProfile",
     "Trace",
     "base_ops",
     "map_kernels",
     "node_rows",
     "parse_trace",
-    "profile_model",
+    "profile_models",
     "qdq_owner",
     "run_profile",
+    "subgraph_parents",
+    "timed_rounds",
 ]

@@ -53,9 +53,11 @@ VARIANTS = {"default": None, "fp32,int16,per-channel": "fp32,int16,per-channel"}
 def _cli(args: list[str], cwd: Path, timeout: float) -> tuple[int, float, str]:
     """Run ``python -m qdebug ARGS``; (exit code, wall seconds, stderr tail)."""
     cmd = [sys.executable, "-m", "qdebug", *args]
+    # this tree's qdebug, not whatever copy is installed (the commands run in the work folder)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return 124, time.perf_counter() - t0, f"timed out after {timeout:.0f} s"
     tail = (p.stderr or "").strip().splitlines()[-3:]

@@ -11,6 +11,12 @@ model with the QDQ model end to end instead counts each upstream layer's shift a
 it; corrected in one pass, those corrections add up (a Conv -> Relu -> Conv -> Gemm test net's output mean
 error doubles instead of shrinking). With the local shift one pass is enough, as in the paper.
 
+What the probe measures is the quantized layer computed in float on dequantized weights and inputs: a
+layer whose output is read as a graph output is not fused by ORT into its integer kernel. That is exactly
+what VNNI and ARM integer kernels compute (up to float rounding), not what AVX2-only x86 CPUs do where a
+u8s8 pair sum saturates its int16 (8-bit weights near +-127 on uint8 inputs near 255): such a layer's
+extra shift is not seen, nor corrected. Quantizing with 7-bit weights (``reduce_range``) rules it out.
+
 This is no equivalence transform: the corrected FP32 model computes other outputs than the user's, on
 purpose, and only its quantized model is meant to be deployed. Nothing checks it against the FP32 outputs.
 

@@ -42,7 +42,7 @@ from qdebug.records.profile import (
     ProfileReport,
     verdict_line,
 )
-from qdebug.runtime.capture import SessionConfig
+from qdebug.runtime.capture import SessionConfig, run_session
 from qdebug.runtime.timing import CHUNK_RUNS
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -527,7 +527,12 @@ def profile_models(
         names = [i.name for i in session.get_inputs()]
         batches = [{n: f[n] for n in names if n in f} for f in feeds]
         opened.append(_Opened(model, proto, tag, session, batches))
-    steps = [lambda batch, o=o: _run(o.session, batch, o.model.what) for o in opened]
+    # capture's run_session: the same one-line error (exit 5) for data ORT rejects at run time
+    outputs = [[out.name for out in o.session.get_outputs()] for o in opened]
+    steps = [
+        lambda batch, o=o, n=n: run_session(o.session, n, batch, f"the {o.model.what}")
+        for o, n in zip(opened, outputs, strict=True)
+    ]
     walls = timed_rounds(steps, [o.batches for o in opened], runs)
     return [_record(o, w, scratch) for o, w in zip(opened, walls, strict=True)]
 
@@ -679,18 +684,6 @@ def _profiling_session(path: Path, config: SessionConfig, scratch: Path, tag: st
             f"ONNX Runtime cannot load the {what}: {first[:300]}",
             "check the model with onnx.checker and that its ops are supported by this ORT version",
             ExitCode.MODEL,
-        ) from None
-
-
-def _run(session: Any, feeds: Mapping[str, np.ndarray], what: str) -> None:
-    try:
-        session.run(None, dict(feeds))
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise QDebugError(
-            f"ONNX Runtime cannot run the {what} on the data: {first[:300]}",
-            "check that the data matches the model's inputs (names, dtypes, shapes)",
-            ExitCode.DATA,
         ) from None
 
 

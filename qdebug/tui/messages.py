@@ -16,6 +16,8 @@ from textual.message import Message
 class VerifyProgress(Message):
     """The verify callable reported progress."""
 
+    bubble = False  # for the main screen only: the app has nothing to do with it
+
     fraction: float
     """Done share in ``[0, 1]``."""
     text: str

@@ -553,7 +553,7 @@ class MainScreen(Screen):
         verify_fn = self.context.verify_fn
         assert verify_fn is not None
 
-        last = [0.0]
+        last = [float("-inf")]  # the first report always shows
 
         def progress(fraction: float, text: str) -> None:
             # throttled: a chatty callable must not flood the UI's message queue

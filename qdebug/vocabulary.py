@@ -6,7 +6,9 @@ order, the proposal record, verify's rebuild, the snippet and Model Explorer's c
 from the entry (a recipe's module lives under ``qdebug/recipes/``, a fix's in ``qdebug/propose/fixes.py``).
 
 Both tables are in the order propose tries them, the least change first: when two recipes meet the target
-the earlier one is the answer, and a unit gets the first fix that meets it.
+the earlier one is the answer, and a unit gets the first fix that meets it. The recipes that choose how ORT
+quantizes (``quantizer`` not ``static``: mixed, dynamic) come last and wait for the per-node search
+(:func:`qdebug.propose.recipes.replaces`).
 
 The light layer: standard library only, so the TUI and the printers may read it.
 """
@@ -62,6 +64,14 @@ PER_UNIT_FIXES = tuple(k for k, f in FIX_KINDS.items() if f.per_unit and not f.f
 """The fixes a unit may get from the report's own numbers, cheapest first."""
 
 
+QUANTIZERS = ("static", "dynamic", "mixed")
+"""How ORT builds a recipe's model: ``quantize_static`` (QDQ, ranges from calibration), ``quantize_dynamic``
+(INT8 weights, activations quantized at run time), or both in turn (``mixed``)."""
+DYNAMIC_OPS = ("MatMul", "Gemm", "LSTM", "Attention")
+"""The op types ``mixed`` leaves to ``quantize_dynamic`` (it turns a Gemm into MatMul + Add and quantizes
+the MatMul): the static pass quantizes every other op type, Conv first among them."""
+
+
 @dataclass(frozen=True)
 class Recipe:
     """One whole-model recipe."""
@@ -82,6 +92,16 @@ class Recipe:
     """Why it helps, one sentence, with its source."""
     reproduce: str
     """How a user rebuilds the deployed model without qdebug."""
+    quantizer: str = "static"
+    """How ORT builds its model (:data:`QUANTIZERS`); a recipe that is not ``static`` quantizes the user's
+    FP32 model as it is (no transform)."""
+    also_needs: tuple[str, ...] = ()
+    """Op types of which the model must hold one too (``mixed``: a Conv for the static pass)."""
+
+    @property
+    def transforms(self) -> bool:
+        """Whether it rewrites the FP32 model (the others choose how ORT quantizes it)."""
+        return self.quantizer == "static"
 
 
 RECIPES: dict[str, Recipe] = {
@@ -142,12 +162,50 @@ RECIPES: dict[str, Recipe] = {
                 "quantized model only: its FP32 biases are shifted on purpose"
             ),
         ),
+        Recipe(
+            name="mixed",
+            title="static Conv, dynamic MatMul/LSTM",
+            applies_to=("MatMul", "Gemm", "LSTM", "Attention"),
+            equivalent=True,
+            needs=(),
+            explanation=(
+                "activations whose range changes from one input to the next (a sequence's length, a signal's "
+                "loudness) lose their levels to one static range; quantized at run time, as ORT's "
+                "quantize_dynamic does for MatMul and LSTM, each input gets its own, while the convolutions "
+                "keep static INT8's speed"
+            ),
+            reproduce=(
+                "quantize_static with op_types_to_quantize leaving out MatMul, Gemm, LSTM and Attention, then "
+                "quantize_dynamic of its output with op_types_to_quantize=['MatMul', 'LSTM', 'Attention']"
+            ),
+            quantizer="mixed",
+            also_needs=("Conv", "ConvTranspose"),
+        ),
+        Recipe(
+            name="dynamic",
+            title="quantize_dynamic",
+            applies_to=("MatMul", "Gemm", "LSTM", "Attention", "Conv"),
+            equivalent=True,
+            needs=(),
+            explanation=(
+                "activations whose range changes from one input to the next lose their levels to one static "
+                "range; ORT's quantize_dynamic quantizes them at run time, each input over its own range (the "
+                "ORT docs' advice for Transformer and RNN models)"
+            ),
+            reproduce="quantize_dynamic of the FP32 model, with the proposal's nodes_to_exclude",
+            quantizer="dynamic",
+        ),
     )
 }
 
 
 RECIPE_COLOURS = {"recipe": "#a1887f", "folded": "#bcaaa4"}
 """Model Explorer's colours of a node a recipe rewrote, and of one it folded away."""
+
+
+def quantizer_of(steps: tuple[str, ...] | list[str]) -> str:
+    """How ORT builds the model of a recipe's ``steps`` (``static`` when none sets another)."""
+    return next((RECIPES[s].quantizer for s in steps if s in RECIPES and not RECIPES[s].transforms), "static")
 
 
 def recipe(name: str) -> Recipe:

@@ -261,6 +261,8 @@ def test_target_not_met_exits_6_and_still_writes(transformer, tmp_path):
             "1",
             "--max-evaluations",
             "4",
+            "--recipes",
+            "none",  # quantize_dynamic meets even this target on the transformer: the per-node search's miss
             "-o",
             str(out),
             "-q",
@@ -704,9 +706,11 @@ def test_hook_samples_fill_a_fixed_batch(tmp_path, monkeypatch, capsys):
 
 def test_max_nodes_cuts_a_region_instead_of_dropping_it(transformer, tmp_path):
     """The top region of the transformer has 3 nodes: with --max-nodes 1 the cap dropped it whole and the
-    proposal came out empty (static's 83.6 %); its first node, the embedding Add, alone gives 92.4 %."""
+    proposal came out empty (static's 83.6 %); its first node, the embedding Add, alone gives 92.4 %. Without
+    recipes: with them, the one node missing the target, quantize_dynamic is the answer."""
     _, _, _, report_path, report = transformer
-    result = propose(report_path, output=tmp_path / "p.json", options=ProposeOptions(max_nodes=1))
+    options = ProposeOptions(max_nodes=1, recipes=())
+    result = propose(report_path, output=tmp_path / "p.json", options=options)
     p = result.proposal
     assert len(p.nodes_to_exclude) == 1
     assert p.expected_metric >= p.static_metric + 0.05
@@ -989,3 +993,13 @@ def test_the_whole_model_fixes_are_tried_in_order_and_the_first_that_meets_is_th
     search = _FixAwareSearch(lambda nodes, overrides: 0.2 + 0.75 * ("a" in nodes))
     plan, met, _ = run_search(search, [_unit("a"), _unit("b")], lambda p, w: [], ("fp32",), None, wholes=[seven_bit])
     assert met is not None and plan.nodes() == {"a"} and not plan.fixed
+
+
+def test_quantize_dynamic_is_the_answer_where_the_node_cap_leaves_the_search_short(transformer, tmp_path):
+    """The transformer's one-node cap misses the target (``test_max_nodes_cuts_a_region_instead_of_dropping_it``):
+    with recipes, the dynamic recipe the stage scored and deferred becomes the answer, and the note says why."""
+    options = ProposeOptions(max_nodes=1, time_runs=0)
+    result = propose(transformer[3], output=tmp_path / "p.json", options=options)
+    p = result.proposal
+    assert result.met and p.recipe is not None and p.recipe.name == "dynamic" and p.nodes_to_exclude == ()
+    assert any("found no answer that meets the target" in n for n in result.notes), result.notes

@@ -120,3 +120,57 @@ def test_the_tui_and_model_explorer_say_which_recipe_and_keep_it(tmp_path):
     actions = node_actions(rep, loaded)
     assert {actions[n] for n in loaded.recipe.removed} == {"folded"}
     assert all(actions[n].startswith("recipe") for n in loaded.recipe.changed if n in actions)
+
+
+QUANTIZER_KINDS = {"dynamic_lstm": "dynamic", "mixed_conv": "mixed"}
+
+
+@pytest.mark.parametrize("kind", sorted(QUANTIZER_KINDS))
+def test_a_dynamic_or_mixed_recipe_is_the_answer_and_verify_and_the_snippet_rebuild_it(kind, tmp_path, monkeypatch):
+    """On the gain kinds (one recording session per batch, gains 3000x apart) static INT8 misses by > 20 points
+    and quantizing the MatMuls at run time meets the target: the answer is the planted quantizer with no node
+    changed and no transformed model; verify rebuilds it (its run-time quantization counts as quantized), and
+    the snippet, run with plain ORT, writes a model that scores what propose measured. Speed is not timed here
+    (``time_runs=0``): these small models are too small for INT8 to pay on any CPU."""
+    rec, report = _analyzed(kind, tmp_path)
+    out = tmp_path / "p.json"
+    result = propose(report, output=out, options=ProposeOptions(target_drop=rec.target_drop, time_runs=0))
+    p = result.proposal
+    assert result.met and p.nodes_to_exclude == () and p.tensor_overrides == ()
+    assert p.recipe is not None and p.recipe.name == QUANTIZER_KINDS[kind] and p.recipe.fp32_model is None
+    assert p.static_metric < p.fp32_metric - 0.2 and p.expected_metric >= p.fp32_metric - 0.01
+    ops = {n.op_type for n in onnx.load(p.quantized_model).graph.node}
+    assert "DynamicQuantizeLinear" in ops
+    assert ("QuantizeLinear" in ops) == (kind == "mixed_conv")  # mixed: the Convs stay static INT8
+    if kind == "dynamic_lstm":
+        assert "DynamicQuantizeLSTM" in ops
+    data = ["--calib", rec.calib, "--eval", rec.eval]
+    verified = tmp_path / "v.json"
+    assert main(["verify", rec.model, *data, "--proposal", str(out), "-o", str(verified), "-q"]) == 0
+    columns = {c["name"]: c for c in json.loads(verified.read_text())["variants"]}
+    assert columns["selective"]["metric"] == p.expected_metric and columns["selective"]["runtime_quantized"] > 0
+    monkeypatch.chdir(tmp_path)
+    exec(compile(p.snippet, "snippet", "exec"), {})
+    planted = _planted()
+    assert planted.score(rec, tmp_path / "model.selective.onnx") == pytest.approx(p.expected_metric, abs=0.004)
+
+
+def test_the_per_node_answer_stays_unless_the_dynamic_recipe_is_better_on_its_own_terms():
+    """:func:`replaces`: a dynamic or mixed recipe that meets the target replaces the per-node answer when
+    that misses, keeps most nodes FP32, or keeps FP32 only nodes the recipe quantizes at run time -- the last
+    for ``dynamic`` only without convolutions (it would run them as ConvInteger)."""
+    from qdebug.propose.recipes import RecipeTrial, replaces
+    from qdebug.recipes.base import Transformed
+
+    def trial(name):
+        return RecipeTrial(name, (name,), Transformed(onnx.ModelProto()), None, None, True)
+
+    mlp = {"fc1": "MatMul", "act": "Relu", "fc2": "MatMul", "out": "Add"}
+    cnn = {**mlp, "stem": "Conv"}
+    assert "no answer" in replaces(trial("dynamic"), False, [], 4, mlp)
+    assert "2 of 3" in replaces(trial("dynamic"), True, ["fc1", "act"], 3, mlp)
+    assert "quantizes at run time" in replaces(trial("dynamic"), True, ["fc1"], 4, mlp)
+    assert replaces(trial("dynamic"), True, ["act"], 4, mlp) == ""  # a Relu kept FP32: the smaller change
+    assert replaces(trial("dynamic"), True, ["fc1"], 5, cnn) == ""  # dynamic would make the Conv slow
+    assert "quantizes at run time" in replaces(trial("mixed"), True, ["fc1"], 5, cnn)  # its Convs stay static
+

@@ -30,13 +30,13 @@ def analyzed(tmp_path_factory):
 def _propose(report, out, monkeypatch, target: str = "1") -> tuple[dict, list]:
     """propose's proposal (``--target-drop target``), and the specs search.build quantized."""
     built = []
-    original = quantize.quantize_static_model
+    original = quantize.quantize_model
 
     def counted(model, ranges, spec, *args, **kwargs):
         built.append(spec)
         return original(model, ranges, spec, *args, **kwargs)
 
-    monkeypatch.setattr(search, "quantize_static_model", counted)
+    monkeypatch.setattr(search, "quantize_model", counted)
     code = main(["propose", str(report), "--target-drop", target, "-o", str(out), "-q", "--max-evaluations", "6"])
     assert code in (0, 6)
     return json.loads(out.read_text()), built

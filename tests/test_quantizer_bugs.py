@@ -264,7 +264,7 @@ def test_a_candidate_onnx_runtime_cannot_load_is_skipped_after_one_session_not_t
     model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
     report = tmp_path / "r.json"
     assert main(["analyze", str(model), "--calib", str(calib), "-o", str(report), "-q"]) == 0
-    real, checked = search_mod.quantize_static_model, []
+    real, checked = search_mod.quantize_model, []
 
     def broken_when_excluding(normalized, ranges, spec, *a, **k):
         checked.append(k.get("load_check", True))
@@ -274,7 +274,7 @@ def test_a_candidate_onnx_runtime_cannot_load_is_skipped_after_one_session_not_t
             built.graph.node[-1].input[0] = "nowhere"
         return built
 
-    monkeypatch.setattr(search_mod, "quantize_static_model", broken_when_excluding)
+    monkeypatch.setattr(search_mod, "quantize_model", broken_when_excluding)
     argv = ["propose", str(report), "--target-sqnr", "90", "--allow", "fp32", "--time-runs", "0"]
     code = main([*argv, "-o", str(tmp_path / "p.json")])
     err = capsys.readouterr().err

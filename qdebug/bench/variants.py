@@ -21,7 +21,13 @@ from qdebug.prepare import AnalyzeOptions, Prepared, recipe_base
 from qdebug.progress import Progress
 from qdebug.quant.calibrate import Ranges
 from qdebug.quant.config import describe
-from qdebug.quant.quantize import QuantSpec, dynamic_conv_note, quantize_dynamic_model, quantize_static_model
+from qdebug.quant.quantize import (
+    QuantSpec,
+    dynamic_conv_note,
+    quantize_dynamic_model,
+    quantize_model,
+    quantize_static_model,
+)
 from qdebug.records import METHODS, Proposal
 from qdebug.records.bench import KINDS
 
@@ -201,8 +207,9 @@ def _selective(
         per_channel=proposal.per_channel,
         nodes_to_exclude=tuple(proposal.nodes_to_exclude),
         tensor_overrides=tuple(proposal.tensor_overrides),
+        quantizer=proposal.recipe.quantizer if proposal.recipe is not None else "static",
     )
-    quantize_static_model(prep.normalized, ranges, spec, path)
+    quantize_model(prep.normalized, ranges, spec, path)
     notes = []
     if proposal.per_channel != prep.settings.per_channel:
         mode = ("per-channel", "per-tensor") if proposal.per_channel else ("per-tensor", "per-channel")

@@ -81,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="all",
         metavar="LIST",
         help="whole-model recipes tried before any per-node change when full static INT8 misses the target: "
-        f"comma list of {', '.join(RECIPES)}, or all (default) or none. The first that "
-        "meets the target is the answer; else the per-node search starts from the best",
+        f"comma list of {', '.join(RECIPES)}, or all (default) or none. The first transform that "
+        "meets the target is the answer; mixed and dynamic replace the per-node answer only where it misses or "
+        "keeps most nodes (or only MatMuls) FP32",
     )
     p.add_argument("--model", default=None, help="FP32 model (default: the path recorded in the report)")
     p.add_argument("--calib", default=None, help="calibration data (default: the report's)")
@@ -243,7 +244,11 @@ def print_summary(result, wide: bool = False) -> None:
         f"{name}{on}: FP32 {fmt_metric(name, p.fp32_metric)}  static {fmt_metric(name, p.static_metric)}  "
         f"selective {fmt_metric(name, p.expected_metric)}"
     )
-    if p.recipe is not None:
+    if p.recipe is not None and p.recipe.quantizer != "static":
+        r = p.recipe
+        entry = RECIPES.get(r.name)
+        console.print(f"recipe: {r.name} -- {entry.title if entry else r.name}: {entry.reproduce if entry else ''}")
+    elif p.recipe is not None:
         r = p.recipe
         what = f"{len(r.changed)} node(s) rewritten" + (f", {len(r.removed)} folded away" if r.removed else "")
         console.print(f"recipe: {'+'.join(r.steps) or r.name} ({what}); quantized from {r.fp32_model or 'its model'}")

@@ -350,10 +350,11 @@ def speedup_gate(columns: Sequence[VariantResult], accept_no_speedup: bool = Fal
             "no INT8 model to verify"
         )
         return _Gate(SPEEDUP_GATE, text, -1)
-    if kept >= quantizable or selective.qdq_pairs == 0:
+    if kept >= quantizable or selective.qdq_pairs == 0 and selective.runtime_quantized == 0:
         text = (
-            f"the selective model quantizes nothing (all {quantizable} quantizable nodes FP32, "
-            f"{selective.qdq_pairs} Q/DQ pairs): it is the FP32 model, not selective quantization"
+            f"the selective model quantizes nothing ({kept} of {quantizable} quantizable nodes FP32, "
+            f"{selective.qdq_pairs} Q/DQ pairs, nothing quantized at run time): it is the FP32 model, not "
+            "selective quantization"
         )
         return _Gate(SPEEDUP_GATE, text, -1)
     reasons = []

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from qdebug.records import TensorOverride
 from qdebug.records.proposal import merge_tensor_overrides
 from qdebug.records.report import QuantSettings
+from qdebug.vocabulary import DYNAMIC_OPS
 
 _METHOD_NAMES = {
     "minmax": "MinMax",
@@ -38,8 +39,14 @@ def quantize_snippet(
     inputs: Sequence[str] = (),
     batch_axes: Mapping[str, int | None] | None = None,
     settings: QuantSettings | None = None,
+    quantizer: str = "static",
 ) -> str:
     """Ready-to-paste Python calling ``quantize_static`` with a proposal's settings.
+
+    ``quantizer`` (a dynamic or mixed recipe's): ``dynamic`` calls ``quantize_dynamic`` alone (no
+    calibration data); ``mixed`` calls ``quantize_static`` on every op type but
+    :data:`~qdebug.vocabulary.DYNAMIC_OPS` and then ``quantize_dynamic`` of its output on those, as qdebug
+    builds it.
 
     ``settings``: the base quantization (the user's config): its ``reduce_range``, op types,
     ``nodes_to_quantize``, own exclusions (listed first) and ``extra_options`` are written too, the
@@ -53,6 +60,9 @@ def quantize_snippet(
     models, and built other scales than the proposal's after ``--max-samples``. ``batch_axes``: each
     input's batch axis as qdebug read the data (None: the reader finds them from the first item).
     """
+    if quantizer == "dynamic":
+        return "\n".join(_dynamic_lines(model_path, nodes_to_exclude, per_channel, settings, header=True)) + "\n"
+    static_out = "model.static_part.onnx" if quantizer == "mixed" else "model.selective.onnx"
     lines = _reader_lines(inputs, batch_axes) + _call_lines(
         model_path,
         nodes_to_exclude,
@@ -65,8 +75,48 @@ def quantize_snippet(
         batch=batch,
         max_samples=max_samples,
         settings=settings,
+        out=static_out,
+        mixed=quantizer == "mixed",
     )
+    if quantizer == "mixed":
+        lines += ["", *_dynamic_lines(static_out, nodes_to_exclude, per_channel, settings, header=False)]
     return "\n".join(lines) + "\n"
+
+
+def _dynamic_lines(
+    model_path: str,
+    nodes_to_exclude: Sequence[str],
+    per_channel: bool,
+    settings: QuantSettings | None,
+    *,
+    header: bool,
+) -> list[str]:
+    """``quantize_dynamic`` of ``model_path``: alone (``header``: with its imports and exclusions), or as
+    a mixed recipe's second pass over the static pass's output, on MatMul, LSTM and Attention only."""
+    base = settings or QuantSettings()
+    excluded = list(dict.fromkeys([*base.nodes_to_exclude, *nodes_to_exclude]))
+    lines = []
+    if header:
+        lines += [
+            "from onnxruntime.quantization import QuantType, quantize_dynamic",
+            "",
+            "nodes_to_exclude = [",
+            *[f"    {name!r}," for name in excluded],
+            "]",
+        ]
+    else:
+        lines += ["from onnxruntime.quantization import quantize_dynamic", ""]
+    lines += [
+        "quantize_dynamic(",
+        f"    {model_path!r},",
+        "    'model.selective.onnx',",
+        *(["    op_types_to_quantize=['MatMul', 'LSTM', 'Attention'],"] if not header else []),
+        "    weight_type=QuantType.QInt8,",
+        f"    per_channel={per_channel},",
+        "    nodes_to_exclude=nodes_to_exclude,",
+        ")",
+    ]
+    return lines
 
 
 def _reader_lines(inputs: Sequence[str], batch_axes: Mapping[str, int | None] | None = None) -> list[str]:
@@ -192,8 +242,11 @@ def _call_lines(
     batch: int,
     max_samples: int | None,
     settings: QuantSettings | None = None,
+    out: str = "model.selective.onnx",
+    mixed: bool = False,
 ) -> list[str]:
-    """The exclusions, the overrides, the user's other settings and the ``quantize_static`` call itself."""
+    """The exclusions, the overrides, the user's other settings and the ``quantize_static`` call itself
+    (``mixed``: a mixed recipe's static pass, on the op types other than :data:`DYNAMIC_OPS`)."""
     base = settings or QuantSettings()
     excluded = list(dict.fromkeys([*base.nodes_to_exclude, *nodes_to_exclude]))
     lines = [
@@ -212,13 +265,22 @@ def _call_lines(
         extra = "\n    extra_options={'TensorQuantOverrides': tensor_overrides},"
     others = [
         *(["    reduce_range=True,"] if base.reduce_range else []),
-        *([f"    op_types_to_quantize={list(base.op_types)!r},"] if base.op_types else []),
+        *([f"    op_types_to_quantize={list(base.op_types)!r},"] if base.op_types and not mixed else []),
+        *(["    op_types_to_quantize=STATIC_OPS,"] if mixed else []),
         *([f"    nodes_to_quantize={list(base.nodes_to_quantize)!r},"] if base.nodes_to_quantize else []),
     ]
+    if mixed:  # every op type ORT's quantize_static quantizes (or the user's) but those left to quantize_dynamic
+        ops = f"{list(base.op_types)!r}" if base.op_types else "QDQRegistry.keys() | QLinearOpsRegistry.keys()"
+        lines = [
+            "from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry",
+            "",
+            f"STATIC_OPS = sorted(set({ops}) - {{{', '.join(map(repr, DYNAMIC_OPS))}}})",
+            *lines,
+        ]
     lines += [
         "quantize_static(",
         f"    {model_path!r},",
-        "    'model.selective.onnx',",
+        f"    {out!r},",
         f"    Reader({calib_hint!r}, batch={batch}, max_samples={max_samples!r}),",
         "    quant_format=QuantFormat.QDQ,",
         f"    activation_type=QuantType.{activation_type},",

@@ -27,6 +27,7 @@ from qdebug.prepare import Prepared
 from qdebug.propose.search import Plan, Target, Trial
 from qdebug.quant.quantize import QuantSpec, float16_exclusions
 from qdebug.records import NodeReason, RecipeRecord, Report
+from qdebug.vocabulary import RECIPES
 
 
 def _reasons(
@@ -149,11 +150,14 @@ def _snippet(
     # plain quantize_static leaves weights held in Constant nodes float (normalization made them initializers)
     named = (*excluded, *prep.settings.nodes_to_exclude, *prep.settings.nodes_to_quantize)
     normalized = any(n in renamed for n in named) or _constant_weights(user) or _if_inlined(user, prep)
-    normalized = normalized or recipe is not None
+    transformed = recipe is not None and recipe.quantizer == "static"
+    normalized = normalized or transformed
     target_model = prep.normalized_path if normalized else model_path
     model_file = str(Path(target_model).resolve())
     prelude = ""
-    if recipe is not None:
+    if recipe is not None and not transformed:
+        prelude = f"# recipe {recipe.name}: {RECIPES[recipe.name].title}\n" if recipe.name in RECIPES else ""
+    elif recipe is not None:
         prelude = (
             f"# recipe {'+'.join(recipe.steps) or recipe.name}: the model below is your FP32 model transformed by "
             "qdebug propose (saved with the proposal); quantize it, not the original\n"
@@ -177,6 +181,7 @@ def _snippet(
         inputs=[s.name for s in prep.calib.specs],
         batch_axes=batch_axes(prep.calib.specs),
         settings=settings,
+        quantizer=recipe.quantizer if recipe is not None else "static",
     )
 
 

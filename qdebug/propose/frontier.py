@@ -19,17 +19,24 @@ import onnx
 
 from qdebug.errors import QDebugError
 from qdebug.evaluation.evaluate import EvalResult, Evaluator
-from qdebug.evaluation.gates import slower_than_fp32, static_buys_speed
+from qdebug.evaluation.gates import SPEED_MARGIN, slower_than_fp32, static_buys_speed
 from qdebug.output.formatting import fmt_metric
 from qdebug.prepare import Prepared
 from qdebug.progress import Progress
 from qdebug.propose.recipes import RecipeStage, best_per_family, recipe_label
 from qdebug.propose.search import Search, Trial
-from qdebug.quant.quantize import QuantSpec, dynamic_conv_note, quantize_dynamic_model, quantize_static_model
+from qdebug.quant.quantize import (
+    QuantSpec,
+    dynamic_conv_note,
+    quantize_dynamic_model,
+    quantize_model,
+    quantize_static_model,
+)
 from qdebug.records import FrontierPoint
 from qdebug.records.verify import Timing
 from qdebug.runtime.parallel import Pool, score_all
 from qdebug.runtime.timing import time_sessions
+from qdebug.vocabulary import RECIPES, quantizer_of
 
 _Entry = tuple[str, "Trial | None", "EvalResult | None", onnx.ModelProto]
 """A frontier point before it is timed: label, the search's trial (if any), its score here (if any), model."""
@@ -80,7 +87,8 @@ def verified_frontier(
     models = [m for _, _, m in neighbours]
     rescored = score_all(pool, evaluator, models, numbers_only=True) if rescore else [None] * len(neighbours)
     entries += [(label, trial, res, m) for (label, trial, m), res in zip(neighbours, rescored, strict=True)]
-    scored = _dynamic(prep, evaluator, notes, pool, dynamic)
+    chosen_dynamic = recipes is not None and recipes.chosen is not None and recipes.chosen.name == "dynamic"
+    scored = None if chosen_dynamic else _dynamic(prep, evaluator, notes, pool, dynamic)  # else the base's point
     if scored is not None:
         entries.append(("dynamic", None, scored[1], scored[0]))
     progress("frontier", 0, len(entries))
@@ -90,9 +98,10 @@ def verified_frontier(
     progress("frontier", len(entries), len(entries))
     points = tuple(_point(search, label, trial, result, timings[label]) for label, trial, result, _ in entries)
     if recipes is not None and recipes.chosen is not None:  # the answer is built on the recipe's model
-        prefix = recipe_label(recipes.chosen).removeprefix("recipe ")
+        label = recipe_label(recipes.chosen)
         points = tuple(
-            dataclasses.replace(p, changed=f"{prefix} + {p.changed}") if p.label == "proposal" else p for p in points
+            dataclasses.replace(p, changed=_on_recipe(label, p.changed, final)) if p.label == "proposal" else p
+            for p in points
         )
     return points, notes
 
@@ -109,10 +118,10 @@ def _recipe_points(
         assert prep.ranges is not None
         models.append(("static", quantize_static_model(prep.normalized, prep.ranges, QuantSpec.of(prep.settings))))
     for trial in best_per_family(recipes.trials):
-        if trial is recipes.chosen or trial.prep is None or trial.prep.ranges is None:
-            continue
-        spec = QuantSpec.of(trial.prep.settings)
-        models.append((recipe_label(trial), quantize_static_model(trial.prep.normalized, trial.prep.ranges, spec)))
+        if trial is recipes.chosen or trial.prep is None or trial.prep.ranges is None or trial.name == "dynamic":
+            continue  # the dynamic recipe's model is the frontier's own ``dynamic`` point
+        spec = QuantSpec.of(trial.prep.settings, quantizer=quantizer_of(trial.steps))
+        models.append((recipe_label(trial), quantize_model(trial.prep.normalized, trial.prep.ranges, spec)))
     results = score_all(pool, evaluator, [m for _, m in models], numbers_only=True)
     return [(label, None, result, model) for (label, model), result in zip(models, results, strict=True)]
 
@@ -182,6 +191,9 @@ def _changed(label: str, trial: Trial | None) -> str:
     if label == "fp32":
         return "no quantization"
     if label.startswith("recipe "):
+        name = label.removeprefix("recipe ").split()[0].split("+")[-1]
+        if name in RECIPES and not RECIPES[name].transforms:  # dynamic, mixed: no static model under it
+            return RECIPES[name].title + _changed_on_top(trial)
         return f"{label.removeprefix('recipe ')} + " + _changed("static", trial)
     if label == "dynamic":
         return "quantize_dynamic (weights INT8, activations at run time)"
@@ -195,6 +207,19 @@ def _changed(label: str, trial: Trial | None) -> str:
     if trial.fixes:
         parts.append(f"{len(trial.fixes)} range/weight override(s)")
     return " + ".join(parts) + (", per-channel weights" if trial.per_channel else "")
+
+
+def _on_recipe(label: str, changed: str, final: Trial) -> str:
+    """What the answer changes when it is built on the recipe ``label`` names."""
+    name = label.removeprefix("recipe ")
+    if quantizer_of(name.split()[0].split("+")) != "static":
+        return _changed(label, final)
+    return f"{name} + {changed}"
+
+
+def _changed_on_top(trial: Trial | None) -> str:
+    """`` + 2 nodes FP32`` when ``trial`` changes anything of its base, else nothing."""
+    return "" if trial is None or _size(trial) == 0 else " + " + _changed("static", trial)
 
 
 def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tuple[list[str], bool]:
@@ -221,7 +246,13 @@ def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tupl
             + (": a BatchNormalization left between Q/DQ pairs runs as a float kernel, quantized twice; folded "
                "into its Conv (as ORT's quant_pre_process does) it costs neither" if "fold-bn" in base else "")
         )  # fmt: skip
-    if not static_buys_speed(fp32, static):
+    if not static_buys_speed(fp32, static) and static.p50_ms < (1 - SPEED_MARGIN) * fp32.p50_ms:
+        lines.append(
+            f"the timings are too noisy here to judge speed (full static INT8 p50 {static.p50_ms:.3g} ms but p95 "
+            f"{static.p95_ms:.3g} ms; FP32 p50 {fp32.p50_ms:.3g} ms): the proposal is judged on accuracy alone; "
+            "time it on a quieter machine with qdebug bench"
+        )
+    elif not static_buys_speed(fp32, static):
         lines.append(
             f"full static INT8 is not faster than FP32 here beyond the timing noise (p50 {static.p50_ms:.3g} vs "
             f"{fp32.p50_ms:.3g} ms): on this CPU and provider static INT8 kernels buy little or no speed (check "

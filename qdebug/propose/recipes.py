@@ -27,15 +27,17 @@ import onnx
 
 from qdebug.errors import QDebugError
 from qdebug.evaluation.evaluate import EvalResult, Evaluator
+from qdebug.evaluation.gates import slower_than_fp32, static_buys_speed
 from qdebug.graph.load import save_model
 from qdebug.output.files import sha256_file
 from qdebug.prepare import AnalyzeOptions, Prepared, calibrated
 from qdebug.progress import Progress
 from qdebug.propose.search import Target
-from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_model, quantize_static_model
 from qdebug.recipes.base import Transformed
 from qdebug.records.proposal import RecipeRecord
-from qdebug.vocabulary import RECIPES, recipe
+from qdebug.runtime.timing import time_sessions
+from qdebug.vocabulary import RECIPES, quantizer_of, recipe
 
 RECIPE_SAMPLES = 64
 """Calibration samples the recipes' statistics and equivalence checks read (the ranges use them all)."""
@@ -45,6 +47,10 @@ EQUIVALENCE_RTOL = 1e-3
 """Largest relative output difference an equivalence transform may make (float rounding is ~1e-6)."""
 GAIN = 1e-9
 """A recipe that does not score above plain static by more than this is no base for the search."""
+SPEED_RUNS = 20
+"""Timed runs of FP32, full static and a dynamic or mixed model that meets the target, interleaved, before it
+may be the answer: run-time quantization can cost more than INT8 saves (a recognizer's dynamic model ran at
+0.26x FP32)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,20 @@ class RecipeStage:
     """Plain full static INT8 and its score by the stage's evaluator: the search takes it as its first trial."""
     scored: tuple[tuple[onnx.ModelProto, EvalResult], ...] = ()
     """Other models the stage scored that the search will ask for (per-channel weights): not scored again."""
+    deferred: RecipeTrial | None = None
+    """The first dynamic or mixed recipe that meets the target (and keeps the speed-up): it changes how every
+    MatMul is quantized, so the per-node search runs first and it becomes the answer only where the search's
+    answer is no better (:func:`replaces`)."""
+
+    def with_chosen(self, trial: RecipeTrial) -> RecipeStage:
+        """The stage with ``trial`` (the deferred recipe) as the base the answer is built on."""
+        note = f"recipe {_label(trial)} meets the target: it is the answer"
+        return dataclasses.replace(self, chosen=trial, deferred=None, notes=(*self.notes, note))
+
+    @property
+    def quantizer(self) -> str:
+        """How ORT builds the base's model (``static`` unless the chosen recipe says otherwise)."""
+        return quantizer_of(self.chosen.steps) if self.chosen is not None else "static"
 
     def prescored(self) -> tuple[tuple[onnx.ModelProto, EvalResult], ...]:
         """What the search may take as scored: plain static when it stays the base, and the others."""
@@ -85,6 +105,7 @@ class RecipeStage:
         if self.chosen is None:
             return None
         t = self.chosen
+        path = path if recipe(t.name).transforms else None  # dynamic, mixed: the user's FP32 model as it is
         return RecipeRecord(
             name=t.name,
             steps=t.steps,
@@ -124,12 +145,14 @@ def run_recipes(
     names: Sequence[str],
     static_bytes: bytes | None = None,
     per_channel_first: bool = False,
+    speed_runs: int = SPEED_RUNS,
 ) -> RecipeStage:
     """Score plain static and, when it misses ``target``, each applicable recipe in ``names``; choose the base.
     ``static_bytes``: plain static already built (analyze's, when it is what this run would build).
     ``per_channel_first``: per-channel weights (a quantizer option, no transformed model: the smaller change)
     are scored before any recipe, and when they meet the target no recipe is tried (the per-node search
-    then finds them, as its first whole-model fix, without scoring them again)."""
+    then finds them, as its first whole-model fix, without scoring them again). ``speed_runs``: timed runs
+    that a dynamic or mixed model meeting the target must beat FP32 in (0: not timed, taken as it scores)."""
     assert prep.ranges is not None
     spec = QuantSpec.of(prep.settings)
     if static_bytes is not None:
@@ -160,22 +183,56 @@ def run_recipes(
         if any(t.met for t in trials):  # the least change that meets the target is the answer
             break
         entry = recipe(name)
-        if entry.applies_to and not ops & set(entry.applies_to):
+        if entry.applies_to and not ops & set(entry.applies_to) or entry.also_needs and not ops & set(entry.also_needs):
             continue
         progress("recipes", i, len(builders))
         try:
             for transformed, steps, params in build(trials):
                 trial = _score(prep, name, steps, params, transformed, evaluator, target, options, workdir)
+                if trial.met and not entry.transforms and speed_runs > 0:
+                    trial, note = _keeps_speed(trial, prep, evaluator, speed_runs, static_model)
+                    notes.extend([note] if note else [])
                 trials.append(trial)
                 if trial.met or trial.result is None:
                     break
         except QDebugError as e:
             notes.append(f"recipe {name} could not be tried: {e.message}")
     progress("recipes", len(builders), len(builders))
-    chosen = next((t for t in trials if t.met and t.prep is not None), None)
-    notes.extend(_notes(trials, chosen, target, static))
+    met = [t for t in trials if t.met and t.prep is not None]
+    chosen = next((t for t in met if recipe(t.name).transforms), None)
+    deferred = next((t for t in met if not recipe(t.name).transforms), None) if chosen is None else None
+    notes.extend(_notes(trials, chosen, target, static, deferred))
     base = chosen.prep if chosen is not None and chosen.prep is not None else prep
-    return RecipeStage(base, chosen, tuple(trials), target.value(static), tuple(notes), plain)
+    return RecipeStage(base, chosen, tuple(trials), target.value(static), tuple(notes), plain, deferred=deferred)
+
+
+def replaces(
+    deferred: RecipeTrial, answer_met: bool, fp32_nodes: Sequence[str], quantizable: int, ops: dict[str, str]
+) -> str:
+    """Why the deferred dynamic or mixed recipe replaces the per-node search's answer ("": it does not). It
+    does when the answer misses the target, keeps most quantizable nodes FP32 (the INT8 speed-up gone), or
+    keeps FP32 only nodes the recipe quantizes at run time (MatMul, Gemm, LSTM: the recipe has them INT8
+    where the answer has them float) -- for ``dynamic`` only on a model without convolutions, which it
+    would run as slow ConvInteger. ``ops``: each node's op type."""
+    from qdebug.evaluation.gates import mostly_fp32
+    from qdebug.vocabulary import DYNAMIC_OPS
+
+    if not answer_met:
+        return "the per-node search found no answer that meets the target"
+    if mostly_fp32(len(fp32_nodes), quantizable):
+        return f"the per-node search's answer keeps {len(fp32_nodes)} of {quantizable} quantizable nodes FP32"
+    # dynamic quantizes a Conv at run time too (ConvInteger, far slower than static INT8): only where the
+    # model has none does it keep, INT8, everything the answer quantizes statically that costs time
+    convs = any(op in ("Conv", "ConvTranspose") for op in ops.values())
+    if deferred.name == "dynamic" and convs:
+        return ""
+    if fp32_nodes and all(ops.get(n) in DYNAMIC_OPS for n in fp32_nodes):
+        kinds = ", ".join(sorted({ops[n] for n in fp32_nodes}))
+        return (
+            f"the per-node search's answer keeps {len(fp32_nodes)} {kinds} node(s) FP32, which recipe "
+            f"{_label(deferred)} quantizes at run time"
+        )
+    return ""
 
 
 Build = Callable[[list[RecipeTrial]], Iterator[tuple[Transformed, tuple[str, ...], tuple[tuple[str, float], ...]]]]
@@ -223,7 +280,7 @@ def _builders(prep: Prepared, names: Sequence[str], static_value: float) -> list
         from qdebug.recipes.stats import channel_stats
 
         base, base_prep, steps = model, prep, ()
-        best = _choose([t for t in trials if recipe(t.name).equivalent], static_value)
+        best = _choose([t for t in trials if recipe(t.name).equivalent and recipe(t.name).transforms], static_value)
         if best is not None and best.prep is not None:  # on top of the best equivalence transform beating static
             base, base_prep, steps = best.prep.normalized, best.prep, best.steps
         if not bias_correction_tensors(base):
@@ -239,7 +296,14 @@ def _builders(prep: Prepared, names: Sequence[str], static_value: float) -> list
         if t.touched:
             yield t, (*steps, "bias-correction"), ()
 
+    def quantized_as_is(name: str) -> Build:
+        def build(_: list[RecipeTrial]):
+            yield Transformed(model=model), (name,), ()
+
+        return build
+
     table = {"fold-bn": fold, "equalize": equalize, "smooth": smooth, "bias-correction": bias}
+    table.update({n: quantized_as_is(n) for n, r in RECIPES.items() if not r.transforms})
     return [(n, table[n]) for n in RECIPES if n in names]
 
 
@@ -285,7 +349,13 @@ def _score(
     options: AnalyzeOptions,
     workdir: Path,
 ) -> RecipeTrial:
-    """Check, calibrate, quantize and score one transformed model (refused: with the reason, unscored)."""
+    """Check, calibrate, quantize and score one transformed model (refused: with the reason, unscored); a
+    recipe that only chooses how ORT quantizes (dynamic, mixed) is built from the run's own ranges."""
+    if not recipe(name).transforms:
+        assert prep.ranges is not None
+        spec = dataclasses.replace(QuantSpec.of(prep.settings), quantizer=quantizer_of(steps))
+        result = evaluator.score(quantize_model(prep.normalized, prep.ranges, spec, load_check=False))
+        return RecipeTrial(name, steps, transformed, prep, result, target.met(result), params)
     if all(recipe(s).equivalent for s in steps):
         from qdebug.recipes.equivalence import check_equivalent
 
@@ -301,6 +371,33 @@ def _score(
     model = quantize_static_model(ready.normalized, ready.ranges, QuantSpec.of(ready.settings), load_check=False)
     result = evaluator.score(model)
     return RecipeTrial(name, steps, transformed, ready, result, target.met(result), params)
+
+
+def _keeps_speed(
+    trial: RecipeTrial, prep: Prepared, evaluator: Evaluator, runs: int, static: onnx.ModelProto
+) -> tuple[RecipeTrial, str]:
+    """``trial`` (a dynamic or mixed model that meets the target) as the answer unless it gives the INT8
+    speed-up back: slower than FP32 beyond the noise where full static INT8 is faster beyond it, timed on
+    the evaluation's first batch (``runs`` interleaved runs each; verify's rule, :mod:`qdebug.evaluation.gates`).
+    Where static buys no speed on this CPU, speed is not judged, as verify does. Refused: not met, with a note."""
+    if not evaluator.batches or prep.ranges is None:
+        return trial, ""
+    spec = dataclasses.replace(QuantSpec.of(prep.settings), quantizer=quantizer_of(trial.steps))
+    model = quantize_model(prep.normalized, prep.ranges, spec, load_check=False)
+    first = evaluator.batches[0]
+    timings = time_sessions(
+        {"fp32": prep.normalized, "static": static, "recipe": model}, first.feeds, evaluator.config, runs=runs,
+        rows=first.size,
+    )  # fmt: skip
+    fp32, mine = timings["fp32"], timings["recipe"]
+    if not static_buys_speed(fp32, timings["static"]) or not slower_than_fp32(fp32, mine):
+        return trial, ""
+    note = (
+        f"recipe {_label(trial)} meets the target but runs at {fp32.p50_ms / mine.p50_ms:.2f}x FP32's speed (p50 "
+        f"{mine.p50_ms:.3g} vs {fp32.p50_ms:.3g} ms; full static INT8 {timings['static'].p50_ms:.3g} ms): "
+        "quantizing at run time costs more than INT8 saves here, so it is not the answer"
+    )
+    return dataclasses.replace(trial, met=False), note
 
 
 def _choose(trials: Sequence[RecipeTrial], static_value: float) -> RecipeTrial | None:
@@ -337,7 +434,11 @@ def best_per_family(trials: Sequence[RecipeTrial]) -> list[RecipeTrial]:
 
 
 def _notes(
-    trials: Sequence[RecipeTrial], chosen: RecipeTrial | None, target: Target, static_result: EvalResult
+    trials: Sequence[RecipeTrial],
+    chosen: RecipeTrial | None,
+    target: Target,
+    static_result: EvalResult,
+    deferred: RecipeTrial | None = None,
 ) -> list[str]:
     """One line on what the recipes reached, and one per refused transform."""
     static = target.show(static_result)
@@ -355,6 +456,11 @@ def _notes(
         )
     elif chosen is not None:
         head = f"full static INT8 misses the target ({static}); recipe {_label(chosen)} meets it"
+    elif deferred is not None:
+        head = (
+            f"full static INT8 misses the target ({static}); recipe {_label(deferred)} meets it, after the "
+            "per-node search (it quantizes every MatMul differently: a few nodes kept FP32 may be the smaller change)"
+        )
     elif best is not None:
         head = (
             f"full static INT8 misses the target ({static}); no recipe meets it alone (the best, "

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import onnx
@@ -59,7 +59,7 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     _check_allow,
     make_target,
 )
-from qdebug.propose.recipes import RecipeStage, recipe_label, run_recipes
+from qdebug.propose.recipes import SPEED_RUNS, RecipeStage, recipe_label, replaces, run_recipes
 from qdebug.propose.recipes import wanted as wanted_recipes
 from qdebug.propose.reuse import analyzed_static, offer_analyzed_inference
 from qdebug.propose.screen import confirm_on_all, screening_evaluator, start_on_all
@@ -255,7 +255,9 @@ def _propose(
     fp32_prep = prep  # the user's model: the FP32 reference, its timing and the dynamic variant
     stage = _recipes(prep, report, screened, screen_target, options, workdir, progress, recipes)
     prep, report = stage.prep, _on_base(report, stage.prep)  # the search starts from the recipe chosen, if any
-    search, structure, initial = _search(prep, report, screened, screen_target, options, progress, pool)
+    search, structure, initial = _search(
+        prep, report, screened, screen_target, options, progress, pool, stage.quantizer
+    )
     for model, result in stage.prescored():  # plain static (per-channel too), scored already: not again
         search.prescore(model, result)
     switch = _switch_screen(search, prep, report, options)
@@ -282,6 +284,10 @@ def _propose(
         search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer, wholes=wholes
     )
     plan, final, spec, selective = _selective(search, report, plan, met)
+    stage, search, (plan, final, spec, selective) = _deferred_answer(
+        stage, search, report, (plan, final, spec, selective), rerank, allow,
+        lambda quantizer: _search(prep, report, screened, screen_target, options, progress, pool, quantizer)[0],
+    )  # fmt: skip
     screen_notes: list[str] = [switch_note(switch)] if switch is not None else []
     if screen is not None:  # report every number on all samples, the answer confirmed there
         if options.time_runs > 0:
@@ -493,7 +499,38 @@ def _recipes(
     return run_recipes(
         prep, screened, target, aopts, workdir, progress, recipes, static_bytes=analyzed,
         per_channel_first="per-channel" in options.allow,
+        speed_runs=SPEED_RUNS if options.time_runs > 0 else 0,
     )  # fmt: skip
+
+
+_Answer = tuple[Plan, Trial, QuantSpec, onnx.ModelProto]
+
+
+def _deferred_answer(
+    stage: RecipeStage,
+    search: Search,
+    report: Report,
+    answer: _Answer,
+    rerank: Rerank,
+    allow: Sequence[str],
+    new_search: Callable[[str], Search],
+) -> tuple[RecipeStage, Search, _Answer]:
+    """The per-node search's ``answer``, or the stage's deferred dynamic or mixed recipe where that replaces
+    it (:func:`~qdebug.propose.recipes.replaces`): then a search on the recipe's quantizer (``new_search``),
+    whose first trial, the recipe's model, meets the target."""
+    final = answer[1]
+    if stage.deferred is None:
+        return stage, search, answer
+    ops = {n.name: n.op_type for n in search.normalized.graph.node}
+    met = final.met and search.fits(final)
+    why = replaces(stage.deferred, met, final.nodes, len(search.structure.excludable), ops)
+    if not why:
+        return stage, search, answer
+    stage = stage.with_chosen(stage.deferred)
+    stage = dataclasses.replace(stage, notes=(*stage.notes, f"{why} ({len(search.trials)} evaluations)"))
+    search = new_search(stage.quantizer)
+    plan, met_trial, _ = run_search(search, [], rerank, allow, None)
+    return stage, search, _selective(search, report, plan, met_trial)
 
 
 def _plain_static(stage: RecipeStage, frontier: Sequence[FrontierPoint], evaluator: Evaluator, target: Target) -> float:
@@ -551,8 +588,8 @@ def _switch_screen(search: Search, prep: Prepared, report: Report, options: Prop
     """The search's evaluator wrapped to screen on the switchable model of its static variant, when
     ``--screen-model`` asks for it (:mod:`qdebug.propose.switch`); the search then scores in this process
     (the one switchable session), its pool kept for the confirmation and the frontier."""
-    if not switch.wanted(options.screen_model, report):
-        return None
+    if not switch.wanted(options.screen_model, report) or search.base_spec.quantizer != "static":
+        return None  # the switchable model switches QDQ pairs: a dynamic base has none to switch
     static = search.build((), (), search.per_channel)[1]
     screen = switch.switch_screen(search.evaluator, static, prep.normalized)
     if screen is not None:
@@ -569,13 +606,15 @@ def _search(
     options: ProposeOptions,
     progress: Progress,
     pool: Pool | None = None,
+    quantizer: str = "static",
 ) -> tuple[Search, Structure, list[Unit]]:
-    """The search state over the report's first ranking, with its budget (some held back for refining)."""
+    """The search state over the report's first ranking, with its budget (some held back for refining);
+    ``quantizer``: how ORT builds every variant (a dynamic or mixed recipe chosen as the base)."""
     assert prep.ranges is not None
     structure = Structure(prep.normalized, report.nodes)
     initial = rank_units(structure, report.nodes, report.weights)
     budget = options.max_evaluations or default_budget(_candidate_nodes(initial))
-    base_spec = QuantSpec.of(prep.settings)  # the report's settings, the user's config included
+    base_spec = QuantSpec.of(prep.settings, quantizer=quantizer)  # the report's settings, the user's config
     int16_type = "QInt16" if prep.settings.activation_type == "QInt8" else "QUInt16"
     search = Search(
         prep.normalized,

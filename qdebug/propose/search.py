@@ -35,7 +35,7 @@ from qdebug.progress import DETAIL, Progress
 from qdebug.propose.blame import Unit
 from qdebug.propose.structure import Structure
 from qdebug.quant.calibrate import Ranges
-from qdebug.quant.quantize import QuantSpec, check_quantized_loads, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, check_quantized_loads, quantize_model
 from qdebug.records import TensorOverride
 from qdebug.runtime.parallel import Pool, Ticket
 from qdebug.vocabulary import PER_UNIT_FIXES
@@ -261,7 +261,7 @@ class Search:
             return spec, onnx.load_from_string(data), time.perf_counter() - start
         for _ in range(4):
             spec = self.spec(nodes, overrides, per_channel, fixes)
-            model = quantize_static_model(self.normalized, self.ranges, spec, load_check=False)
+            model = quantize_model(self.normalized, self.ranges, spec, load_check=False)
             if not keep:
                 break
             index = GraphIndex(model)

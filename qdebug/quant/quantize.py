@@ -15,7 +15,7 @@ import dataclasses
 import gc
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,11 @@ class QuantSpec:
     """The base settings' own ``nodes_to_exclude`` (the user's), excluded by every variant."""
     base_extra: tuple[ExtraOption, ...] = ()
     """The base settings' ``extra_options`` (JSON values)."""
+    quantizer: str = "static"
+    """How ORT builds the model (:data:`qdebug.vocabulary.QUANTIZERS`): ``static`` QDQ from the ranges,
+    ``dynamic`` (``quantize_dynamic``: INT8 weights, activations quantized at run time) or ``mixed``
+    (static QDQ on every op type but :data:`~qdebug.vocabulary.DYNAMIC_OPS`, then ``quantize_dynamic`` on
+    those). A whole-model recipe sets it (:func:`quantize_model`)."""
 
     @classmethod
     def of(cls, settings: QuantSettings, **changes: Any) -> QuantSpec:
@@ -129,13 +134,7 @@ def quantize_static_model(
 
     key = fast_quantize.content_key(model)
     facts = _facts(model, key)
-    unknown = [n for n in spec.nodes_to_exclude if n not in facts.node_names]
-    if unknown:
-        raise QDebugError(
-            f"nodes_to_exclude names {len(unknown)} node(s) not in the model: {unknown[:5]}",
-            "use node names from the qdebug report (normalized names)",
-            ExitCode.INPUT,
-        )
+    _refuse_unknown_exclusions(spec, facts.node_names)
     before = facts.names
     _refuse_reserved_names(model, before)
     seen = ranges.minmax()
@@ -636,12 +635,62 @@ def _explain_quantizer_error(e: Exception, spec: QuantSpec) -> QDebugError:
     return QDebugError(f"ONNX Runtime's quantizer failed ({text})", hint, ExitCode.MODEL)
 
 
+def _refuse_unknown_exclusions(spec: QuantSpec, names: Collection[str]) -> None:
+    """Refuse ``nodes_to_exclude`` naming nodes not in the model: ORT would silently ignore them."""
+    unknown = [n for n in spec.nodes_to_exclude if n not in names]
+    if unknown:
+        raise QDebugError(
+            f"nodes_to_exclude names {len(unknown)} node(s) not in the model: {unknown[:5]}",
+            "use node names from the qdebug report (normalized names)",
+            ExitCode.INPUT,
+        )
+
+
+def quantize_model(
+    model: onnx.ModelProto,
+    ranges: Ranges,
+    spec: QuantSpec,
+    out_path: Path | None = None,
+    *,
+    load_check: bool = True,
+) -> onnx.ModelProto:
+    """The model ``spec.quantizer`` says ORT builds: :func:`quantize_static_model` for ``static``;
+    ``quantize_dynamic`` of ``model`` for ``dynamic``; for ``mixed`` the static QDQ model of every op type
+    but :data:`~qdebug.vocabulary.DYNAMIC_OPS`, then ``quantize_dynamic`` of it on those. ``nodes_to_exclude``
+    are excluded by every pass; tensor overrides reach the static pass only (``quantize_dynamic`` reads
+    none)."""
+    if spec.quantizer == "static":
+        return quantize_static_model(model, ranges, spec, out_path, load_check=load_check)
+    import tempfile
+
+    from qdebug.vocabulary import DYNAMIC_OPS
+
+    _refuse_unknown_exclusions(spec, {n.name for n in model.graph.node})
+    first, ops = model, None
+    if spec.quantizer == "mixed":
+        static_ops = tuple(op for op in spec.quantized_op_types() if op not in DYNAMIC_OPS)
+        first = quantize_static_model(
+            model, ranges, dataclasses.replace(spec, quantizer="static", op_types=static_ops), load_check=False
+        )
+        ops = [op for op in DYNAMIC_OPS if op != "Gemm"]  # quantize_dynamic turns each Gemm into a MatMul
+    with tempfile.TemporaryDirectory(prefix="qdebug-dynamic-") as tmp:
+        src = Path(tmp) / "input.onnx"
+        save_model(first, src)
+        built = quantize_dynamic_model(
+            src, out_path, op_types=ops, per_channel=spec.per_channel, nodes_to_exclude=spec.excluded()
+        )
+    if load_check:
+        check_quantized_loads(model, built)
+    return built
+
+
 def quantize_dynamic_model(
     model_path: Path,
     out_path: Path | None = None,
     *,
     op_types: Sequence[str] | None = None,
     per_channel: bool = False,
+    nodes_to_exclude: Sequence[str] = (),
 ) -> onnx.ModelProto:
     """Dynamic quantization (QInt8 weights, activations quantized at run time): the model ORT's
     ``quantize_dynamic`` writes, byte for byte, run over qdebug's indexed model where the sources it relies
@@ -660,13 +709,13 @@ def quantize_dynamic_model(
         with quiet_ort_logging(), collector_paused():
             if fast_quantize.use_fast_path("dynamic quantizer"):
                 try:
-                    return _dynamic_indexed(Path(model_path), out_path, op_types, per_channel)
+                    return _dynamic_indexed(Path(model_path), out_path, op_types, per_channel, nodes_to_exclude)
                 except fast_quantize.IndexOutOfStep as e:
                     fast_quantize.note(
                         f"ORT's dynamic quantizer was run again on its plain path (quadratic in the node count): "
                         f"qdebug's index of the graph fell out of step with it ({e}); please report this model"
                     )
-            return _dynamic_plain(Path(model_path), out_path, op_types, per_channel)
+            return _dynamic_plain(Path(model_path), out_path, op_types, per_channel, nodes_to_exclude)
     except Exception as e:
         raise QDebugError(
             f"ONNX Runtime's dynamic quantizer failed ({e.__class__.__name__}: {str(e)[:200]})",
@@ -744,7 +793,11 @@ def collector_paused():
 
 
 def _dynamic_plain(
-    model_path: Path, out_path: Path | None, op_types: Sequence[str] | None, per_channel: bool
+    model_path: Path,
+    out_path: Path | None,
+    op_types: Sequence[str] | None,
+    per_channel: bool,
+    nodes_to_exclude: Sequence[str] = (),
 ) -> onnx.ModelProto:
     import tempfile
 
@@ -758,12 +811,17 @@ def _dynamic_plain(
             op_types_to_quantize=list(op_types) if op_types else None,
             per_channel=per_channel,
             weight_type=QuantType.QInt8,
+            nodes_to_exclude=list(nodes_to_exclude) or None,
         )
         return onnx.load(str(path))
 
 
 def _dynamic_indexed(
-    model_path: Path, out_path: Path | None, op_types: Sequence[str] | None, per_channel: bool
+    model_path: Path,
+    out_path: Path | None,
+    op_types: Sequence[str] | None,
+    per_channel: bool,
+    nodes_to_exclude: Sequence[str] = (),
 ) -> onnx.ModelProto:
     """The body of ORT's ``quantize_dynamic`` (its source is among the verified ones) with the quantizer
     over an :class:`~qdebug.quant.fast_quantize.IndexedModel`; raises ``IndexOutOfStep`` before writing anything
@@ -793,7 +851,7 @@ def _dynamic_indexed(
             QuantType.QUInt8,  # dynamic activations are uint8
             None,
             [],
-            [],
+            list(nodes_to_exclude),
             ops,
             {"MatMulConstBOnly": True},
         )

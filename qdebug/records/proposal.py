@@ -130,6 +130,13 @@ class RecipeRecord:
     notes: tuple[str, ...] = ()
     """What the transforms did and skipped, one line each."""
 
+    @property
+    def quantizer(self) -> str:
+        """How ORT builds the model (``static``, ``dynamic`` or ``mixed``: :data:`qdebug.vocabulary.QUANTIZERS`)."""
+        from qdebug.vocabulary import quantizer_of
+
+        return quantizer_of(self.steps or (self.name,))
+
 
 @dataclass(frozen=True)
 class Proposal:

@@ -58,6 +58,9 @@ class VariantResult:
     """How many of ``weight_bytes`` are float (Q/DQ scales left out): what quantization did not shrink. A
     CNN+LSTM reader's static model keeps its LSTM's weights float (ORT quantizes no LSTM in QDQ), and its
     size had read as a quantized size. ``None`` in files written before it."""
+    runtime_quantized: int = 0
+    """Tensors quantized at run time (DynamicQuantizeLinear, DynamicQuantizeLSTM nodes): a dynamic or mixed
+    recipe's INT8 MatMuls and LSTMs, which have no Q/DQ pair."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,8 @@ class VerifyResult:
             ),
             ("tensor overrides", [str(v.tensor_overrides) for v in cols]),
             ("Q/DQ pairs", [str(v.qdq_pairs) for v in cols]),
+            *([("run-time quantized", [str(v.runtime_quantized) for v in cols])] if any(
+                v.runtime_quantized for v in cols) else []),
             ("size", [fmt_binary_size(v.size_bytes) for v in cols]),
             ("float weights", [_float_share(v) for v in cols]),
         ]

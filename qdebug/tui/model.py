@@ -835,6 +835,7 @@ def proposal_snippet(report: Report, proposal: Proposal) -> str:
         max_samples=cfg.max_samples,
         inputs=report.model.inputs,
         settings=cfg.quant,
+        quantizer=proposal.recipe.quantizer if proposal.recipe is not None else "static",
     )
 
 

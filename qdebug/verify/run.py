@@ -77,7 +77,7 @@ from qdebug.prepare import (
 )
 from qdebug.progress import Progress, no_progress
 from qdebug.quant.calibrate import op_types_to_quantize
-from qdebug.quant.quantize import QuantSpec, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_model, quantize_static_model
 from qdebug.quant.recalibrate import calib_add_flipped
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.records.samples import SampleSection
@@ -460,7 +460,7 @@ def _quantized_variants(
     sel_base = ctx.base_of(proposal)  # the recipe's transformed FP32 model, when the proposal has one
 
     def selective_too() -> None:  # built and handed over while static is scored
-        model = quantize_static_model(sel_base.normalized, sel_base.ranges, sel_spec)
+        model = quantize_model(sel_base.normalized, sel_base.ranges, sel_spec)
         handed.extend([model, side.submit(ctx.evaluator, model, "selective quantized model")])  # type: ignore[union-attr]
 
     progress("static", 0, 3)
@@ -471,7 +471,7 @@ def _quantized_variants(
     if handed:
         sel_model, sel_res = handed[0], side.result(handed[1])  # type: ignore[union-attr]
     else:  # one after the other (one worker, or static known already)
-        sel_model = quantize_static_model(sel_base.normalized, sel_base.ranges, sel_spec)
+        sel_model = quantize_model(sel_base.normalized, sel_base.ranges, sel_spec)
         sel_res = score_all(side, ctx.evaluator, [sel_model], "selective quantized model")[0]
     if cancelled():
         return None
@@ -489,6 +489,7 @@ def _specs(ctx: _Context, proposal: Proposal) -> tuple[QuantSpec, QuantSpec]:
         per_channel=settings.per_channel or proposal.per_channel,
         nodes_to_exclude=tuple(proposal.nodes_to_exclude),
         tensor_overrides=tuple(proposal.tensor_overrides),
+        quantizer=proposal.recipe.quantizer if proposal.recipe is not None else "static",
     )
     return base, sel_spec
 

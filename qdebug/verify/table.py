@@ -100,6 +100,7 @@ def _columns(
             sizes["selective"],
             paths["selective"],
             timings.get("selective"),
+            runtime_quantized=runtime_quantized(built.selective_model),
         ),
     )
 
@@ -113,6 +114,14 @@ def _speed_clause(columns: Sequence[VariantResult]) -> str:
         return ""
     others = [f"{label} {timed[n].p50_ms:.3g}" for n, label in (("fp32", "FP32"), ("static", "static")) if n in timed]
     return f"; selective p50 {sel.p50_ms:.3g} ms ({', '.join(others)})"
+
+
+RUNTIME_QUANTIZERS = ("DynamicQuantizeLinear", "DynamicQuantizeLSTM")
+
+
+def runtime_quantized(model: onnx.ModelProto) -> int:
+    """Tensors a dynamic or mixed model quantizes at run time (its INT8 MatMuls' and LSTMs' inputs)."""
+    return sum(1 for n in model.graph.node if n.op_type in RUNTIME_QUANTIZERS)
 
 
 def _qdq_pairs(model: onnx.ModelProto) -> int:

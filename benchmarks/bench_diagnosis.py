@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "fixtures"))
 
 import planted  # noqa: E402  (fixtures/planted.py: the generators)
 
-RECIPE_FIXES = ("equalize", "smooth", "bias-correction")
+RECIPE_FIXES = ("equalize", "smooth", "bias-correction", "mixed", "dynamic")
 """The planted kinds whose remedy is a whole-model recipe (no culprit set): propose should answer with it."""
 
 VARIANTS = {"default": None, "fp32,int16,per-channel": "fp32,int16,per-channel"}

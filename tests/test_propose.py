@@ -1003,3 +1003,24 @@ def test_quantize_dynamic_is_the_answer_where_the_node_cap_leaves_the_search_sho
     p = result.proposal
     assert result.met and p.recipe is not None and p.recipe.name == "dynamic" and p.nodes_to_exclude == ()
     assert any("found no answer that meets the target" in n for n in result.notes), result.notes
+
+
+def test_the_search_starts_again_from_the_best_recipe_where_plain_static_falls_short(transformer, tmp_path):
+    """No transform meets the target alone on the transformer and one node cannot (``--max-nodes 1``): the per-node
+    search runs again from the best recipe that beat plain static, and its answer is taken only where it does
+    better -- closer to the target with no more nodes than the answer from plain static."""
+    plain = propose(transformer[3], output=None, options=ProposeOptions(max_nodes=1, time_runs=0, recipes=()))
+    options = ProposeOptions(max_nodes=1, time_runs=0, recipes=("smooth", "bias-correction"))
+    result = propose(transformer[3], output=tmp_path / "p.json", options=options)
+    p, q = result.proposal, plain.proposal
+    # On VNNI kernels: plain static + embed/add_position 92.4 %, smooth+bias-correction + the same node 93.0 %
+    # (both miss 97 %). Which one wins rests on integer kernels that differ by CPU, so the rule is asserted:
+    # the recipe's answer is taken only where it does better, and the notes say which happened.
+    assert q.recipe is None and len(q.nodes_to_exclude) <= 1
+    if p.recipe is not None:
+        assert p.recipe.steps[-1] == "bias-correction" and len(p.nodes_to_exclude) <= 1
+        assert p.expected_metric > q.expected_metric or len(p.nodes_to_exclude) < len(q.nodes_to_exclude)
+        assert any("from recipe smooth+bias-correction it comes closer" in n for n in result.notes), result.notes
+    else:
+        assert p.expected_metric == q.expected_metric
+        assert any("did no better" in n for n in result.notes), result.notes

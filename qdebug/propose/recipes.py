@@ -85,6 +85,18 @@ class RecipeStage:
     MatMul is quantized, so the per-node search runs first and it becomes the answer only where the search's
     answer is no better (:func:`replaces`)."""
 
+    @property
+    def runner_up(self) -> RecipeTrial | None:
+        """The best transform that beat plain static without meeting the target (None when one was chosen):
+        the per-node search starts from it where the search from plain static falls short."""
+        if self.chosen is not None:
+            return None
+        return _choose([t for t in self.trials if recipe(t.name).transforms and t.prep is not None], self.static_value)
+
+    def with_base(self, trial: RecipeTrial) -> RecipeStage:
+        """The stage with ``trial`` (a transform that missed the target alone) as the base of the answer."""
+        return dataclasses.replace(self, prep=trial.prep, chosen=trial, deferred=None)
+
     def with_chosen(self, trial: RecipeTrial) -> RecipeStage:
         """The stage with ``trial`` (the deferred recipe) as the base the answer is built on."""
         note = f"recipe {_label(trial)} meets the target: it is the answer"

@@ -18,14 +18,16 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 
 from qdebug.analysis import measure_layers, node_records, quantized_node_names, weight_records
 from qdebug.data import DataSet, InputSpec, data_notes, fixed_batch, open_data
 from qdebug.errors import ExitCode, QDebugError
-from qdebug.evaluation.evaluate import Evaluator, metric_scope_note
+from qdebug.evaluation.evaluate import EvalResult, Evaluator, metric_scope_note
 from qdebug.evaluation.gates import mostly_fp32
 from qdebug.evaluation.noise import DEFAULT_CONFIDENCE, Interval, samples_to_decide
 from qdebug.graph.load import save_model
@@ -255,39 +257,20 @@ def _propose(
     fp32_prep = prep  # the user's model: the FP32 reference, its timing and the dynamic variant
     stage = _recipes(prep, report, screened, screen_target, options, workdir, progress, recipes)
     prep, report = stage.prep, _on_base(report, stage.prep)  # the search starts from the recipe chosen, if any
-    search, structure, initial = _search(
-        prep, report, screened, screen_target, options, progress, pool, stage.quantizer
-    )
-    for model, result in stage.prescored():  # plain static (per-channel too), scored already: not again
-        search.prescore(model, result)
-    switch = _switch_screen(search, prep, report, options)
-    if switch is not None:
-        screen = switch  # confirmed below like a subset screen: everything reported is on real models
-    rerank = _reranker(search, prep, calib_src, cfg, options, config, progress)
-    widened = rank_units(structure, report.nodes, report.weights, widen=True)
-    diagnosed = diagnosed_units(structure, report)
-    # --allow calib-flipped: the flipped samples' FP32 ranges, measured once
-    flipped, flipped_note = flipped_ranges(report, evaluator, prep.normalized, prep.ranges, config, eval_src, allow)
-
-    def fixer(unit: Unit, kind: str) -> Fix | None:
-        return fix_for(unit, kind, structure, report, search.per_channel, flipped)
-
-    wholes = [
-        fix
-        for fix in (
-            whole_reduce_range(structure, report) if "reduce-range" in allow else None,
-            flipped.whole() if flipped is not None else None,
-        )
-        if fix is not None
-    ]
-    plan, met, reranks = run_search(
-        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer, wholes=wholes
-    )
-    plan, final, spec, selective = _selective(search, report, plan, met)
-    stage, search, (plan, final, spec, selective) = _deferred_answer(
-        stage, search, report, (plan, final, spec, selective), rerank, allow,
+    run = _Run(screened, screen_target, options, progress, pool, calib_src, eval_src, cfg, config, evaluator, allow)
+    found = _search_from(prep, report, stage.quantizer, stage.prescored(), run)
+    stage, search, answer = _deferred_answer(
+        stage, found.search, found.report, found.answer, found.rerank, allow,
         lambda quantizer: _search(prep, report, screened, screen_target, options, progress, pool, quantizer)[0],
     )  # fmt: skip
+    if search is found.search:  # the answer is still the per-node search's: the best recipe may do better
+        stage, found = _on_runner_up(stage, found, report, run)
+        search, answer = found.search, found.answer
+    plan, final, spec, selective = answer
+    prep, report, initial, reranks, switch = found.prep, found.report, found.initial, found.reranks, found.switch
+    flipped, flipped_note = found.flipped, found.flipped_note
+    if switch is not None:
+        screen = switch  # confirmed below like a subset screen: everything reported is on real models
     screen_notes: list[str] = [switch_note(switch)] if switch is not None else []
     if screen is not None:  # report every number on all samples, the answer confirmed there
         if options.time_runs > 0:
@@ -504,6 +487,113 @@ def _recipes(
 
 
 _Answer = tuple[Plan, Trial, QuantSpec, onnx.ModelProto]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every per-node search of one propose run shares (its evaluators, options and data)."""
+
+    screened: Evaluator
+    target: Target
+    options: ProposeOptions
+    progress: Progress
+    pool: Pool | None
+    calib_src: str | Path
+    eval_src: str | Path
+    cfg: AnalysisConfig
+    config: SessionConfig
+    evaluator: Evaluator
+    allow: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Searched:
+    """One per-node search from one base (plain static, or a recipe's model) and its answer."""
+
+    prep: Prepared
+    report: Report
+    search: Search
+    initial: list[Unit]
+    answer: _Answer
+    reranks: int
+    rerank: Rerank
+    switch: SwitchScreen | None
+    flipped: Any
+    flipped_note: str
+
+    @property
+    def met(self) -> bool:
+        """Whether its answer meets the target within ``--max-nodes``."""
+        final = self.answer[1]
+        return final.met and self.search.fits(final)
+
+
+def _search_from(
+    prep: Prepared,
+    report: Report,
+    quantizer: str,
+    prescored: Sequence[tuple[onnx.ModelProto, EvalResult]],
+    run: _Run,
+) -> _Searched:
+    """The per-node search from ``prep``'s model (diagnoses, group testing, per-node fixes): its answer."""
+    options, allow = run.options, run.allow
+    search, structure, initial = _search(
+        prep, report, run.screened, run.target, options, run.progress, run.pool, quantizer
+    )
+    for model, result in prescored:  # plain static (per-channel too), scored already: not again
+        search.prescore(model, result)
+    switch = _switch_screen(search, prep, report, options)
+    rerank = _reranker(search, prep, run.calib_src, run.cfg, options, run.config, run.progress)
+    widened = rank_units(structure, report.nodes, report.weights, widen=True)
+    diagnosed = diagnosed_units(structure, report)
+    # --allow calib-flipped: the flipped samples' FP32 ranges, measured once
+    flipped, flipped_note = flipped_ranges(
+        report, run.evaluator, prep.normalized, prep.ranges, run.config, run.eval_src, allow
+    )
+
+    def fixer(unit: Unit, kind: str) -> Fix | None:
+        return fix_for(unit, kind, structure, report, search.per_channel, flipped)
+
+    wholes = [
+        fix
+        for fix in (
+            whole_reduce_range(structure, report) if "reduce-range" in allow else None,
+            flipped.whole() if flipped is not None else None,
+        )
+        if fix is not None
+    ]
+    plan, met, reranks = run_search(
+        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer, wholes=wholes
+    )
+    answer = _selective(search, report, plan, met)
+    return _Searched(prep, report, search, initial, answer, reranks, rerank, switch, flipped, flipped_note)
+
+
+def _on_runner_up(stage: RecipeStage, found: _Searched, report: Report, run: _Run) -> tuple[RecipeStage, _Searched]:
+    """When no recipe met the target alone and the search from plain static missed it too (or kept most nodes
+    FP32), the search again from the best recipe that beat plain static; its answer where it is the better."""
+    runner = stage.runner_up
+    final = found.answer[1]
+    excludable = len(found.search.structure.excludable)
+    if runner is None or runner.prep is None or found.met and not mostly_fp32(len(final.nodes), excludable):
+        return stage, found
+    base = runner.prep
+    other = _search_from(base, _on_base(report, base), "static", (), run)
+    mine = other.answer[1]
+    size, before = (len(mine.nodes), -other.search.score(mine)), (len(final.nodes), -found.search.score(final))
+    better = (other.met and not found.met) or (other.met == found.met and size < before)
+    if not better:
+        note = (
+            f"the per-node search from recipe {recipe_label(runner).removeprefix('recipe ')} did no better "
+            f"({len(other.search.trials)} evaluations): the answer is the one from plain static"
+        )
+        return dataclasses.replace(stage, notes=(*stage.notes, note)), found
+    note = (
+        f"the per-node search from plain static {'missed the target' if not found.met else 'kept most nodes FP32'} "
+        f"({len(found.search.trials)} evaluations); from recipe {recipe_label(runner).removeprefix('recipe ')} it "
+        f"{'meets it' if other.met else 'comes closer'} with {len(mine.nodes)} node(s) FP32"
+    )
+    return dataclasses.replace(stage.with_base(runner), notes=(*stage.notes, note)), other
 
 
 def _deferred_answer(

@@ -203,6 +203,16 @@ RECIPE_COLOURS = {"recipe": "#a1887f", "folded": "#bcaaa4"}
 """Model Explorer's colours of a node a recipe rewrote, and of one it folded away."""
 
 
+def spec_changes(steps: tuple[str, ...] | list[str], params: tuple[tuple[str, float], ...] = ()) -> dict[str, object]:
+    """What a recipe of ``steps`` changes in the run's quantizer settings (``QuantSpec`` fields): how ORT builds
+    the model, and 7-bit weights where the recipe was given them (``reduce_range`` among ``params``: the dynamic
+    and mixed recipes on a CPU whose u8s8 kernels saturate)."""
+    changes: dict[str, object] = {"quantizer": quantizer_of(steps)}
+    if dict(params).get("reduce_range"):
+        changes["reduce_range"] = True
+    return changes
+
+
 def quantizer_of(steps: tuple[str, ...] | list[str]) -> str:
     """How ORT builds the model of a recipe's ``steps`` (``static`` when none sets another)."""
     return next((RECIPES[s].quantizer for s in steps if s in RECIPES and not RECIPES[s].transforms), "static")

@@ -6,48 +6,18 @@ exactly into int32; on AVX2 or AVX-512 without VNNI the pair sums pass through a
 :func:`u8s8_saturates` -- a probe of the kernels themselves -- instead of ``/proc/cpuinfo``: under an emulator
 (``.ci/other-cpu``) or a hypervisor that hides flags, the flags and the kernels can disagree.
 
-``python -m tests.kernels`` prints ``saturating`` or ``exact`` (``--expect KIND`` exits 1 on the other).
+The probe is :mod:`qdebug.runtime.kernels`'s (propose gives the dynamic and mixed recipes 7-bit weights where
+it says ``saturating``). ``python -m tests.kernels`` prints ``saturating`` or ``exact`` (``--expect KIND``
+exits 1 on the other).
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 
-import numpy as np
+from qdebug.runtime.kernels import kind, u8s8_saturates
 
-_K = 64
-
-
-@functools.cache
-def u8s8_saturates() -> bool:
-    """True when ORT's u8s8 integer kernels saturate their int16 pair sums on this machine.
-
-    The probe multiplies 64 uint8 255s by int8 127s: exactly 64 * 255 * 127; a saturating kernel sums each
-    pair to 32767 and gives 32 * 32767 instead."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    weight = numpy_helper.from_array(np.full((_K, 1), 127, np.int8), "b")
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
-        "u8s8_probe",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, _K])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
-        [weight],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    (y,) = session.run(None, {"a": np.full((1, _K), 255, np.uint8)})
-    return int(y[0, 0]) != _K * 255 * 127
-
-
-def kind() -> str:
-    """``saturating`` or ``exact``: this machine's u8s8 kernels."""
-    return "saturating" if u8s8_saturates() else "exact"
+__all__ = ["kind", "u8s8_saturates"]  # the probe lives in the package: propose asks it too
 
 
 if __name__ == "__main__":

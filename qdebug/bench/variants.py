@@ -207,7 +207,7 @@ def _selective(
         per_channel=proposal.per_channel,
         nodes_to_exclude=tuple(proposal.nodes_to_exclude),
         tensor_overrides=tuple(proposal.tensor_overrides),
-        quantizer=proposal.recipe.quantizer if proposal.recipe is not None else "static",
+        **(proposal.recipe.spec_changes() if proposal.recipe is not None else {}),  # type: ignore[arg-type]
     )
     quantize_model(prep.normalized, ranges, spec, path)
     notes = []

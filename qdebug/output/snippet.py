@@ -8,6 +8,7 @@ exclude) and passes it in.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from qdebug.records import TensorOverride
@@ -40,13 +41,15 @@ def quantize_snippet(
     batch_axes: Mapping[str, int | None] | None = None,
     settings: QuantSettings | None = None,
     quantizer: str = "static",
+    reduce_range: bool = False,
 ) -> str:
     """Ready-to-paste Python calling ``quantize_static`` with a proposal's settings.
 
     ``quantizer`` (a dynamic or mixed recipe's): ``dynamic`` calls ``quantize_dynamic`` alone (no
     calibration data); ``mixed`` calls ``quantize_static`` on every op type but
     :data:`~qdebug.vocabulary.DYNAMIC_OPS` and then ``quantize_dynamic`` of its output on those, as qdebug
-    builds it.
+    builds it. ``reduce_range``: 7-bit weights in every call (a recipe's, on a CPU whose u8s8 kernels
+    saturate; the user's own setting is ``settings``').
 
     ``settings``: the base quantization (the user's config): its ``reduce_range``, op types,
     ``nodes_to_quantize``, own exclusions (listed first) and ``extra_options`` are written too, the
@@ -60,6 +63,8 @@ def quantize_snippet(
     models, and built other scales than the proposal's after ``--max-samples``. ``batch_axes``: each
     input's batch axis as qdebug read the data (None: the reader finds them from the first item).
     """
+    if reduce_range:
+        settings = dataclasses.replace(settings or QuantSettings(), reduce_range=True)
     if quantizer == "dynamic":
         return "\n".join(_dynamic_lines(model_path, nodes_to_exclude, per_channel, settings, header=True)) + "\n"
     static_out = "model.static_part.onnx" if quantizer == "mixed" else "model.selective.onnx"
@@ -81,6 +86,9 @@ def quantize_snippet(
     if quantizer == "mixed":
         lines += ["", *_dynamic_lines(static_out, nodes_to_exclude, per_channel, settings, header=False)]
     return "\n".join(lines) + "\n"
+
+
+REDUCE_RANGE_WHY = "7-bit weights: ORT's advice where u8s8 kernels saturate (no VNNI)"
 
 
 def _dynamic_lines(
@@ -113,6 +121,7 @@ def _dynamic_lines(
         *(["    op_types_to_quantize=['MatMul', 'LSTM', 'Attention'],"] if not header else []),
         "    weight_type=QuantType.QInt8,",
         f"    per_channel={per_channel},",
+        *([f"    reduce_range=True,  # {REDUCE_RANGE_WHY}"] if base.reduce_range else []),
         "    nodes_to_exclude=nodes_to_exclude,",
         ")",
     ]

@@ -182,6 +182,7 @@ def _snippet(
         batch_axes=batch_axes(prep.calib.specs),
         settings=settings,
         quantizer=recipe.quantizer if recipe is not None else "static",
+        reduce_range=recipe is not None and recipe.reduce_range,
     )
 
 

@@ -36,7 +36,7 @@ from qdebug.records import FrontierPoint
 from qdebug.records.verify import Timing
 from qdebug.runtime.parallel import Pool, score_all
 from qdebug.runtime.timing import time_sessions
-from qdebug.vocabulary import RECIPES, quantizer_of
+from qdebug.vocabulary import RECIPES, quantizer_of, spec_changes
 
 _Entry = tuple[str, "Trial | None", "EvalResult | None", onnx.ModelProto]
 """A frontier point before it is timed: label, the search's trial (if any), its score here (if any), model."""
@@ -120,7 +120,7 @@ def _recipe_points(
     for trial in best_per_family(recipes.trials):
         if trial is recipes.chosen or trial.prep is None or trial.prep.ranges is None or trial.name == "dynamic":
             continue  # the dynamic recipe's model is the frontier's own ``dynamic`` point
-        spec = QuantSpec.of(trial.prep.settings, quantizer=quantizer_of(trial.steps))
+        spec = QuantSpec.of(trial.prep.settings, **spec_changes(trial.steps, trial.params))  # type: ignore[arg-type]
         models.append((recipe_label(trial), quantize_model(trial.prep.normalized, trial.prep.ranges, spec)))
     results = score_all(pool, evaluator, [m for _, m in models], numbers_only=True)
     return [(label, None, result, model) for (label, model), result in zip(models, results, strict=True)]

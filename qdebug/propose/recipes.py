@@ -36,8 +36,9 @@ from qdebug.propose.search import Target
 from qdebug.quant.quantize import QuantSpec, quantize_model, quantize_static_model
 from qdebug.recipes.base import Transformed
 from qdebug.records.proposal import RecipeRecord
+from qdebug.runtime.kernels import u8s8_saturates
 from qdebug.runtime.timing import time_sessions
-from qdebug.vocabulary import RECIPES, quantizer_of, recipe
+from qdebug.vocabulary import RECIPES, recipe, spec_changes
 
 RECIPE_SAMPLES = 64
 """Calibration samples the recipes' statistics and equivalence checks read (the ranges use them all)."""
@@ -103,9 +104,9 @@ class RecipeStage:
         return dataclasses.replace(self, chosen=trial, deferred=None, notes=(*self.notes, note))
 
     @property
-    def quantizer(self) -> str:
-        """How ORT builds the base's model (``static`` unless the chosen recipe says otherwise)."""
-        return quantizer_of(self.chosen.steps) if self.chosen is not None else "static"
+    def changes(self) -> dict[str, object]:
+        """What the chosen recipe changes in the quantizer settings (how ORT builds the model, 7-bit weights)."""
+        return spec_changes(self.chosen.steps, self.chosen.params) if self.chosen is not None else {}
 
     def prescored(self) -> tuple[tuple[onnx.ModelProto, EvalResult], ...]:
         """What the search may take as scored: plain static when it stays the base, and the others."""
@@ -308,9 +309,12 @@ def _builders(prep: Prepared, names: Sequence[str], static_value: float) -> list
         if t.touched:
             yield t, (*steps, "bias-correction"), ()
 
+    # ORT's advice for CPUs whose u8s8 kernels saturate (no VNNI): 7-bit weights for quantize_dynamic
+    reduce = (("reduce_range", 1.0),) if u8s8_saturates() and not prep.settings.reduce_range else ()
+
     def quantized_as_is(name: str) -> Build:
         def build(_: list[RecipeTrial]):
-            yield Transformed(model=model), (name,), ()
+            yield Transformed(model=model), (name,), reduce
 
         return build
 
@@ -365,7 +369,7 @@ def _score(
     recipe that only chooses how ORT quantizes (dynamic, mixed) is built from the run's own ranges."""
     if not recipe(name).transforms:
         assert prep.ranges is not None
-        spec = dataclasses.replace(QuantSpec.of(prep.settings), quantizer=quantizer_of(steps))
+        spec = QuantSpec.of(prep.settings, **spec_changes(steps, params))  # type: ignore[arg-type]
         result = evaluator.score(quantize_model(prep.normalized, prep.ranges, spec, load_check=False))
         return RecipeTrial(name, steps, transformed, prep, result, target.met(result), params)
     if all(recipe(s).equivalent for s in steps):
@@ -394,7 +398,7 @@ def _keeps_speed(
     Where static buys no speed on this CPU, speed is not judged, as verify does. Refused: not met, with a note."""
     if not evaluator.batches or prep.ranges is None:
         return trial, ""
-    spec = dataclasses.replace(QuantSpec.of(prep.settings), quantizer=quantizer_of(trial.steps))
+    spec = QuantSpec.of(prep.settings, **spec_changes(trial.steps, trial.params))  # type: ignore[arg-type]
     model = quantize_model(prep.normalized, prep.ranges, spec, load_check=False)
     first = evaluator.batches[0]
     timings = time_sessions(

@@ -17,7 +17,7 @@ import dataclasses
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -258,10 +258,10 @@ def _propose(
     stage = _recipes(prep, report, screened, screen_target, options, workdir, progress, recipes)
     prep, report = stage.prep, _on_base(report, stage.prep)  # the search starts from the recipe chosen, if any
     run = _Run(screened, screen_target, options, progress, pool, calib_src, eval_src, cfg, config, evaluator, allow)
-    found = _search_from(prep, report, stage.quantizer, stage.prescored(), run)
+    found = _search_from(prep, report, stage.changes, stage.prescored(), run)
     stage, search, answer = _deferred_answer(
         stage, found.search, found.report, found.answer, found.rerank, allow,
-        lambda quantizer: _search(prep, report, screened, screen_target, options, progress, pool, quantizer)[0],
+        lambda changes: _search(prep, report, screened, screen_target, options, progress, pool, changes)[0],
     )  # fmt: skip
     if search is found.search:  # the answer is still the per-node search's: the best recipe may do better
         stage, found = _on_runner_up(stage, found, report, run)
@@ -531,14 +531,14 @@ class _Searched:
 def _search_from(
     prep: Prepared,
     report: Report,
-    quantizer: str,
+    changes: Mapping[str, object],
     prescored: Sequence[tuple[onnx.ModelProto, EvalResult]],
     run: _Run,
 ) -> _Searched:
     """The per-node search from ``prep``'s model (diagnoses, group testing, per-node fixes): its answer."""
     options, allow = run.options, run.allow
     search, structure, initial = _search(
-        prep, report, run.screened, run.target, options, run.progress, run.pool, quantizer
+        prep, report, run.screened, run.target, options, run.progress, run.pool, changes
     )
     for model, result in prescored:  # plain static (per-channel too), scored already: not again
         search.prescore(model, result)
@@ -578,7 +578,7 @@ def _on_runner_up(stage: RecipeStage, found: _Searched, report: Report, run: _Ru
     if runner is None or runner.prep is None or found.met and not mostly_fp32(len(final.nodes), excludable):
         return stage, found
     base = runner.prep
-    other = _search_from(base, _on_base(report, base), "static", (), run)
+    other = _search_from(base, _on_base(report, base), {}, (), run)
     mine = other.answer[1]
     size, before = (len(mine.nodes), -other.search.score(mine)), (len(final.nodes), -found.search.score(final))
     better = (other.met and not found.met) or (other.met == found.met and size < before)
@@ -603,7 +603,7 @@ def _deferred_answer(
     answer: _Answer,
     rerank: Rerank,
     allow: Sequence[str],
-    new_search: Callable[[str], Search],
+    new_search: Callable[[Mapping[str, object]], Search],
 ) -> tuple[RecipeStage, Search, _Answer]:
     """The per-node search's ``answer``, or the stage's deferred dynamic or mixed recipe where that replaces
     it (:func:`~qdebug.propose.recipes.replaces`): then a search on the recipe's quantizer (``new_search``),
@@ -618,7 +618,7 @@ def _deferred_answer(
         return stage, search, answer
     stage = stage.with_chosen(stage.deferred)
     stage = dataclasses.replace(stage, notes=(*stage.notes, f"{why} ({len(search.trials)} evaluations)"))
-    search = new_search(stage.quantizer)
+    search = new_search(stage.changes)
     plan, met_trial, _ = run_search(search, [], rerank, allow, None)
     return stage, search, _selective(search, report, plan, met_trial)
 
@@ -696,15 +696,16 @@ def _search(
     options: ProposeOptions,
     progress: Progress,
     pool: Pool | None = None,
-    quantizer: str = "static",
+    changes: Mapping[str, object] | None = None,
 ) -> tuple[Search, Structure, list[Unit]]:
     """The search state over the report's first ranking, with its budget (some held back for refining);
-    ``quantizer``: how ORT builds every variant (a dynamic or mixed recipe chosen as the base)."""
+    ``changes``: the chosen recipe's changes to the quantizer settings (a dynamic or mixed recipe's quantizer, its
+    7-bit weights), for every variant."""
     assert prep.ranges is not None
     structure = Structure(prep.normalized, report.nodes)
     initial = rank_units(structure, report.nodes, report.weights)
     budget = options.max_evaluations or default_budget(_candidate_nodes(initial))
-    base_spec = QuantSpec.of(prep.settings, quantizer=quantizer)  # the report's settings, the user's config
+    base_spec = QuantSpec.of(prep.settings, **(changes or {}))  # type: ignore[arg-type]  # the report's settings
     int16_type = "QInt16" if prep.settings.activation_type == "QInt8" else "QUInt16"
     search = Search(
         prep.normalized,

@@ -677,7 +677,12 @@ def quantize_model(
         src = Path(tmp) / "input.onnx"
         save_model(first, src)
         built = quantize_dynamic_model(
-            src, out_path, op_types=ops, per_channel=spec.per_channel, nodes_to_exclude=spec.excluded()
+            src,
+            out_path,
+            op_types=ops,
+            per_channel=spec.per_channel,
+            nodes_to_exclude=spec.excluded(),
+            reduce_range=spec.reduce_range,
         )
     if load_check:
         check_quantized_loads(model, built)
@@ -691,6 +696,7 @@ def quantize_dynamic_model(
     op_types: Sequence[str] | None = None,
     per_channel: bool = False,
     nodes_to_exclude: Sequence[str] = (),
+    reduce_range: bool = False,
 ) -> onnx.ModelProto:
     """Dynamic quantization (QInt8 weights, activations quantized at run time): the model ORT's
     ``quantize_dynamic`` writes, byte for byte, run over qdebug's indexed model where the sources it relies
@@ -709,13 +715,15 @@ def quantize_dynamic_model(
         with quiet_ort_logging(), collector_paused():
             if fast_quantize.use_fast_path("dynamic quantizer"):
                 try:
-                    return _dynamic_indexed(Path(model_path), out_path, op_types, per_channel, nodes_to_exclude)
+                    return _dynamic_indexed(
+                        Path(model_path), out_path, op_types, per_channel, nodes_to_exclude, reduce_range
+                    )
                 except fast_quantize.IndexOutOfStep as e:
                     fast_quantize.note(
                         f"ORT's dynamic quantizer was run again on its plain path (quadratic in the node count): "
                         f"qdebug's index of the graph fell out of step with it ({e}); please report this model"
                     )
-            return _dynamic_plain(Path(model_path), out_path, op_types, per_channel, nodes_to_exclude)
+            return _dynamic_plain(Path(model_path), out_path, op_types, per_channel, nodes_to_exclude, reduce_range)
     except Exception as e:
         raise QDebugError(
             f"ONNX Runtime's dynamic quantizer failed ({e.__class__.__name__}: {str(e)[:200]})",
@@ -798,6 +806,7 @@ def _dynamic_plain(
     op_types: Sequence[str] | None,
     per_channel: bool,
     nodes_to_exclude: Sequence[str] = (),
+    reduce_range: bool = False,
 ) -> onnx.ModelProto:
     import tempfile
 
@@ -812,6 +821,7 @@ def _dynamic_plain(
             per_channel=per_channel,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=list(nodes_to_exclude) or None,
+            reduce_range=reduce_range,
         )
         return onnx.load(str(path))
 
@@ -822,6 +832,7 @@ def _dynamic_indexed(
     op_types: Sequence[str] | None,
     per_channel: bool,
     nodes_to_exclude: Sequence[str] = (),
+    reduce_range: bool = False,
 ) -> onnx.ModelProto:
     """The body of ORT's ``quantize_dynamic`` (its source is among the verified ones) with the quantizer
     over an :class:`~qdebug.quant.fast_quantize.IndexedModel`; raises ``IndexOutOfStep`` before writing anything
@@ -844,7 +855,7 @@ def _dynamic_indexed(
         quantizer = fast_quantize.indexed(ONNXQuantizer)(
             model,
             per_channel,
-            False,  # reduce_range
+            reduce_range,
             QuantizationMode.IntegerOps,
             False,  # static
             QuantType.QInt8,

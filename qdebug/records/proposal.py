@@ -130,6 +130,17 @@ class RecipeRecord:
     notes: tuple[str, ...] = ()
     """What the transforms did and skipped, one line each."""
 
+    def spec_changes(self) -> dict[str, object]:
+        """What it changes in the base quantization settings (:func:`qdebug.vocabulary.spec_changes`)."""
+        from qdebug.vocabulary import spec_changes
+
+        return spec_changes(self.steps or (self.name,), self.params)
+
+    @property
+    def reduce_range(self) -> bool:
+        """Whether it quantizes weights to 7 bits (dynamic and mixed, where the CPU's u8s8 kernels saturate)."""
+        return bool(dict(self.params).get("reduce_range"))
+
     @property
     def quantizer(self) -> str:
         """How ORT builds the model (``static``, ``dynamic`` or ``mixed``: :data:`qdebug.vocabulary.QUANTIZERS`)."""

@@ -836,6 +836,7 @@ def proposal_snippet(report: Report, proposal: Proposal) -> str:
         inputs=report.model.inputs,
         settings=cfg.quant,
         quantizer=proposal.recipe.quantizer if proposal.recipe is not None else "static",
+        reduce_range=proposal.recipe is not None and proposal.recipe.reduce_range,
     )
 
 

@@ -489,7 +489,7 @@ def _specs(ctx: _Context, proposal: Proposal) -> tuple[QuantSpec, QuantSpec]:
         per_channel=settings.per_channel or proposal.per_channel,
         nodes_to_exclude=tuple(proposal.nodes_to_exclude),
         tensor_overrides=tuple(proposal.tensor_overrides),
-        quantizer=proposal.recipe.quantizer if proposal.recipe is not None else "static",
+        **(proposal.recipe.spec_changes() if proposal.recipe is not None else {}),  # type: ignore[arg-type]
     )
     return base, sel_spec
 

@@ -1930,3 +1930,15 @@ def test_biases_are_quantized_as_orts_method_quantizes_them(caplog):
     ours.model.check_in_step()
     mine = [t.SerializeToString() for t in ours.model.model.graph.initializer]
     assert mine == [t.SerializeToString() for t in theirs.model.model.graph.initializer]
+
+
+def test_dynamic_exclusions_and_7_bit_weights_are_byte_identical_to_orts(tmp_path, indexed_runs):
+    """The dynamic and mixed recipes pass nodes_to_exclude and reduce_range (7-bit weights, where the CPU's u8s8
+    kernels saturate) to quantize_dynamic: the fast path writes what ORT's own does with them."""
+    prep = _prepared(FIXTURES / "transformer" / "model.onnx", FIXTURES / "transformer" / "calib.npz", tmp_path)
+    matmuls = [n.name for n in prep.normalized.graph.node if n.op_type == "MatMul"][:2]
+    options = {"reduce_range": True, "nodes_to_exclude": tuple(matmuls)}
+    fast, plain = _dynamic_both(prep.normalized_path, tmp_path, options)
+    assert isinstance(fast, bytes) and fast == plain
+    excluded = onnx.load_model_from_string(fast)
+    assert {n.name for n in excluded.graph.node if n.op_type == "MatMul"} >= set(matmuls)  # left float

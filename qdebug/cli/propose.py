@@ -268,6 +268,8 @@ def print_summary(result, wide: bool = False) -> None:
         f"nodes), {result.reranks} re-rank capture(s); re-quantize {qsec:.2f} s + evaluate {esec:.2f} s; "
         f"total {result.seconds:.1f} s"
     )
+    if p.stage_seconds:
+        console.print("time per stage: " + " · ".join(f"{name} {sec:.1f} s" for name, sec in p.stage_seconds))
     if p.reasons:
         _reasons_table(console, p.reasons, wide)
     if p.frontier:

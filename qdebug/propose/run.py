@@ -43,7 +43,7 @@ from qdebug.output.files import (
 from qdebug.output.formatting import ACCURACY_METRICS
 from qdebug.output.report_io import dumps, load_report
 from qdebug.prepare import AnalyzeOptions, Prepared, prepare
-from qdebug.progress import Progress, no_progress
+from qdebug.progress import Progress, StageClock, no_progress, stage_seconds
 from qdebug.propose import switch
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
@@ -173,7 +173,7 @@ def propose(
     """
     start = time.perf_counter()
     options = options or ProposeOptions()
-    progress = progress or no_progress
+    progress = StageClock(progress or no_progress)  # the proposal records each stage's time
     source = report
     if not isinstance(report, Report):
         report = load_report(report)
@@ -298,6 +298,7 @@ def _propose(
         drop_interval=interval,
         recipe=recipe,
         static_metric=plain_static,
+        stage_seconds=stage_seconds(progress),
         normalized_model=proposal.normalized_model if recipe is None or output is None
         else str(fp32_prep.normalized_path.resolve()),
     )

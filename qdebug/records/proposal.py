@@ -215,6 +215,8 @@ class Proposal:
     readers): the selective model is these settings plus ``nodes_to_exclude``, ``tensor_overrides`` and
     ``per_channel``. ``None`` in proposals written before it was recorded (and the TUI's): :attr:`quant`
     rebuilds it from those fields."""
+    stage_seconds: tuple[tuple[str, float], ...] = ()
+    """propose's wall seconds per stage (prepare, calibrate, recipes, search, re-rank, frontier), in order."""
     recipe: RecipeRecord | None = None
     """The whole-model recipe the selective model is built on (``None``: the user's FP32 model, plain static
     INT8 plus the per-node changes): its transformed FP32 model is what verify and bench quantize."""

@@ -99,6 +99,7 @@ def make_session(
     keep_order: bool | None = None,
     threads: int | None = None,
     mem_pattern: bool = True,
+    spinning: bool = True,
 ):
     """Create an InferenceSession from an in-memory model or a model file, with ORT errors made readable.
 
@@ -126,6 +127,10 @@ def make_session(
     the 48,000-node merged capture model of a 1,600-node graph the first run took 6-9 s with it and
     0.18 s without (later runs 0.2-0.3 s either way). Capture sessions run a handful of times: they go
     without; models run over a whole evaluation set keep it.
+
+    ``spinning=False`` stops the intra-op threads from spinning after a run (``session.intra_op.allow_spinning``):
+    for sessions timed side by side in one process, where one session's spinning threads take the cores the
+    next one's run needs (:mod:`qdebug.runtime.timing`).
     """
     import onnxruntime as ort
 
@@ -144,6 +149,8 @@ def make_session(
         opts.enable_mem_pattern = False
     if fake_quant:
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads or config.intra_op_threads:
         opts.intra_op_num_threads = threads or config.intra_op_threads
     from qdebug.graph.load import is_large, save_with_external_data

@@ -3,6 +3,11 @@
 Every model gets one session made with the same settings, the same bound inputs, the same warm-up and
 timed runs interleaved in rounds, so that a change of CPU frequency or background load hits them alike.
 (``bench`` measures more carefully, in separate processes: see :mod:`qdebug.bench`.)
+
+The sessions' intra-op threads do not spin after a run (``session.intra_op.allow_spinning`` 0): ORT's default
+keeps a finished session's threads spinning, and with several sessions in one process they took the cores
+the next model's run needed. On a 2-core machine with one busy process beside it, the FP32/INT8 ratio of the
+same pair swung 0.94-1.50 over five repeats with spinning and 1.59-1.77 without (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -55,7 +60,9 @@ def time_sessions(
     each run (all alike, so the comparison stays fair) and ``notes`` gets one
     line per wrong output, naming it with the declared and the returned shape.
     """
-    sessions = {name: make_session(model, config, what=f"{name} model") for name, model in models.items()}
+    sessions = {
+        name: make_session(model, config, what=f"{name} model", spinning=False) for name, model in models.items()
+    }
     inputs = {k: np.asarray(v, order="C") for k, v in feeds.items()}
     wrong = _declared_shape_notes(sessions, inputs)
     bound = _bound_runs(sessions, inputs, fresh_outputs=bool(wrong))

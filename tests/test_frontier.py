@@ -55,6 +55,9 @@ def test_the_proposal_file_carries_the_measured_frontier(tmp_path, cnn):
     # the CNN's BatchNormalization nodes are folded (ORT's documented pre-processing): that recipe's full
     # static INT8 is the answer's base, named between static (the user's model's) and the proposal
     assert labels[:4] == ["fp32", "static", "recipe fold-bn", "proposal"] and "dynamic" in labels
+    # and full static INT8 of its weighted ops only (its Add, Relu, pools stay float): the --op-types point
+    (op_point,) = [p for p in raw["frontier"] if p["label"].startswith("static --op-types ")]
+    assert op_point["label"] == "static --op-types Conv,Gemm" and op_point["changed"].endswith("only")
     by = {p["label"]: p for p in raw["frontier"]}
     assert by["proposal"]["metric"] == raw["expected_metric"] and by["static"]["metric"] == raw["static_metric"]
     assert all(p["p50_ms"] > 0 and p["p95_ms"] >= p["p50_ms"] for p in raw["frontier"])
@@ -91,3 +94,12 @@ def test_a_missed_target_without_fp32_allowed_says_to_allow_it_and_formats_the_m
     assert "dynamic (dynamic) 98.00% meets it at 8 ms" in line and "static (static) 83.40%" in line
     assert "add fp32 (e.g. --allow fp32,calib-flipped)" in line and "spread over the whole model" not in line
     assert "--allow fp32,int16" not in missed_verdict(points, ("fp32", "int16"), "top1")
+
+
+def test_where_static_does_not_pay_a_faster_weighted_ops_only_point_is_named_with_its_flag():
+    points = [_point("fp32", 10.0), _point("static", 11.0), _point("proposal", 11.0),
+              _point("static --op-types Conv,MatMul", 6.0, met=False)]  # fmt: skip
+    lines, slow = speed_verdict(points)
+    assert not slow and "--op-types Conv,MatMul keeps the speed-up" in lines[0] and "6 ms" in lines[0]
+    points[-1] = _point("static --op-types Conv,MatMul", 10.5, met=False)  # not faster: the plain verdict
+    assert "not faster than FP32 here beyond the timing noise" in speed_verdict(points)[0][0]

@@ -25,6 +25,7 @@ from qdebug.prepare import Prepared
 from qdebug.progress import Progress
 from qdebug.propose.recipes import RecipeStage, best_per_family, recipe_label
 from qdebug.propose.search import Search, Trial
+from qdebug.quant.calibrate import op_types_to_quantize
 from qdebug.quant.quantize import (
     QuantSpec,
     dynamic_conv_note,
@@ -79,7 +80,7 @@ def verified_frontier(
     else:
         entries.append(("static", static, None, base_static))
     entries.append(("proposal", final, None, selective))
-    entries += tried
+    entries += tried + _weighted_only(prep, evaluator, pool)
     neighbours = [
         (label, trial, search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)[1])
         for label, trial in _neighbours(search, final)
@@ -124,6 +125,31 @@ def _recipe_points(
         models.append((recipe_label(trial), quantize_model(trial.prep.normalized, trial.prep.ranges, spec)))
     results = score_all(pool, evaluator, [m for _, m in models], numbers_only=True)
     return [(label, None, result, model) for (label, model), result in zip(models, results, strict=True)]
+
+
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+"""The op types whose integer kernels buy the INT8 speed-up: the frontier's ``--op-types`` point keeps to them."""
+
+
+def _weighted_only(prep: Prepared, evaluator: Evaluator, pool: Pool | None) -> list[_Entry]:
+    """Full static INT8 of the weighted op types only (``--op-types Conv,MatMul...``), scored on every
+    evaluation sample: where Q/DQ pairs around Add, Mul, Concat or Resize cost more than their integer kernels
+    save, this point is the faster static model (issue 37: the fix named when INT8 does not pay). Not added
+    when the run's settings restrict the op types already, or when the model quantizes nothing else."""
+    if prep.ranges is None or prep.settings.op_types:
+        return []
+    present = {n.op_type for n in prep.normalized.graph.node}
+    weighted = tuple(op for op in WEIGHTED_OPS if op in present)
+    others = present & set(op_types_to_quantize()) - set(weighted)
+    if not weighted or not others:
+        return []
+    try:
+        spec = QuantSpec.of(prep.settings, op_types=weighted)
+        model = quantize_static_model(prep.normalized, prep.ranges, spec)
+    except QDebugError:
+        return []
+    (result,) = score_all(pool, evaluator, [model], numbers_only=True)
+    return [(f"static --op-types {','.join(weighted)}", None, result, model)]
 
 
 def _neighbours(search: Search, final: Trial) -> list[tuple[str, Trial]]:
@@ -197,6 +223,8 @@ def _changed(label: str, trial: Trial | None) -> str:
         return f"{label.removeprefix('recipe ')} + " + _changed("static", trial)
     if label == "dynamic":
         return "quantize_dynamic (weights INT8, activations at run time)"
+    if label.startswith("static --op-types "):
+        return f"full static INT8 of {label.removeprefix('static --op-types ').replace(',', ', ')} only"
     if trial is None or _size(trial) == 0:
         return "full static INT8" + (" (per-channel weights)" if trial is not None and trial.per_channel else "")
     parts = []
@@ -252,6 +280,13 @@ def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tupl
             f"{static.p95_ms:.3g} ms; FP32 p50 {fp32.p50_ms:.3g} ms): the proposal is judged on accuracy alone; "
             "time it on a quieter machine with qdebug bench"
         )
+    elif not static_buys_speed(fp32, static) and (ops := _faster_weighted_only(points, fp32)) is not None:
+        lines.append(
+            f"full static INT8 is not faster than FP32 here (p50 {static.p50_ms:.3g} vs {fp32.p50_ms:.3g} ms), but "
+            f"{ops.changed} is ({ops.p50_ms:.3g} ms, metric {ops.metric:.4g}): "
+            f"the Q/DQ pairs around the other ops cost more than their integer kernels save; "
+            f"{ops.label.removeprefix('static ')} keeps the speed-up (qdebug profile shows where the time goes)"
+        )
     elif not static_buys_speed(fp32, static):
         lines.append(
             f"full static INT8 is not faster than FP32 here beyond the timing noise (p50 {static.p50_ms:.3g} vs "
@@ -273,6 +308,12 @@ def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tupl
             f"{best.p50_ms:.3g} vs {answer.p50_ms:.3g} ms, FP32 {fp32.p50_ms:.3g} ms)"
         )
     return lines, slow
+
+
+def _faster_weighted_only(points: Sequence[FrontierPoint], fp32: FrontierPoint) -> FrontierPoint | None:
+    """The frontier's ``--op-types`` point when it is faster than FP32 beyond the noise."""
+    ops = next((p for p in points if p.label.startswith("static --op-types ")), None)
+    return ops if ops is not None and static_buys_speed(fp32, ops) else None
 
 
 def _best_option(points: Sequence[FrontierPoint], fp32: FrontierPoint) -> str:

@@ -103,3 +103,15 @@ def test_where_static_does_not_pay_a_faster_weighted_ops_only_point_is_named_wit
     assert not slow and "--op-types Conv,MatMul keeps the speed-up" in lines[0] and "6 ms" in lines[0]
     points[-1] = _point("static --op-types Conv,MatMul", 10.5, met=False)  # not faster: the plain verdict
     assert "not faster than FP32 here beyond the timing noise" in speed_verdict(points)[0][0]
+
+
+def test_where_static_does_not_pay_the_verdict_says_what_this_machines_integer_kernels_are(monkeypatch):
+    """The cause named is the kernels' own answer (the probe), not generic advice: no VNNI where the u8s8
+    kernels saturate, else the Q/DQ and float kernels around the integer ones."""
+    from qdebug.propose import frontier
+
+    points = [_point("fp32", 10.0), _point("static", 10.0), _point("proposal", 10.0)]
+    for saturates, said in ((True, "have no VNNI"), (False, "runs VNNI integer kernels")):
+        monkeypatch.setattr(frontier, "u8s8_saturates", lambda s=saturates: s)
+        (line,) = speed_verdict(points)[0]
+        assert said in line and "judged on accuracy alone" in line

@@ -35,6 +35,7 @@ from qdebug.quant.quantize import (
 )
 from qdebug.records import FrontierPoint
 from qdebug.records.verify import Timing
+from qdebug.runtime.kernels import u8s8_saturates
 from qdebug.runtime.parallel import Pool, score_all
 from qdebug.runtime.timing import time_sessions
 from qdebug.vocabulary import RECIPES, quantizer_of, spec_changes
@@ -290,8 +291,7 @@ def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tupl
     elif not static_buys_speed(fp32, static):
         lines.append(
             f"full static INT8 is not faster than FP32 here beyond the timing noise (p50 {static.p50_ms:.3g} vs "
-            f"{fp32.p50_ms:.3g} ms): on this CPU and provider static INT8 kernels buy little or no speed (check "
-            "its int8 support, e.g. VNNI); the proposal is judged on accuracy alone"
+            f"{fp32.p50_ms:.3g} ms): {_why_int8_does_not_pay()}; the proposal is judged on accuracy alone"
         )
     elif slower_than_fp32(fp32, answer):
         slow = True
@@ -308,6 +308,20 @@ def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tupl
             f"{best.p50_ms:.3g} vs {answer.p50_ms:.3g} ms, FP32 {fp32.p50_ms:.3g} ms)"
         )
     return lines, slow
+
+
+def _why_int8_does_not_pay() -> str:
+    """What this machine's integer kernels say about static INT8 not paying (asked of ORT: the probe of
+    :mod:`qdebug.runtime.kernels`, not the CPU flags)."""
+    if u8s8_saturates():
+        return (
+            "this CPU's u8s8 integer kernels have no VNNI (they sum through a saturating int16), so they gain "
+            "little over float; a CPU with AVX-VNNI or AVX512-VNNI runs them faster"
+        )
+    return (
+        "this CPU runs VNNI integer kernels, so the time goes around them: Q/DQ pairs and float kernels between "
+        "integer ones (qdebug profile FP32.onnx INT8.onnx names them, node by node)"
+    )
 
 
 def _faster_weighted_only(points: Sequence[FrontierPoint], fp32: FrontierPoint) -> FrontierPoint | None:

@@ -37,7 +37,8 @@ def _propose(report, out, monkeypatch, target: str = "1") -> tuple[dict, list]:
         return original(model, ranges, spec, *args, **kwargs)
 
     monkeypatch.setattr(search, "quantize_model", counted)
-    code = main(["propose", str(report), "--target-drop", target, "-o", str(out), "-q", "--max-evaluations", "6"])
+    argv = ["propose", str(report), "--target-drop", target, "--max-evaluations", "6", "--recipes", "none"]
+    code = main([*argv, "-o", str(out), "-q"])
     assert code in (0, 6)
     return json.loads(out.read_text()), built
 

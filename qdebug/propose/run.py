@@ -61,7 +61,15 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     _check_allow,
     make_target,
 )
-from qdebug.propose.recipes import SPEED_RUNS, RecipeStage, recipe_label, replaces, run_recipes
+from qdebug.propose.recipes import (
+    SPEED_RUNS,
+    RecipeStage,
+    RecipeTrial,
+    better_on_both_axes,
+    recipe_label,
+    replaces,
+    run_recipes,
+)
 from qdebug.propose.recipes import wanted as wanted_recipes
 from qdebug.propose.reuse import analyzed_static, offer_analyzed_inference
 from qdebug.propose.screen import confirm_on_all, screening_evaluator, start_on_all
@@ -262,6 +270,9 @@ def _propose(
     stage, search, answer = _deferred_answer(
         stage, found.search, found.report, found.answer, found.rerank, allow,
         lambda changes: _search(prep, report, screened, screen_target, options, progress, pool, changes)[0],
+        lambda deferred, mine, model, value: better_on_both_axes(
+            deferred, mine, prep, screened, SPEED_RUNS if options.time_runs > 0 else 0, model, value
+        ),
     )  # fmt: skip
     if search is found.search:  # the answer is still the per-node search's: the best recipe may do better
         stage, found = _on_runner_up(stage, found, report, run)
@@ -605,16 +616,21 @@ def _deferred_answer(
     rerank: Rerank,
     allow: Sequence[str],
     new_search: Callable[[Mapping[str, object]], Search],
+    timed: Callable[[RecipeTrial, float, onnx.ModelProto, float], str] | None = None,
 ) -> tuple[RecipeStage, Search, _Answer]:
     """The per-node search's ``answer``, or the stage's deferred dynamic or mixed recipe where that replaces
     it (:func:`~qdebug.propose.recipes.replaces`): then a search on the recipe's quantizer (``new_search``),
-    whose first trial, the recipe's model, meets the target."""
+    whose first trial, the recipe's model, meets the target. ``timed``: why the recipe is better on both axes
+    than the answer's model and score (:func:`~qdebug.propose.recipes.better_on_both_axes`), "" when not."""
     final = answer[1]
     if stage.deferred is None:
         return stage, search, answer
     ops = {n.name: n.op_type for n in search.normalized.graph.node}
     met = final.met and search.fits(final)
     why = replaces(stage.deferred, met, final.nodes, len(search.structure.excludable), ops)
+    if not why and met and timed is not None:
+        assert stage.deferred.result is not None
+        why = timed(stage.deferred, search.target.value(stage.deferred.result), answer[3], search.score(final))
     if not why:
         return stage, search, answer
     stage = stage.with_chosen(stage.deferred)

@@ -39,7 +39,9 @@ def _changed_units(p: dict) -> int:
 
 @pytest.mark.parametrize("kind", ["detector_concat", "outlier_residual", "decomposed_layernorm", "two_culprits"])
 def test_the_answer_is_no_larger_than_the_planted_culprits(kind, tmp_path):
-    rec, code, p = _analyze_and_propose(kind, tmp_path)
+    # the per-node search's answer: with recipes, quantize_dynamic (which meets on some kinds) may be taken where
+    # a timed comparison finds it faster on this machine
+    rec, code, p = _analyze_and_propose(kind, tmp_path, "--recipes", "none")
     assert code == 0, p["reasons"]
     assert _changed_units(p) <= len(rec.culprits), (p["nodes_to_exclude"], rec.culprits)
     if p["nodes_to_exclude"] and not p["tensor_overrides"]:

@@ -410,10 +410,24 @@ def _side(r: Report, path: str) -> ReportSide:
                       len(r.nodes))  # fmt: skip
 
 
+UNRELATED_SHARE = 0.5
+"""Below this share of the smaller report's nodes paired, the two reports are taken for different models."""
+
+
+def _unrelated(nodes_a: int, nodes_b: int, paired: int) -> bool:
+    """Whether so few nodes pair that A and B look like different models: a diff of two unrelated models had
+    exited 0 pairing a few look-alike nodes (``head/gemm -> fc``) without a word, its deltas read as real."""
+    smaller = min(nodes_a, nodes_b)
+    return smaller > 0 and paired < UNRELATED_SHARE * smaller
+
+
 def _notes(
     a: Report, b: Report, nodes: Sequence[NodeChange], only_a: Sequence[str], only_b: Sequence[str]
 ) -> list[str]:
     notes = []
+    if _unrelated(len(a.nodes), len(b.nodes), len(nodes)):
+        notes.append(f"A and B look like different models: {len(nodes)} of A's {len(a.nodes)} nodes and B's "
+                     f"{len(b.nodes)} paired, so the pairs may be unrelated layers")  # fmt: skip
     if a.task is not None and b.task is not None and a.task.name != b.task.name:
         notes.append(f"the task metrics differ ({a.task.name} in A, {b.task.name} in B): compare their drops, "
                      "not their values")  # fmt: skip

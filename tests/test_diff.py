@@ -237,6 +237,53 @@ def test_a_node_inserted_upstream_still_pairs_what_follows():
     assert pair_nodes(a, b) == {"c2": ("c", "structure"), "r2": ("r", "structure"), "s2": ("s", "structure")}
 
 
+def test_unrelated_models_get_a_note_and_keep_exit_0(tmp_path, capsys):
+    """Two different models paired one look-alike Gemm (``head/gemm -> fc``) without a word (issue 38)."""
+    from qdebug.output.report_io import save_report
+
+    cnn = _report([(n, n, op, [i], [o]) for n, op, i, o in (
+        ("stem/conv", "Conv", "x", "c"), ("stem/relu", "Relu", "c", "r"), ("pool", "GlobalAveragePool", "r", "p"),
+        ("head/gemm", "Gemm", "p", "y"))])  # fmt: skip
+    mlp = _report([(n, n, op, [i], [o]) for n, op, i, o in (
+        ("embed", "MatMul", "x", "e"), ("ln", "LayerNormalization", "e", "n"), ("act", "Softmax", "n", "s"),
+        ("fc", "Gemm", "s", "y"))])  # fmt: skip
+    diff = compare(cnn, mlp)
+    assert [(n.name_a, n.name_b) for n in diff.nodes] == [("head/gemm", "fc")]
+    assert diff.notes[0] == (
+        "A and B look like different models: 1 of A's 4 nodes and B's 4 paired, so the pairs may be unrelated layers"
+    )
+    assert not any("different models" in n for n in compare(cnn, cnn).notes)  # the same model: no such note
+    save_report(cnn, tmp_path / "a.json")
+    save_report(mlp, tmp_path / "b.json")
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0  # diff documents no code for it
+    assert "note: A and B look like different models" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_long_names_fold_and_keep_their_layer_index(columns, tmp_path, capsys, monkeypatch):
+    """At 120 columns the table leaves the names 12 cells: ``layer0/attn/v_matmul`` became ``lay…v_matmul``,
+    its layer index gone; names now fold over up to three lines, whole (issue 38)."""
+    import sys
+
+    from qdebug.cli.diff import print_diff
+
+    spec = [(f"layer{i}/attn/{op}_matmul", "x", "MatMul", ["x"], [f"t{i}{op}"]) for i in range(2) for op in "qkv"]
+    spec += [("layer1/ln2", "x", "LayerNormalization", ["t1v"], ["y"])]
+    a = _report(spec, added={name: -30.0 - k for k, (name, *_) in enumerate(spec)})
+    b = _report(spec, added={name: -20.5 - 2 * k for k, (name, *_) in enumerate(spec)})
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # the width of a terminal of that many columns
+    print_diff(compare(a, b), top=0)
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("│")]
+    assert all(len(line) <= columns for line in table)
+    column = "".join(line.split("│")[1].strip() for line in table)
+    assert "…" not in column, out
+    for name, *_ in spec:
+        assert name in column, (name, out)
+    assert "│ layer0/attn/" in out  # folded after a separator, not inside a component
+
+
 def test_verdict_and_ranking():
     assert verdict(0.05, math.nan) == "same"
     assert verdict(1.0, -5.0) == "worse" and verdict(-1.0, 5.0) == "better"

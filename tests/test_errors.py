@@ -253,6 +253,53 @@ def test_usage_errors_are_one_line_naming_the_subcommand(capsys):
         assert err.count("\n") == 1 and "--help" in err, err
 
 
+def test_every_overview_help_line_is_a_whole_sentence(capsys):
+    """``qdebug --help`` shows each subcommand's first docstring line: diff's had stopped mid-sentence
+    ("...; with three or more, which") because its first sentence ran on to a second line (issue 38)."""
+    import importlib
+
+    from qdebug.cli.main import SUBCOMMANDS
+
+    for name in SUBCOMMANDS:
+        doc = (importlib.import_module(f"qdebug.cli.{name}").__doc__ or "").strip().splitlines()
+        assert doc[0].endswith("."), (name, doc[0])
+        assert len(doc) == 1 or not doc[1].strip(), (name, doc[:2])  # the sentence ends on its line
+    assert main(["--help"]) == 0
+    assert "which nodes got better or worse, and" in capsys.readouterr().out
+
+
+def test_an_unknown_metric_names_the_built_in_ones_and_the_hook_forms(tmp_path, capsys):
+    """``--metric top5`` had said only "is not module:function": it now lists what exists (issue 38)."""
+    from qdebug.evaluation.evaluate import BUILTIN
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    args = ["analyze", model, "--calib", calib, "--metric", "top5", "-o", tmp_path / "r.json", "-q"]
+    code, err = run_cli(args, capsys)
+    assert code == ExitCode.USAGE
+    assert_one_line(err, "unknown metric 'top5'", *BUILTIN, "package.module:function", "path/to/file.py:function")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_report_passed_as_the_proposal_is_named_with_the_command_that_makes_one(tmp_path, capsys):
+    """``verify --proposal report.json`` had said "not a qdebug proposal (kind None)" (issue 38)."""
+    import json
+
+    from qdebug.output.report_io import save_report
+    from tests.tui_report import make_report
+
+    model, calib = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    save_report(make_report(), report)
+    code, err = run_cli(["verify", model, "--calib", calib, "--proposal", report, "--runs", "0"], capsys)
+    assert code == ExitCode.INPUT
+    assert_one_line(err, f"{report} is an analysis report", "not a proposal", f"qdebug propose {report} -o")
+    assert "kind None" not in err
+    (tmp_path / "d.json").write_text(json.dumps({"schema_version": 1, "kind": "diff"}))
+    code, err = run_cli(["verify", model, "--calib", calib, "--proposal", tmp_path / "d.json"], capsys)
+    assert code == ExitCode.INPUT
+    assert_one_line(err, "is a qdebug diff file, not a proposal", "qdebug propose")
+
+
 def test_negative_threads_is_a_usage_error(tmp_path, capsys):
     model = small_cnn(tmp_path / "m.onnx")
     args = ["analyze", model, "--calib", small_data(tmp_path / "c.npz"), "-o", tmp_path / "r.json"]

@@ -37,9 +37,9 @@ from tests.recurrent_models import (
 )
 
 LSTM_BYTES = (128 * 64 + 128 * 32 + 256) * 4
-"""W [1, 128, 64], R [1, 128, 32] and B [1, 256] of the reader's LSTM, float32: 50.2 kB."""
+"""W [1, 128, 64], R [1, 128, 32] and B [1, 256] of the reader's LSTM, float32: 49.0 KiB."""
 READER_BYTES = (32 * 9 + 32 + 32 * 32 * 9 + 32 + 32 * 40 + 40) * 4 + LSTM_BYTES + 3 * 8
-"""Every weight of the reader, its int64 Reshape target included: 93.8 kB."""
+"""Every weight of the reader, its int64 Reshape target included: 91.6 KiB."""
 
 
 def _run(argv: list[str | Path], capsys) -> tuple[int, str, str]:
@@ -74,10 +74,10 @@ def test_analyze_says_the_lstm_stays_fp32_with_its_share_of_the_weights(reader, 
     report, stdout = _analyze(model, data, tmp_path / "r.json", capsys)
     assert not report.node(LSTM_NODE).quantized
     (note,) = [n for n in report.notes if n.startswith(RECURRENT_START)]
-    assert f"{LSTM_NODE} (LSTM) stay FP32 and keep 50.2 kB of the model's 93.8 kB of weights float (54%" in note
+    assert f"{LSTM_NODE} (LSTM) stay FP32 and keep 49.0 KiB of the model's 91.6 KiB of weights float (54%" in note
     qdq = weight_bytes(onnx.load(report.quantized_model.path))
     assert qdq.of(LSTM_NODE) == LSTM_BYTES  # the LSTM's weights are in the quantized model as they were
-    assert "50.2 kB of them float" in note and "ORT's static quantizer does not quantize" in note
+    assert "49.0 KiB of them float" in note and "ORT's static quantizer does not quantize" in note
     # the summary says it next to the metric, before the table of worst nodes
     assert stdout.index(f"note: {RECURRENT_START}") < stdout.index("worst ")
     assert not any(n.startswith(FLOAT_WEIGHTS_START) for n in report.notes)  # nothing else big stays float
@@ -126,8 +126,8 @@ def test_float_size_note_only_where_float_weights_dominate():
 
     lstm = WeightBytes(total=54_000_000, floating=26_000_000, by_node=((LSTM_NODE, "LSTM", 26_000_000),))
     note = float_size_note(lstm)
-    assert note is not None and note.startswith("26 MB of its 54 MB of weights stay float (48%)")
-    assert f"{LSTM_NODE} (LSTM, 26 MB)" in note and "does not quantize LSTM" in note
+    assert note is not None and note.startswith("24.80 MiB of its 51.50 MiB of weights stay float (48%)")
+    assert f"{LSTM_NODE} (LSTM, 24.80 MiB)" in note and "does not quantize LSTM" in note
     assert float_size_note(WeightBytes(total=54_000_000, floating=1_000_000)) is None
 
 
@@ -160,9 +160,9 @@ def test_verify_and_bench_say_how_much_of_each_size_is_float(reader, tmp_path, c
     b = {x.name: x for x in load_bench(bench).variants}
     assert b["static"].float_weight_bytes == LSTM_BYTES and b["fp32"].float_weight_bytes == READER_BYTES - 24
     assert b["dynamic"].float_weight_bytes < LSTM_BYTES / 10  # quantize_dynamic's LSTM has int8 weights
-    assert any("50.2 kB of its" in n and "LSTM" in n for n in b["static"].notes)
+    assert any("49.0 KiB of its" in n and "LSTM" in n for n in b["static"].notes)
     assert not any("stay float" in n for n in b["dynamic"].notes)
-    assert "float wts" in stdout and "50.2 kB 8" in stdout
+    assert "float wts" in stdout and "49.0 KiB 8" in stdout  # KiB, as verify prints it
     _older_files_still_load(out, bench, tmp_path)
 
 

@@ -296,6 +296,29 @@ def test_the_flip_rule_per_kind():
     assert flipped("value", values, values.copy(), None, np.full(100, np.nan)) == []
 
 
+def test_a_value_metrics_list_says_it_is_the_worst_share_not_flips():
+    """For a value metric the listed samples are the worst 5 % by it, a quantile of fixed size: "5 of
+    static's 5 recovered, 0 still flip, 5 new" read as a measurement (issue 38)."""
+    from qdebug.records.samples import SampleFlip, VariantSamples
+
+    def variant(name: str, worst: list[int]) -> VariantSamples:
+        flips = tuple(SampleFlip(i, "eval.npz[0:100]", i, None, 30.0, 20.0, "worse", 20.0) for i in worst)
+        return VariantSamples(name, (25.0,) * 100, len(flips), flips)
+
+    variants = (variant("static", [1, 2, 3, 4, 5]), variant("selective", [1, 2, 7, 8, 9]))
+    section = SampleSection(1, "output_sqnr_db", "value", "eval", 100, "worst 5%", (30.0,) * 100, None, variants, 200)
+    lines = section.summary_lines()
+    assert lines[0] == "worst samples (output_sqnr_db per sample vs FP32, 100 eval samples; no value flips):"
+    assert lines[1] == "  static: 5 of 100 samples listed, its worst 5% by output_sqnr_db (not flips)"
+    assert lines[3] == (
+        "  selective vs static, each one's worst 5%: 2 samples in both, 3 only in static's, 3 only in selective's"
+    )
+    assert not any("recovered" in line or "still flip" in line for line in lines)
+    from qdebug.output.ci_outputs import samples_markdown  # the Markdown summary says it the same way
+
+    assert section.count_line("static") in samples_markdown(section)
+
+
 def test_clip_rate_per_tensor_and_per_channel():
     fq = FakeQuant(np.array(0.1, dtype=np.float32), np.array(128, dtype=np.uint8))
     x = np.array([-13.0, -12.8, 0.0, 12.7, 12.8, np.nan], dtype=np.float32)  # levels 128 +- 127.5 round off

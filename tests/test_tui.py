@@ -548,7 +548,7 @@ def test_bench_view_text():
     assert [c["name"] for c in cells] == ["1 fp32", "2 dynamic", "3 static", "4 selective", "5 qoperator"]
     assert cells[0] == {
         "name": "1 fp32", "metric": "98.00%", "sqnr": "+inf", "p50": "0.841", "p95": "0.900",
-        "throughput": "38050", "rss": "80", "size": "1.8 MB", "speedup": "1.00x",
+        "throughput": "38050", "rss": "80", "size": "1.72 MiB", "speedup": "1.00x",
     }  # fmt: skip
     assert (cells[2]["metric"], cells[2]["sqnr"], cells[2]["speedup"]) == ("83.60%", "13.5", "1.14x")
     assert cells[4]["metric"] == "failed" and cells[4]["p50"] == "" and cells[4]["size"] == "-"
@@ -967,10 +967,10 @@ def test_bench_screen_shows_variants_machine_and_chart(tmp_path):
             table = screen.query_one(BenchTable)
             header = [str(c.label) for c in table.columns.values()]
             assert header[:5] == ["variant", "top1", "SQNR", "p50 ms", "p95 ms"]  # metric named by the bench
-            assert header[5:] == ["samples/s", "RSS MB", "size", "×FP32"]
+            assert header[5:] == ["samples/s", "RSS MiB", "size", "×FP32"]
             rows = [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
-            assert rows[0] == ["1 fp32", "98.00%", "+inf", "0.841", "0.900", "38050", "80", "1.8 MB", "1.00x"]
-            static = ["3 static", "83.60%", "13.5", "0.739", "0.790", "43302", "81", "520 kB", "1.14x"]
+            assert rows[0] == ["1 fp32", "98.00%", "+inf", "0.841", "0.900", "38050", "80", "1.72 MiB", "1.00x"]
+            static = ["3 static", "83.60%", "13.5", "0.739", "0.790", "43302", "81", "507.8 KiB", "1.14x"]
             assert rows[2] == static
             assert rows[3][:4] == ["4 selective", "97.60%", "25.0", "0.774"] and rows[3][-1] == "1.09x"
             assert rows[4][:2] == ["5 qoperator", "failed"]
@@ -1025,6 +1025,35 @@ def test_cli_bench_file_errors_and_screenshot(tmp_path, capsys):
     assert main(["tui", str(report_path), "--screenshot", str(folder)]) == 7
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a directory -- give a file name with --screenshot" in err
+
+
+def test_cli_screenshot_refuses_a_name_that_is_not_svg(tmp_path, capsys):
+    """Textual draws SVG only: ``--screenshot shot.png`` had written SVG into a .png without a word (issue 38)."""
+    from qdebug.cli.main import main
+
+    report_path = tmp_path / "r.json"
+    save_report(REPORT, report_path)
+    for name in ("shot.png", "shot"):
+        assert main(["tui", str(report_path), "--screenshot", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the screenshot is an SVG image" in err, err
+        assert "name it shot.svg" in err and not (tmp_path / name).exists()
+    assert main(["tui", str(report_path), "--screenshot", str(tmp_path / "shot.SVG")]) == 0
+    assert (tmp_path / "shot.SVG").read_text().startswith("<svg")
+
+
+def test_bench_prints_sizes_in_the_binary_units_verify_uses(capsys):
+    """One model's size read as two numbers: bench printed kB/MB, verify KiB/MiB (issue 38)."""
+    from qdebug.cli.bench import print_table
+    from qdebug.output.formatting import fmt_size
+    from qdebug.records.verify import fmt_binary_size
+
+    assert fmt_size(520_000) == fmt_binary_size(520_000) == "507.8 KiB" and fmt_size(0) == "-"
+    assert fmt_size(1_800_000) == fmt_binary_size(1_800_000) == "1.72 MiB"
+    print_table(make_bench())
+    out = capsys.readouterr().out
+    assert "507.8 KiB" in out and "1.72 MiB" in out and "peak RSS MiB" in out
+    assert not re.search(r"\d (kB|MB|GB)\b", out) and "RSS MB" not in out, out
 
 
 def test_detail_and_summary_text():

@@ -12,7 +12,7 @@ import html
 import math
 from dataclasses import dataclass
 
-from qdebug.output.formatting import ACCURACY_METRICS
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_size
 from qdebug.records.bench import BenchReport, VariantResult
 
 _COLORS = {
@@ -239,5 +239,5 @@ def _point_title(v: VariantResult, scale: float) -> str:
     assert v.full is not None
     return (
         f"{v.name}: p50 {v.full.p50_ms:.3f} ms, p95 {v.full.p95_ms:.3f} ms, "
-        f"metric {v.metric_value * scale:.4g}, {v.model_bytes / 1e6:.2f} MB"
+        f"metric {v.metric_value * scale:.4g}, {fmt_size(v.model_bytes)}"
     )

@@ -168,7 +168,7 @@ def _ms(x: float) -> str:
 
 
 def _float_weights(v) -> str:
-    """``"50.2 kB 82%"``: the variant's float weights and their share of its weights -- what quantization did
+    """``"49.0 KiB 82%"``: the variant's float weights and their share of its weights -- what quantization did
     not shrink (``-`` in a bench.json written before the field)."""
     if v.float_weight_bytes is None or not v.weight_bytes:
         return "-"
@@ -222,7 +222,7 @@ def print_table(report: BenchReport) -> None:
         "p99 ms",
         "samples/s",
         "speedup",
-        "peak RSS MB",
+        "peak RSS MiB",
         "py B/batch",
         report.metric,
         "out SQNR dB",

@@ -1,5 +1,4 @@
-"""Compare analysis reports: which nodes got better or worse, and by how much; with three or more, which
-report quantizes each tensor best.
+"""Compare analysis reports: which nodes got better or worse, and by how much.
 
 A and B are reports of the same model (another calibration method, ORT version or data set) or of two
 versions of it. Nodes are paired by name where the model named them, else through the graph (op type,
@@ -12,10 +11,11 @@ Example:
   qdebug analyze model.onnx --calib calib.npz --method percentile -o percentile.json
   qdebug diff minmax.json percentile.json --top 15 --json diff.json
 
-With three or more reports (e.g. ``analyze --method minmax,entropy,percentile -o r.json`` writes
-r.minmax.json, r.entropy.json, r.percentile.json), each tensor is paired with the first report's and the
-table names the report whose own quantization of it is closest to FP32 (highest local SQNR), by how much,
-and every report's local and accumulated SQNR; the header gives each one's task metric and wins:
+With three or more reports, diff says which report quantizes each tensor best: each tensor is paired with
+the first report's, and the table names the report whose own quantization of it is closest to FP32
+(highest local SQNR), by how much, and every report's local and accumulated SQNR; the header gives each
+one's task metric and wins (``analyze --method minmax,entropy,percentile -o r.json`` writes
+r.minmax.json, r.entropy.json, r.percentile.json):
   qdebug diff r.minmax.json r.entropy.json r.percentile.json
 
 """
@@ -27,7 +27,7 @@ import sys
 
 from qdebug.cli.common import non_negative_int
 from qdebug.output.ci_outputs import MARKDOWN_HELP
-from qdebug.output.formatting import prefix_note
+from qdebug.output.formatting import cells, fold_name, prefix_note
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,18 +95,22 @@ def print_diff(result, top: int = 10, wide: bool = False) -> None:
         console.print(line)
     rows = result.table_rows(top)
     if rows:
-        names, prefix = _names(rows, console, wide)
+        names, prefix, width = _names(rows, console, wide)
         if prefix:
             console.print(prefix_note(prefix))
+        shown = [name if wide else "\n".join(fold_name(name, width, NAME_LINES)) for name in names]
         table = Table(title=f"{len(rows)} of {len(result.nodes)} paired nodes, biggest change of added noise first "
                       "(B - A)")  # fmt: skip
         for col in TABLE_COLUMNS:
-            if col == "node":  # already fitted (or --wide): rich must not cut it again
-                table.add_column(col, no_wrap=not wide, overflow="fold" if wide else "ellipsis")
+            if wide and col == "node":
+                table.add_column(col, overflow="fold")
+            elif col == "node":  # already fitted and folded: rich must neither squeeze nor cut it again
+                longest = max(cells(line) for name in shown for line in name.splitlines())
+                table.add_column(col, no_wrap=True, min_width=min(width, longest), overflow="ellipsis")
             else:
                 table.add_column(col, justify="left" if col in ("op", "B vs A") else "right")
-        for name, (_, cells) in zip(names, rows, strict=True):
-            table.add_row(name, *cells)
+        for name, (_, row) in zip(shown, rows, strict=True):
+            table.add_row(name, *row)
         console.print(table)
         if any(n.name_a != n.name_b for n, _ in rows) and not any(" -> " in x for x in names):
             console.print("(renamed nodes show their name in B; --wide shows both, as a -> b)")
@@ -118,14 +122,20 @@ def print_diff(result, top: int = 10, wide: bool = False) -> None:
         console.print(f"note: {note}")
 
 
-def _names(rows, console, wide: bool) -> tuple[list[str], str]:
-    """``(shown names, dropped prefix)`` of the node column: B's names, ``a -> b`` where a node was renamed.
+NAME_LINES = 3
+"""Lines a node name may take in the table (:func:`~qdebug.output.formatting.fold_name`): the other columns
+leave the names 12 cells at 120 columns, too few for ``layer0/attn/v_matmul`` on one line."""
+
+
+def _names(rows, console, wide: bool) -> tuple[list[str], str, int]:
+    """``(shown names, dropped prefix, column width)`` of the node column: B's names, ``a -> b`` where a node
+    was renamed, each at most :data:`NAME_LINES` column widths long (the caller folds them).
 
     As analyze's table fits its names (:func:`~qdebug.output.formatting.table_names`); where ``a -> b`` does not
-    fit, A's and B's names are shortened apart, each to half the column, so that the arrow stays visible,
+    fit, A's and B's names are shortened apart, each to half the room, so that the arrow stays visible,
     or, in a column too narrow for two names, B's alone (``--wide`` shows both).
     """
-    from qdebug.output.formatting import MIN_NAME_WIDTH, cells, name_column_width, table_names, table_overhead
+    from qdebug.output.formatting import MIN_NAME_WIDTH, name_column_width, table_names, table_overhead
     from qdebug.records.diff import TABLE_COLUMNS, node_label
 
     labels = [node_label(n) for n, _ in rows]
@@ -133,18 +143,19 @@ def _names(rows, console, wide: bool) -> tuple[list[str], str]:
     if wide:
         if not console.is_terminal:
             console.width = max(console.width, table_overhead(others) + max(map(cells, labels)))
-        return labels, ""
-    width = name_column_width(console.width, others)
+        return labels, "", console.width
+    column = name_column_width(console.width, others)
+    width = column * NAME_LINES
     if all(n.name_a == n.name_b for n, _ in rows) or all(cells(x) <= width for x in labels):
         prefix, shown = table_names(labels, width)
-        return shown, prefix
+        return shown, prefix, column
     if width < 2 * MIN_NAME_WIDTH + 4:  # no room for both: B's names, A's with --wide
         prefix, shown = table_names([n.name_b for n, _ in rows], width)
-        return shown, prefix
+        return shown, prefix, column
     half = (width - 4) // 2
     prefix_a, shown_a = table_names([n.name_a for n, _ in rows], half)
     prefix_b, shown_b = table_names([n.name_b for n, _ in rows], half)
     shown = [b if n.name_a == n.name_b else f"{a} -> {b}"
              for (n, _), a, b in zip(rows, shown_a, shown_b, strict=True)]  # fmt: skip
     prefix = " and ".join(f"{p} in {side}" for p, side in ((prefix_a, "A"), (prefix_b, "B")) if p)
-    return shown, prefix
+    return shown, prefix, column

@@ -64,7 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="another report of the same model to compare with: adds columns ΔAdd/ΔAcc (this minus it)",
     )
     p.add_argument(
-        "--screenshot", default=None, help="write an SVG screenshot of the app to this path and exit"
+        "--screenshot",
+        default=None,
+        metavar="SHOT.svg",
+        help="write an SVG screenshot of the app to this path (its name must end in .svg) and exit",
     )
 
 
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 "the bench result": args.bench,
             },
         )
+        _check_svg_name(args.screenshot)
 
         save_screenshot(
             report_path, args.screenshot, proposal_path=args.proposal, bench_path=args.bench, baseline=baseline
@@ -114,6 +118,19 @@ def run(args: argparse.Namespace) -> int:
     return run_tui(
         report_path, args.proposal, verify_fn=make_tui_verify(report), bench_path=args.bench, baseline=baseline
     )
+
+
+def _check_svg_name(path: str) -> None:
+    """Refuse a screenshot name that says another format: Textual draws SVG only, and ``shot.png`` holding
+    SVG had been written without a word (an image viewer then calls it broken)."""
+    suffix = Path(path).suffix
+    if suffix.lower() != ".svg":
+        said = f"ends in {suffix}" if suffix else "has no suffix"
+        raise QDebugError(
+            f"--screenshot {path}: the screenshot is an SVG image, but the name {said}",
+            f"name it {Path(path).with_suffix('.svg').name}; for a PNG, convert that afterwards (e.g. rsvg-convert)",
+            ExitCode.USAGE,
+        )
 
 
 def _open(args: argparse.Namespace) -> tuple[str, Report, Baseline | None]:

@@ -51,6 +51,19 @@ from qdebug.runtime.capture import SessionConfig, make_session, run_session
 BUILTIN = ("top1", "top1_agreement", "exact_match", "output_sqnr_db")
 
 
+def _check_hook_form(metric: str) -> None:
+    """Refuse a metric that is neither built in nor a hook, naming both forms: a misspelled or guessed name
+    (``top5``) had been read as a malformed hook ("is not module:function"), which said nothing of the metrics
+    qdebug has."""
+    module, _, func = metric.rpartition(":")
+    if not module or not func:
+        raise QDebugError(
+            f"unknown metric {metric!r}: the built-in metrics are auto, {', '.join(BUILTIN)}",
+            "pass one of them, or your own as package.module:function or path/to/file.py:function",
+            ExitCode.USAGE,
+        )
+
+
 @dataclass(frozen=True)
 class EvalResult:
     """Score of one candidate model."""
@@ -611,6 +624,7 @@ class Evaluator:
             )
         if metric in BUILTIN:
             return metric, None
+        _check_hook_form(metric)
         return metric, load_hook(metric, "metric")
 
     def _run(self, session, feeds) -> dict[str, np.ndarray]:

@@ -246,7 +246,7 @@ def _verify_rows(result: VerifyResult) -> list[tuple[str, ...]]:
 
 def _float_weights(v: object, size=fmt_size) -> str:
     """The variant's float weights and their share of its weights (``-``: not in this file); ``size`` formats
-    the bytes (bench's kB, verify's KiB)."""
+    the bytes (verify's own size formatter, or bench's: both KiB/MiB)."""
     floats, total = getattr(v, "float_weight_bytes", None), getattr(v, "weight_bytes", None)
     if floats is None or not total:
         return "-"
@@ -282,7 +282,7 @@ def bench_markdown(report: BenchReport) -> str:
         f"{cell(m.cpu_model)} ({m.arch}, {m.cpus_available} CPUs), INT8 flags: {flags}; ORT {m.ort_version}; "
         f"{report.samples} samples in batches of {report.batch_size}, {report.runs} timed passes\n\n"
     )
-    cols = ("variant", "size", "float wts", "p50 ms", "p95 ms", "p99 ms", "samples/s", "speedup", "peak RSS MB",
+    cols = ("variant", "size", "float wts", "p50 ms", "p95 ms", "p99 ms", "samples/s", "speedup", "peak RSS MiB",
             report.metric, "out SQNR dB")  # fmt: skip
     rows = []
     for v in report.variants:

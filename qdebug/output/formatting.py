@@ -36,13 +36,18 @@ def fmt_metric(name: str, x: float) -> str:
 
 
 def fmt_size(n: int) -> str:
-    """Bytes on disk in kB/MB/GB, 3 significant digits (``-`` when unknown: 0 or less)."""
-    if n <= 0:
-        return "-"
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{n} B"
+    """Bytes on disk as :func:`fmt_binary_size` writes them, ``-`` when unknown (0 or less).
+
+    Binary units everywhere: bench had printed kB/MB while verify printed KiB/MiB, so one model's size
+    read as two different numbers (23.8 kB against 23.2 KiB).
+    """
+    return "-" if n <= 0 else fmt_binary_size(n)
+
+
+def fmt_binary_size(n: int) -> str:
+    """A model size in KiB below 1 MiB, else MiB: ``49.0 KiB``, ``1.23 MiB`` (verify's and bench's tables, their
+    notes too)."""
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"
 
 
 # --------------------------------------------------------------------------- node names
@@ -93,6 +98,31 @@ def shorten(name: str, width: int) -> str:
     if width <= 1:
         return ELLIPSIS[:width]
     return _split(name, width, (width - 1) // 2)
+
+
+def fold_name(name: str, width: int, lines: int) -> list[str]:
+    """``name`` as at most ``lines`` lines of ``width`` cells, for a table column too narrow for it on one.
+
+    Each line ends just after a separator (or a space, in ``a -> b``) where one falls in its second half,
+    so components stay whole (``layer0/attn/`` over ``v_matmul``); a name that would then need more than
+    ``lines`` lines is cut at the width instead. Cutting the name to one line instead had dropped what
+    told rows apart: ``layer0/attn/v_matmul`` became ``lay…v_matmul``, its layer index gone. A name
+    longer than ``lines * width`` cells is the caller's to shorten first (:func:`table_names`).
+    """
+    width = max(width, 1)
+
+    def folded(breaks: str) -> list[str]:
+        out, rest = [], name
+        while cells(rest) > width:
+            head = _fit(rest, width) or rest[0]
+            cut = max((i + 1 for i, ch in enumerate(head) if ch in breaks), default=0)
+            cut = cut if cut > len(head) // 2 else len(head)
+            out.append(rest[:cut].rstrip(" "))
+            rest = rest[cut:].lstrip(" ")
+        return [*out, rest]
+
+    at_separators = folded(NAME_SEPARATORS + " ")
+    return at_separators if len(at_separators) <= lines else folded("")
 
 
 def common_prefix(names: Sequence[str], separators: str = NAME_SEPARATORS) -> str:

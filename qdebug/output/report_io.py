@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import math
+import shlex
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -444,17 +445,32 @@ def load_proposal(path: str | Path) -> Proposal:
     p = Path(path)
     if p.is_file():
         try:
-            kind = json.loads(p.read_text(encoding="utf-8")).get("kind")
-        except (ValueError, AttributeError, UnicodeDecodeError):
-            kind = None  # load_record explains
-        else:
-            if kind != "proposal":
-                raise QDebugError(
-                    f"{p} is not a qdebug proposal (kind {kind!r})",
-                    "pass the proposal.json written by qdebug propose or exported by the TUI",
-                    ExitCode.INPUT,
-                )
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            data = None  # load_record explains
+        if isinstance(data, dict) and "schema_version" in data:
+            _check_proposal_kind(p, _kind_of(data))
     return _checked_fields(load_record(Proposal, p, "proposal"), p)
+
+
+def _check_proposal_kind(path: Path, kind: str | None) -> None:
+    """Refuse another qdebug file where a proposal is expected, naming what it is: an analyze report passed
+    to ``--proposal`` had been called "not a qdebug proposal (kind None)", which told the user neither what
+    the file was nor how to get a proposal from it."""
+    if kind == "proposal":
+        return
+    if kind == "report":
+        raise QDebugError(
+            f"{path} is an analysis report (written by qdebug analyze), not a proposal",
+            f"make a proposal from it: qdebug propose {shlex.quote(str(path))} -o proposal.json",
+            ExitCode.INPUT,
+        )
+    what = f"a qdebug {kind} file" if kind else "a qdebug file of no known kind"
+    raise QDebugError(
+        f"{path} is {what}, not a proposal",
+        "pass the proposal.json written by qdebug propose or exported by the TUI",
+        ExitCode.INPUT,
+    )
 
 
 def _checked_fields(proposal: Proposal, path: Path) -> Proposal:

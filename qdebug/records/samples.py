@@ -283,23 +283,39 @@ class SampleSection:
             return f"among the worst {100 * VALUE_WORST_SHARE:g}% by output SQNR"
         return f"FP32 {flip.fp32:.4g} -> {flip.result:.4g} (drop {flip.fp32 - flip.result:.4g})"
 
+    def worst_share(self) -> str:
+        """``worst 5%``: what a ``value`` metric lists in place of flips (:data:`VALUE_WORST_SHARE`).
+
+        Said wherever such a list is counted or compared: "5 of static's 5 recovered, 0 still flip" read
+        as a measurement, though the list is a quantile of fixed size whatever the model does.
+        """
+        return f"worst {100 * VALUE_WORST_SHARE:g}%"
+
     def count_line(self, name: str) -> str:
-        """``static: 81 of 500 samples flip (75 lost, 4 changed, 2 gained)``."""
+        """``static: 81 of 500 samples flip (75 lost, 4 changed, 2 gained)``; for a ``value`` metric
+        ``static: 25 of 500 samples listed, its worst 5% by output_sqnr_db (not flips)``."""
         v = self.variant(name)
-        what = "are among the worst" if self.kind == "value" else "flip"
-        effects = v.effects() if self.kind != "value" else {}
+        if self.kind == "value":
+            listed = f"{v.flipped} of {self.samples} samples listed"
+            return f"{name}: {listed}, its {self.worst_share()} by {self.metric} (not flips)"
+        effects = v.effects()
         split = ", ".join(f"{effects[e]} {e}" for e in sorted(effects, key=lambda e: EFFECT_ORDER.get(e, 9)))
         listed = f"; {len(v.flips)} listed" if len(v.flips) < v.flipped else ""
-        return f"{name}: {v.flipped} of {self.samples} samples {what}" + (f" ({split}{listed})" if split else "")
+        return f"{name}: {v.flipped} of {self.samples} samples flip" + (f" ({split}{listed})" if split else "")
 
     def comparison_line(self) -> str:
         """verify: how many of static's flips the selective model recovers, and how many it adds ("" without
-        both variants)."""
+        both variants); for a ``value`` metric, how the two variants' worst samples overlap."""
         try:
             static, sel = self.variant("static"), self.variant("selective")
         except KeyError:
             return ""
         a, b = static.flipped_indices(self.fp32, self.kind), sel.flipped_indices(self.fp32, self.kind)
+        if self.kind == "value":
+            return (
+                f"selective vs static, each one's {self.worst_share()}: {len(a & b)} samples in both, "
+                f"{len(a - b)} only in static's, {len(b - a)} only in selective's"
+            )
         return (
             f"selective vs static: {len(a - b)} of static's {len(a)} recovered, {len(a & b)} still flip, "
             f"{len(b - a)} new"
@@ -308,7 +324,8 @@ class SampleSection:
     def summary_lines(self, top: int = 5) -> list[str]:
         """The CLI summary: the count per variant and the ``top`` worst flips of the last variant (the
         static model in analyze, the selective one in verify), one line each."""
-        head = f"flipped samples ({self.metric} per sample vs FP32, {self.samples} {self.data} samples)"
+        scored = f"{self.metric} per sample vs FP32, {self.samples} {self.data} samples"
+        head = f"worst samples ({scored}; no value flips)" if self.kind == "value" else f"flipped samples ({scored})"
         lines = [head + ":"]
         lines += [f"  {self.count_line(v.name)}" for v in self.variants]
         comparison = self.comparison_line()

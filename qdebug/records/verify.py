@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_binary_size, fmt_db, fmt_metric
 from qdebug.records.samples import SampleSection
 
 
@@ -230,9 +230,3 @@ def _float_share(v: VariantResult) -> str:
     if v.float_weight_bytes is None or not v.weight_bytes:
         return "-"
     return f"{fmt_binary_size(v.float_weight_bytes)} ({v.float_weight_bytes / v.weight_bytes:.0%})"
-
-
-def fmt_binary_size(n: int) -> str:
-    """A model size in KiB below 1 MiB, else MiB (the verify table's unit, its notes' too; bench prints
-    kB/MB)."""
-    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB"

@@ -42,7 +42,7 @@ BENCH_COLUMNS: tuple[tuple[str, str], ...] = (
     ("p50", "p50 ms"),
     ("p95", "p95 ms"),
     ("throughput", "samples/s"),
-    ("rss", "RSS MB"),
+    ("rss", "RSS MiB"),
     ("size", "size"),
     ("speedup", "×FP32"),
 )

@@ -401,8 +401,8 @@ def better_on_both_axes(
     """Why the deferred dynamic or mixed recipe (its target value ``deferred_value``) is a better answer
     than the per-node search's ``answer`` (``answer_value``, by the same evaluator and target) on both axes:
     it scores at least as well and its median run is 10 % faster (``runs`` interleaved runs on the evaluation's
-    first batch, threads not spinning: medians held within 12 % over repeats on a loaded 2-core machine, where
-    p95 tails did not). "" when it is not, or when nothing is timed (``runs`` 0)."""
+    first batch: on an idle 2-core machine the medians of a pair held within 11-21 % over repeats, where the
+    p95 tails overlapped). "" when it is not, or when nothing is timed (``runs`` 0)."""
     if runs <= 0 or not evaluator.batches or prep.ranges is None or not deferred_value >= answer_value:
         return ""
     spec = QuantSpec.of(prep.settings, **spec_changes(deferred.steps, deferred.params))  # type: ignore[arg-type]

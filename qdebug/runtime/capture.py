@@ -128,9 +128,8 @@ def make_session(
     0.18 s without (later runs 0.2-0.3 s either way). Capture sessions run a handful of times: they go
     without; models run over a whole evaluation set keep it.
 
-    ``spinning=False`` stops the intra-op threads from spinning after a run (``session.intra_op.allow_spinning``):
-    for sessions timed side by side in one process, where one session's spinning threads take the cores the
-    next one's run needs (:mod:`qdebug.runtime.timing`).
+    ``spinning=False`` stops the intra-op threads from spinning after a run (``session.intra_op.allow_spinning``;
+    ``benchmarks/bench_timing_load.py`` compares both: steadier under load, but a biased INT8 speed-up).
     """
     import onnxruntime as ort
 

@@ -670,8 +670,6 @@ def _profiling_session(path: Path, config: SessionConfig, scratch: Path, tag: st
         "session.optimized_model_external_initializers_min_size_in_bytes", str(EXTERNAL_MIN_BYTES)
     )
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # the two models are timed in interleaved rounds in this process: no spinning threads between them
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # 4 (fatal only): ORT's own log lines never reach the user's stderr -- the NCHWc "hardware specific"
     # warning on saving the optimized graph, and, for a model ORT refuses, "EndProfiling] Could not write
     # a profile because no model was loaded" before qdebug's one line. Its errors still come as exceptions.

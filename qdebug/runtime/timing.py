@@ -4,10 +4,11 @@ Every model gets one session made with the same settings, the same bound inputs,
 timed runs interleaved in rounds, so that a change of CPU frequency or background load hits them alike.
 (``bench`` measures more carefully, in separate processes: see :mod:`qdebug.bench`.)
 
-The sessions' intra-op threads do not spin after a run (``session.intra_op.allow_spinning`` 0): ORT's default
-keeps a finished session's threads spinning, and with several sessions in one process they took the cores
-the next model's run needed. On a 2-core machine with one busy process beside it, the FP32/INT8 ratio of the
-same pair swung 0.94-1.50 over five repeats with spinning and 1.59-1.77 without (docs/benchmarks.md).
+The sessions keep ORT's default of intra-op threads that spin after a run, as a deployment runs them:
+``benchmarks/bench_timing_load.py`` found that threads that do not spin hold the FP32/INT8 ratio steadier
+under load (spread 1.12-1.24 against 1.34-2.58 over five repeats, one busy process beside them) but halve
+the INT8 speed-up an idle machine shows (1.5-1.6x against 2.7-3.3x on the same pair): a bias worse than the
+noise. Under load the verdicts say when the timings are too noisy to judge instead.
 """
 
 from __future__ import annotations
@@ -60,9 +61,7 @@ def time_sessions(
     each run (all alike, so the comparison stays fair) and ``notes`` gets one
     line per wrong output, naming it with the declared and the returned shape.
     """
-    sessions = {
-        name: make_session(model, config, what=f"{name} model", spinning=False) for name, model in models.items()
-    }
+    sessions = {name: make_session(model, config, what=f"{name} model") for name, model in models.items()}
     inputs = {k: np.asarray(v, order="C") for k, v in feeds.items()}
     wrong = _declared_shape_notes(sessions, inputs)
     bound = _bound_runs(sessions, inputs, fresh_outputs=bool(wrong))

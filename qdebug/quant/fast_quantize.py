@@ -1772,7 +1772,7 @@ def range_quant_params(
 ) -> tuple[np.ndarray, np.ndarray]:
     """ORT's ``compute_data_quant_params`` for data of each float32 minimum and maximum in ``rmin`` / ``rmax``
     (finite), as one vector operation per step: the same float32 / float64 steps element for element, so the
-    same bits (tests/test_fast_quantize.py and tests/test_audit_s12_vector_params.py compare them with ORT's
+    same bits (tests/test_fast_quantize.py and tests/test_fast_quantize_vector_params.py compare them with ORT's
     per channel and per tensor). Returns (zero points, scales) of ``rmin``'s shape."""
     qmin, qmax = quant_utils.get_qmin_qmax_for_qType(quant_type, reduce_range, symmetric=symmetric)
     rmin = np.minimum(rmin, np.array(0, dtype=rmin.dtype))

@@ -1,4 +1,4 @@
-"""Audit (mutation testing) of pipeline._quantizer_faults_named: the quantizer is named only for a model qdebug
+"""Contracts of pipeline._quantizer_faults_named: the quantizer is named only for a model qdebug
 built, only when the capture failed with ExitCode.MODEL, and only for qdebug's own errors."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Audit (mutation testing) of quantize.collector_paused's second use: ORT's dynamic quantizer (both its fast
+"""Contracts of quantize.collector_paused's second use: ORT's dynamic quantizer (both its fast
 and its plain path) also runs with Python's cyclic collector off, and the caller's state is restored."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Audit (mutation testing) of qdebug.graph.segment / capture.SegmentedSession: contracts tests/test_segment.py
+"""Contracts of qdebug.graph.segment / capture.SegmentedSession: contracts tests/test_segment.py
 leaves open -- the size knob, the plan's boundaries and minimal hand-over, stacking axes, nested subgraphs,
 local functions, external weights, slices with nothing to hand on, and values freed after their last reader."""
 

@@ -1,4 +1,4 @@
-"""Audit (session 12) of fast_quantize.NamedList (ORT's ``new_nodes`` indexed by name): every list change
+"""Contracts of fast_quantize.NamedList (ORT's ``new_nodes`` indexed by name): every list change
 that moves or replaces elements, followed by appends, still gives ORT's ``find_by_name`` answer, and a
 lookup after the first reads only the names appended since (the point of the index)."""
 

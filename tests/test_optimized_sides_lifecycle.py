@@ -1,4 +1,4 @@
-"""Audit (session 12) of the optimized sides' lifecycle in analyze (pipeline._method_report/_per_sample,
+"""Contracts of the optimized sides' lifecycle in analyze (pipeline._method_report/_per_sample,
 samples.DetailTarget): the sides are kept only for a drill-down, deleted before the report is assembled
 (not merely when their object is collected), and the drill-down through them gets the capture's aliases:
 an alias tensor (a Reshape/Transpose output) has its source's numbers, never nan."""

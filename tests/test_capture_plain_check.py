@@ -1,4 +1,4 @@
-"""Audit (session 12) of the capture's check that instrumentation changed nothing (measure._plain_check,
+"""Contracts of the capture's check that instrumentation changed nothing (measure._plain_check,
 ``measure_layers(plain=...)``) and of pipeline._Deployed / _scored_on_eval: the check runs on the first
 batch's first rows (a chunk's worth, own copies, when the capture chunks), on the session ``plain``
 opens, and reports (plain, instrumented) SQNRs in that order; a retried capture (its FP32 side not the

@@ -1,4 +1,4 @@
-"""Audit (session 12) of graph_engine.OptimizedSides.moved and per_sample's reading of the sides: a scratch
+"""Contracts of graph_engine.OptimizedSides.moved and per_sample's reading of the sides: a scratch
 lacking a side gives no sides and leaves no directory behind; a complete one is moved (weights files
 included) and deleted by cleanup; a pair the capture did not measure (an integer tensor) does not make the
 drill-down give up the sides -- its numbers are nan, as from the Taps."""

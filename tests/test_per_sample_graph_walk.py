@@ -1,4 +1,4 @@
-"""Audit (mutation testing) of the per-sample drill-down's shared graph walk: sample_tensors builds the FP32
+"""Contracts of the per-sample drill-down's shared graph walk: sample_tensors builds the FP32
 graph's index and node depths once for all samples, and node_records uses the ones it is given -- with the
 numbers node_records computes on its own."""
 

@@ -1,4 +1,4 @@
-"""Audit (session 12) of fast_quantize's vectorized per-channel branch: on a real ORT QDQQuantizer over a tiny
+"""Contracts of fast_quantize's vectorized per-channel branch: on a real ORT QDQQuantizer over a tiny
 model, ``calc_initializer_quant_params`` (qdebug's) must return exactly what ORT's own
 ``QDQQuantizer._calc_initializer_quant_params`` returns on the same quantizer -- same entries, same order,
 same bits -- for every branch condition ORT's loop has: tensor overrides (scale/zero point, quant type,

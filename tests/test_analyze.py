@@ -387,12 +387,19 @@ def test_demo_runs_the_whole_loop(tmp_path, capsys):
 
     out = tmp_path / "demo"
     assert main(["demo", "--output-dir", str(out), "-q"]) == 0
-    stdout = capsys.readouterr().out
+    captured = capsys.readouterr()
+    stdout = captured.out
     report = load_report(out / "report.json")
     assert report.task is not None and report.task.fp32 - report.task.quantized > 0.05  # the designed drop
     assert (out / "proposal.json").is_file() and (out / "verify.json").is_file()
     verdict = json.loads((out / "verify.json").read_text())["verdict"]
     assert verdict in stdout and "Explore it interactively:  qdebug tui" in stdout
+    # where the bundled files are (inside the installed package), so the README's steps can be run on them
+    from qdebug.cli.demo import demo_files
+
+    err = captured.err
+    assert all(f"{what}: {path}" in err for what, path in zip(("model", "calibration data", "evaluation data"),
+                                                             demo_files(), strict=True))  # fmt: skip
 
 
 def _two_heads(path: Path) -> Path:

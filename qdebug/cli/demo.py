@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
     report_path = out / "report.json"
     print(f"== qdebug demo: {model.name} (transformer encoder, digits) ==", file=sys.stderr)
+    # the bundled files live inside the installed package: say where, so the README's steps run on them
+    print(f"model: {model}\ncalibration data: {calib}\nevaluation data: {eval_data}", file=sys.stderr)
     with stderr_progress(not args.quiet) as progress:
         report = analyze(
             model, calib, eval_data=eval_data, output=report_path, options=AnalyzeOptions(), progress=progress

@@ -205,3 +205,20 @@ def test_export_help_and_a_missing_format_load_no_model_explorer():
     assert "--proposal" in out.stdout and "pip install 'qdebug[viz]'" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == f"{int(ExitCode.USAGE)} []"
     assert "the following arguments are required: FORMAT" in out.stderr
+
+
+def test_a_profiled_report_gets_a_file_of_the_time_each_node_saves_or_loses(tmp_path, capsys):
+    """``analyze --profile`` records ORT's per-node times; the export writes each node's INT8 time (its Q/DQ
+    kernels included) less its FP32 time: green where INT8 saves, red where it loses (issue 37)."""
+    nd, dacite, _ = _viz()
+    model, data = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(data), "--profile", "3", "-o", str(report), "-q"]) == 0
+    rep = load_report(report)
+    assert rep.profile is not None and rep.profile.nodes
+    out = tmp_path / "me"
+    assert main(["export", "model-explorer", str(report), "-o", str(out)]) == 0
+    (graph,) = strict_json((out / "int8_ms_lost.json").read_text()).values()
+    values = {k: v["value"] for k, v in graph["results"].items()}
+    assert values == {n.name: pytest.approx(-n.saved_ms, rel=1e-5, abs=1e-9) for n in rep.profile.nodes}
+    assert {t["bgColor"] for t in graph["thresholds"]} == {GREEN, RED}  # saved, lost

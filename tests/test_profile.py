@@ -497,3 +497,23 @@ def test_qdq_overhead_needs_time_that_is_no_noise(q_ms: float, other_ms: float, 
     (row,) = node_rows(*_qdq_runs(fp32_ms=0.901, int8_ms=0.9, q_ms=q_ms, out_dq_ms=0.0, other_ms=other_ms))
     assert 0 < row.fp32_ms - row.int8_ms < row.qdq_ms
     assert row.cause == cause
+
+
+def test_analyze_profile_records_each_nodes_time_under_the_reports_node_names(tmp_path, capsys):
+    """``analyze --profile RUNS`` profiles the report's normalized FP32 model and its quantized model and puts
+    the result in the report: every profiled node is one of the report's nodes (the same names), and the
+    summary ends with the profile's verdict. With several calibration methods it is refused in one line."""
+    from qdebug.cli.main import main
+    from qdebug.output.report_io import load_report
+    from tests.models import small_cnn, small_data
+
+    model, data = small_cnn(tmp_path / "m.onnx"), small_data(tmp_path / "c.npz")
+    report = tmp_path / "r.json"
+    assert main(["analyze", str(model), "--calib", str(data), "--profile", "3", "-o", str(report), "-q"]) == 0
+    assert "latency (ORT's profiler, 3 runs): " in capsys.readouterr().out
+    rep = load_report(report)
+    assert rep.profile is not None and rep.profile.int8 is not None and rep.profile.fp32.runs == 3
+    assert {n.name for n in rep.profile.nodes} <= {n.name for n in rep.nodes} and rep.profile.nodes
+    argv = ["analyze", str(model), "--calib", str(data), "--method", "minmax,entropy", "--profile", "3"]
+    assert main([*argv, "-o", str(tmp_path / "m.json"), "-q"]) == 2
+    assert "--profile takes one calibration method" in capsys.readouterr().err

@@ -32,6 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantized", default=None, help="your own QDQ model (default: qdebug quantizes with ORT)")
     p.add_argument("-o", "--output", default="qdebug-report.json", help="report path (default: qdebug-report.json)")
     p.add_argument("--csv", default=None, help="also write one CSV row per node to this path")
+    p.add_argument(
+        "--profile",
+        type=non_negative_int,
+        default=0,
+        metavar="RUNS",
+        help="also profile the FP32 and the quantized model with ORT's profiler over RUNS runs of the evaluation "
+        "batches and record each node's time in the report (qdebug profile's numbers; default 0: not)",
+    )
     p.add_argument("--markdown", default=None, metavar="FILE", help=MARKDOWN_HELP)
     p.add_argument("--top", type=non_negative_int, default=10, help="rows in the worst-layers summary (default: 10)")
     p.add_argument("--wide", action="store_true", help="full node names in the summary (default: shortened to fit)")
@@ -108,8 +116,8 @@ def _run_methods(args: argparse.Namespace, methods: tuple[str, ...]) -> int:
     from qdebug.output.files import check_outputs_spare_inputs
     from qdebug.pipeline import analyze_methods
 
-    if args.csv or args.calib_percentile is not None:
-        flag = "--csv" if args.csv else "--calib-percentile"
+    if args.csv or args.calib_percentile is not None or args.profile:
+        flag = "--csv" if args.csv else "--calib-percentile" if args.calib_percentile is not None else "--profile"
         raise QDebugError(
             f"{flag} takes one calibration method, and --method lists {len(methods)}",
             f"run analyze once per method for {flag}, or drop it",
@@ -154,7 +162,7 @@ def _run_one(args: argparse.Namespace) -> int:
     """One analysis (one method), its summary and files."""
     from qdebug.output import ci_outputs
     from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
-    from qdebug.output.report_io import report_to_csv
+    from qdebug.output.report_io import dumps, report_to_csv
     from qdebug.pipeline import analyze
 
     if args.csv:
@@ -184,12 +192,39 @@ def _run_one(args: argparse.Namespace) -> int:
             options=options,
             progress=progress,
         )
+    if args.profile:
+        report = _with_profile(report, args)
+        atomic_write_text(args.output, dumps(report))  # the report again, whole, with the profile in it
     if args.csv:
         atomic_write_text(args.csv, report_to_csv(report))
     print_summary(report, args.top, wide=args.wide)
+    if report.profile is not None:
+        print(f"latency (ORT's profiler, {report.profile.fp32.runs} runs): {report.profile.verdict}")
     ci_outputs.write_ci_outputs(args, report, top=args.top)
     print(f"\nreport written to {args.output}", file=sys.stderr)
     return 0
+
+
+def _with_profile(report, args: argparse.Namespace):
+    """``report`` with the per-node profile of its normalized FP32 model (whose node names it uses) and its
+    quantized model, over the evaluation data (else the calibration data)."""
+    import dataclasses
+
+    from qdebug.cli.common import provider_list
+    from qdebug.runtime.capture import SessionConfig
+    from qdebug.runtime.profile import run_profile
+
+    say = None if args.quiet else (lambda msg: print(f"qdebug analyze: {msg}", file=sys.stderr))
+    config = SessionConfig(providers=provider_list(args.provider), intra_op_threads=args.threads or 0)
+    profile = run_profile(
+        report.normalized_model,
+        report.quantized_model.path,
+        args.eval or args.calib,
+        runs=args.profile,
+        config=config,
+        progress=say,
+    )
+    return dataclasses.replace(report, profile=profile)
 
 
 def print_comparison(result, top: int = 10, wide: bool = False) -> None:

@@ -80,6 +80,10 @@ METRICS = (
     Metric("kl", "KL (white: lowest, red: highest)"),
 )
 """The files written for every report, in this order."""
+LATENCY = Metric("int8_ms_lost", "INT8 ms lost per run vs FP32 (green: saved, red: lost; analyze --profile)",
+                 ((0.0, GREEN),), RED)  # fmt: skip
+"""The file written for a report with a profile (``analyze --profile``): each node's INT8 time less its FP32
+time, Q/DQ kernels around it included."""
 
 
 @dataclass(frozen=True)
@@ -147,20 +151,21 @@ def export_model_explorer(
             "choose another -o directory",
             ExitCode.USAGE,
         )
-    stems = [m.key for m in METRICS] + ([ACTION_FILE] if proposal is not None else [])
+    rep = load_report(report)
+    metrics = METRICS + ((LATENCY,) if rep.profile is not None and rep.profile.int8 is not None else ())
+    stems = [m.key for m in metrics] + ([ACTION_FILE] if proposal is not None else [])
     paths = {stem: (out / f"{stem}.json").resolve() for stem in stems}
     for path in paths.values():
         check_writable(path)
     check_outputs_spare_inputs(
         {f"-o file {p.name}": p for p in paths.values()}, {"the report": report, "--proposal": proposal}
     )
-    rep = load_report(report)
     prop = load_proposal(proposal) if proposal is not None else None
     model = Path(rep.normalized_model)
     ids = graph_ids(model, rep)
     files = []
-    for metric in METRICS:
-        data = _metric_data(nd, metric, rep.nodes)
+    for metric in metrics:
+        data = _metric_data(nd, metric, _values(rep, metric))
         files.append(_write(nd, paths[metric.key], ids, data, len(rep.nodes)))
     if prop is not None:
         data = _action_data(nd, rep, prop, str(proposal))
@@ -197,17 +202,24 @@ def graph_ids(model: Path, report: Report) -> tuple[str, ...]:
     return (proto.graph.name,) if proto.graph.name else ("", "<main>")
 
 
+def _values(report: Report, metric: Metric) -> dict[str, float]:
+    """Each node's number for ``metric``: a record field, or the profile's INT8-minus-FP32 time."""
+    if metric is LATENCY:
+        assert report.profile is not None
+        return {n.name: -n.saved_ms for n in report.profile.nodes}
+    return {node.name: metric.value(node) for node in report.nodes}
+
+
 def _rounded(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def _metric_data(nd: Any, metric: Metric, nodes: tuple[NodeRecord, ...]) -> Any:
-    """One number's ``GraphNodeData``: the finite values, with thresholds (or a gradient)."""
+def _metric_data(nd: Any, metric: Metric, values: dict[str, float]) -> Any:
+    """One number's ``GraphNodeData``: the finite values (by node name), with thresholds (or a gradient)."""
     results = {}
-    for node in nodes:
-        x = metric.value(node)
+    for name, x in values.items():
         if math.isfinite(x):
-            results[node.name] = nd.NodeDataResult(value=_rounded(x))
+            results[name] = nd.NodeDataResult(value=_rounded(x))
     if not metric.above:
         gradient = [
             nd.GradientItem(stop=0, bgColor=WHITE),

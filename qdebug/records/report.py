@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from qdebug.records.profile import ProfileReport
 from qdebug.records.samples import SampleSection
 
 SCHEMA_VERSION = 3
@@ -420,6 +421,9 @@ class Report:
     note names, by its rule over the samples the fake-quant view saw (:func:`qdebug.analysis.notes.kernel_gap_starts`);
     ``()`` where it opens nowhere or there was no fake-quant view. propose's whole-model 7-bit fix reads it, so
     the fix and the note count the same nodes. ``None`` in reports written before it."""
+    profile: ProfileReport | None = None
+    """Where the time of a run goes, node by node, in the FP32 and the quantized model (``analyze --profile``:
+    ORT's profiler, :mod:`qdebug.runtime.profile`); ``None`` when not asked for."""
 
     def node(self, name: str) -> NodeRecord:
         """Look up a node by normalized name (KeyError if absent)."""

@@ -711,19 +711,18 @@ def quantize_dynamic_model(
         from onnxruntime.quantization.registry import IntegerOpsRegistry
 
         op_types = [op for op in IntegerOpsRegistry if op != "Conv"]  # dynamic_conv_note says so
+    opts = _Dynamic(op_types, per_channel, nodes_to_exclude, reduce_range)
     try:
         with quiet_ort_logging(), collector_paused():
             if fast_quantize.use_fast_path("dynamic quantizer"):
                 try:
-                    return _dynamic_indexed(
-                        Path(model_path), out_path, op_types, per_channel, nodes_to_exclude, reduce_range
-                    )
+                    return _dynamic_indexed(Path(model_path), out_path, opts)
                 except fast_quantize.IndexOutOfStep as e:
                     fast_quantize.note(
                         f"ORT's dynamic quantizer was run again on its plain path (quadratic in the node count): "
                         f"qdebug's index of the graph fell out of step with it ({e}); please report this model"
                     )
-            return _dynamic_plain(Path(model_path), out_path, op_types, per_channel, nodes_to_exclude, reduce_range)
+            return _dynamic_plain(Path(model_path), out_path, opts)
     except Exception as e:
         raise QDebugError(
             f"ONNX Runtime's dynamic quantizer failed ({e.__class__.__name__}: {str(e)[:200]})",
@@ -800,14 +799,17 @@ def collector_paused():
             gc.enable()
 
 
-def _dynamic_plain(
-    model_path: Path,
-    out_path: Path | None,
-    op_types: Sequence[str] | None,
-    per_channel: bool,
-    nodes_to_exclude: Sequence[str] = (),
-    reduce_range: bool = False,
-) -> onnx.ModelProto:
+@dataclass(frozen=True)
+class _Dynamic:
+    """``quantize_dynamic``'s options qdebug sets (INT8 weights always)."""
+
+    op_types: Sequence[str] | None
+    per_channel: bool
+    nodes_to_exclude: Sequence[str] = ()
+    reduce_range: bool = False
+
+
+def _dynamic_plain(model_path: Path, out_path: Path | None, opts: _Dynamic) -> onnx.ModelProto:
     import tempfile
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -817,23 +819,16 @@ def _dynamic_plain(
         quantize_dynamic(
             str(model_path),
             str(path),
-            op_types_to_quantize=list(op_types) if op_types else None,
-            per_channel=per_channel,
+            op_types_to_quantize=list(opts.op_types) if opts.op_types else None,
+            per_channel=opts.per_channel,
             weight_type=QuantType.QInt8,
-            nodes_to_exclude=list(nodes_to_exclude) or None,
-            reduce_range=reduce_range,
+            nodes_to_exclude=list(opts.nodes_to_exclude) or None,
+            reduce_range=opts.reduce_range,
         )
         return onnx.load(str(path))
 
 
-def _dynamic_indexed(
-    model_path: Path,
-    out_path: Path | None,
-    op_types: Sequence[str] | None,
-    per_channel: bool,
-    nodes_to_exclude: Sequence[str] = (),
-    reduce_range: bool = False,
-) -> onnx.ModelProto:
+def _dynamic_indexed(model_path: Path, out_path: Path | None, opts: _Dynamic) -> onnx.ModelProto:
     """The body of ORT's ``quantize_dynamic`` (its source is among the verified ones) with the quantizer
     over an :class:`~qdebug.quant.fast_quantize.IndexedModel`; raises ``IndexOutOfStep`` before writing anything
     if the index and the graph disagree at the end. Without ``out_path`` the model is returned as ORT's
@@ -849,20 +844,20 @@ def _dynamic_indexed(
 
     from qdebug.quant import fast_quantize
 
-    ops = list(op_types) if op_types else list(IntegerOpsRegistry.keys())
+    ops = list(opts.op_types) if opts.op_types else list(IntegerOpsRegistry.keys())
     with fast_quantize.installed():
         model = update_opset_version(load_model_with_shape_infer(model_path), QuantType.QInt8)
         quantizer = fast_quantize.indexed(ONNXQuantizer)(
             model,
-            per_channel,
-            reduce_range,
+            opts.per_channel,
+            opts.reduce_range,
             QuantizationMode.IntegerOps,
             False,  # static
             QuantType.QInt8,
             QuantType.QUInt8,  # dynamic activations are uint8
             None,
             [],
-            list(nodes_to_exclude),
+            list(opts.nodes_to_exclude),
             ops,
             {"MatMulConstBOnly": True},
         )

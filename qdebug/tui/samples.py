@@ -5,6 +5,10 @@ Left, the flipped samples of the report's per-sample drill-down in a sortable ta
 in topological order with its SQNR for that sample as a bar, the noise its producer adds, its clip rate
 against the calibrated range and the tensor's SQNR over the whole capture (the report's), the three tensors
 of most added noise marked. The order and the rows come from :class:`~qdebug.tui.samples_model.SamplesModel`.
+
+Below :data:`SIDE_BY_SIDE` columns the two are stacked, samples on top: side by side at 80 or 120 columns
+each table had half the width, and the divergence's SQNR, added noise and clip columns sat off screen,
+reachable only by an unadvertised tab and right arrow.
 """
 
 from __future__ import annotations
@@ -18,10 +22,14 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from qdebug.output.formatting import fmt_db
-from qdebug.tui.samples_model import SAMPLE_COLUMNS, SamplesModel
+from qdebug.output.formatting import fmt_db, shorten
+from qdebug.tui.samples_model import NAME_WIDTH, SAMPLE_COLUMNS, SamplesModel
 
-DIVERGENCE_COLUMNS = ("tensor", "depth", "SQNR dB", "", "added dB", "clip", "report SQNR")
+DIVERGENCE_COLUMNS = ("tensor", "SQNR dB", "added dB", "clip", "report SQNR", "", "depth")
+"""The numbers first, after the (shortened) name: they fit 80 columns; the bar and the depth may scroll."""
+
+SIDE_BY_SIDE = 160
+"""Columns from which the samples and the divergence tables sit side by side (each has room then)."""
 
 
 class SamplesScreen(Screen[None]):
@@ -34,12 +42,20 @@ class SamplesScreen(Screen[None]):
     #sample-pane { width: 1fr; border-left: solid $primary-darken-2; }
     #sample-head { height: auto; padding: 0 1; }
     #divergence { height: 1fr; }
+    SamplesScreen.-stacked #samples-body { layout: vertical; }
+    SamplesScreen.-stacked #flips { width: 100%; height: auto; max-height: 40%; min-height: 4; }
+    SamplesScreen.-stacked #sample-pane {
+        width: 100%; height: 1fr; border-left: none; border-top: solid $primary-darken-2;
+    }
     """
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-stacked"), (SIDE_BY_SIDE, "-side")]
 
     BINDINGS = [
         Binding("escape,i,q", "close", "Back"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("r", "reverse_sort", "Reverse"),
+        Binding("tab", "other_table", "Samples/tensors", key_display="tab"),
     ]
 
     def __init__(self, model: SamplesModel) -> None:
@@ -103,13 +119,13 @@ class SamplesScreen(Screen[None]):
             style = "bold red" if r.worst else ""
             clip = "-" if math.isnan(r.clip_rate) else f"{100 * r.clip_rate:.1f}%"
             table.add_row(
-                Text(r.tensor, style=style),
-                str(r.depth),
+                Text(shorten(r.tensor, NAME_WIDTH), style=style),
                 fmt_db(r.sqnr_db),
-                Text(r.bar, style="cyan"),
                 Text(fmt_db(r.added_noise_db), style=style),
                 Text(clip, style="yellow" if clip not in ("-", "0.0%") else ""),
                 fmt_db(r.report_sqnr_db),
+                Text(r.bar, style="cyan"),
+                str(r.depth),
             )
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -134,6 +150,11 @@ class SamplesScreen(Screen[None]):
         """Reverse the order."""
         self.model.descending = not self.model.descending
         self.refresh_rows(top=True)
+
+    def action_other_table(self) -> None:
+        """Focus the other table (its arrows then move and scroll it): samples <-> tensors."""
+        divergence = self.query_one("#divergence", DataTable)
+        (self.flips if divergence.has_focus else divergence).focus()
 
     def action_close(self) -> None:
         """Back to the node table."""

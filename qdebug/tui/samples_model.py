@@ -10,14 +10,25 @@ onnxruntime.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
-from qdebug.output.formatting import fmt_db
+from qdebug.output.formatting import fmt_db, shorten
 from qdebug.records import Report
 from qdebug.records.samples import EFFECT_ORDER, SampleDetail, SampleFlip, SampleSection
 
-BAR_WIDTH = 16
+BAR_WIDTH = 10
 """Cells of a tensor's SQNR bar (full: the best SQNR of the sample, empty: its worst)."""
+
+NAME_WIDTH = 24
+"""Most cells a tensor name takes in either table: longer ones lose their middle to ``…``. Uncut, one
+long name pushed the SQNR, added-noise and clip columns off a 120-column screen."""
+
+INPUT_WIDTH = 20
+"""Most cells of the input cell (``eval.npz[335]``); a longer one loses its middle, never its row."""
+
+_SLICE = re.compile(r"^(?P<file>.*)\[(?P<start>\d+):\d+\]$")
+"""A batch origin ``eval.npz[320:336]`` as :mod:`qdebug.data.dataset` names it: the file and its slice."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,8 @@ class SamplesModel:
             rates = [c for c in detail.clip_rate if not math.isnan(c)]
             max_clip = max(rates) if rates else math.nan
         clip = "-" if math.isnan(max_clip) else f"{100 * max_clip:.1f}%"
-        cells = (str(rank + 1), index, where, short_change(self.section, flip), sqnr, worst, clip)
+        worst = shorten(worst, NAME_WIDTH)
+        cells = (str(rank + 1), index, input_label(flip), short_change(self.section, flip), sqnr, worst, clip)
         return SampleRow(rank + 1, flip, cells, worst_added, max_clip)
 
     def rows(self) -> list[SampleRow]:
@@ -192,6 +204,18 @@ class SamplesModel:
         clipped = self.section.most_clipped(detail)
         clip = f"; clips most at {clipped.tensor} ({100 * clipped.clip_rate:.1f}%)" if clipped else "; no value clipped"
         return f"{head}\n{rerun}{clip}"
+
+
+def input_label(flip: SampleFlip, width: int = INPUT_WIDTH) -> str:
+    """The table's input cell: the row in the file, ``eval.npz[335]``, when the batch names its slice (its
+    start plus the row in the batch); else :meth:`SampleFlip.where`. Cut in the middle to ``width``.
+
+    ``eval.npz[320:336] row 15`` was wider than the column had room for at 80 columns, and the pane's edge cut
+    it to ``row 1``: a wrong row that read as a right one.
+    """
+    m = _SLICE.match(flip.origin.rsplit("/", 1)[-1])
+    label = f"{m['file']}[{int(m['start']) + flip.row}]" if m else flip.where()
+    return shorten(label, width)
 
 
 def short_change(section: SampleSection, flip: SampleFlip) -> str:

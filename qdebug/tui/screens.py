@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, Input, Label, OptionList, Static
+from textual.widgets import Footer, Input, Label, OptionList, Select, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from qdebug.errors import QDebugError
@@ -67,7 +67,8 @@ HELP_ROWS: tuple[tuple[str, str], ...] = (
     ("r", "reverse the sort"),
     (f"1 … {len(COLUMNS)}", "sort by that column, from its top (again: reverse), or click it"),
     ("/", "fuzzy-filter by name (enter / esc: back to table)"),
-    ("o", "cycle the op-type filter"),
+    ("o", "pick the op-type filter from a list (type to search, enter picks)"),
+    ("O", "back to all op types"),
     ("e", "export the exclusion set as a proposal JSON"),
     ("c", "copy the quantize_static snippet (and show it)"),
     ("v", "verify the set (needs the model and data)"),
@@ -111,13 +112,14 @@ class MainScreen(Screen):
         Binding("slash", "focus_filter", "Filter", key_display="/", show=False),
         # not in the footer (full at 80 columns): the header's "N findings (f)" shows the key
         Binding("f", "findings", "Findings", show=False),
-        Binding("o", "cycle_op", "Op", show=False),
+        Binding("o", "pick_op", "Op", show=False),
         Binding("e", "export", "Export"),
         Binding("c", "copy_snippet", "Snippet"),
         Binding("v", "verify", "Verify"),
         Binding("escape", "escape", "Cancel", show=False),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("q", "app.quit", "Quit"),
+        Binding("O", "all_ops", "All ops", key_display="O"),  # last: at 80 columns it must not push out ? and q
         # one key, two actions: with a bench file "b" opens it (and shows last in the footer, so
         # help and quit stay visible at 80 columns), without one it says how to make one
         # (check_action enables exactly one of them)
@@ -142,6 +144,8 @@ class MainScreen(Screen):
         self.last_export: Path | None = None
         self._verify_worker: Worker | None = None
         self._filter_timer: Any = None
+        self._op_list_from_key = False
+        """``o`` opened the op-type list: when it closes, the table gets the focus back."""
         """A filter refresh waiting for the typing to pause (large reports only)."""
 
     def _notify(self, message: str, **kwargs: Any) -> None:
@@ -237,7 +241,9 @@ class MainScreen(Screen):
         if event.query == self.model.name_query and event.op == self.model.op_filter:
             return
         self.model.name_query = event.query
-        self.model.op_filter = event.op
+        if event.op != self.model.op_filter:
+            self.model.op_filter = event.op
+            self.refresh_bindings()  # O (all ops) shows in the footer while an op filter is set
         if len(self.model.report.nodes) < DEBOUNCE_NODES:
             self.refresh_table()
             return
@@ -293,6 +299,7 @@ class MainScreen(Screen):
             if not any(n.name == name for n in self.model.rows()):
                 self.model.clear_filters()
                 self.query_one(FilterBar).set_filters("", None)
+                self.refresh_bindings()
                 self._notify(f"filters cleared to show {name}", timeout=3)
             self.refresh_table()
         self._show(name)
@@ -414,11 +421,30 @@ class MainScreen(Screen):
         """Focus the name filter."""
         self.query_one("#name-filter", Input).focus()
 
-    def action_cycle_op(self) -> None:
-        """Step the op-type filter through every op type and back to all."""
-        op = self.model.cycle_op_filter()
-        self.query_one(FilterBar).set_filters(self.model.name_query, op)
+    def action_pick_op(self) -> None:
+        """Open the op-type list of the filter bar, focused (type to search, enter picks, esc keeps the filter).
+
+        ``o`` had stepped through the op types one press at a time: 27 presses back to all ops on a model
+        of 26 op types. Once the list closes, the table has the focus again.
+        """
+        select = self.query_one("#op-filter", Select)
+        select.focus()
+        select.expanded = True
+        self._op_list_from_key = True
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        """The op-type list opened by ``o`` gives the focus back to its Select when it closes: on to the table."""
+        select = self.query_one("#op-filter", Select)
+        if self._op_list_from_key and event.widget is select and not select.expanded:
+            self._op_list_from_key = False
+            self.table.focus()
+
+    def action_all_ops(self) -> None:
+        """Drop the op-type filter (``O``; the footer offers it only while one is set)."""
+        self.model.op_filter = None
+        self.query_one(FilterBar).set_filters(self.model.name_query, None)
         self.refresh_table()
+        self.refresh_bindings()
 
     def action_escape(self) -> None:
         """Cancel a running verify; otherwise leave the filter input or the findings pane."""
@@ -436,6 +462,8 @@ class MainScreen(Screen):
         """``bench`` when a bench file is loaded, ``bench_missing`` when not (both on ``b``)."""
         if action == "bench":
             return self.context.bench is not None
+        if action == "all_ops":
+            return self.model.op_filter is not None
         if action == "bench_missing":
             return self.context.bench is None
         if action in ("samples", "samples_missing"):
@@ -529,7 +557,12 @@ class MainScreen(Screen):
         snippet = self.model.to_proposal().snippet
         self.app.copy_to_clipboard(snippet)
         self.app.push_screen(
-            TextDialog("quantize_static snippet", snippet, "copied to the clipboard (OSC 52) · esc closes")
+            TextDialog(
+                "quantize_static snippet",
+                snippet,
+                "copied to the clipboard (OSC 52) · ↑ ↓ ← → scroll · esc closes",
+                code=True,
+            )
         )
 
     # ----------------------------------------------------------------- verify
@@ -545,6 +578,7 @@ class MainScreen(Screen):
         self.verify_state = "running"
         self.verify_result = None
         self.query_one(VerifyPanel).start()
+        self.set_class(True, "-verify")  # below 110 columns the panel takes rows of its own
         self._verify_worker = self._run_verify(self.model.to_proposal())
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="verify", name="verify")
@@ -684,18 +718,22 @@ class TextDialog(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,q,enter", "close", "Close")]
 
-    def __init__(self, title: str, body: str, footnote: str = "esc closes") -> None:
+    def __init__(self, title: str, body: str, footnote: str = "esc closes", code: bool = False) -> None:
         super().__init__()
         self.title_text = title
         self.body = body
         self.footnote = footnote
+        self.code = code
+        """Lines are shown whole and scroll sideways: wrapped at 80 columns, the snippet's continuation
+        lines started at column 0 and its indentation no longer read as Python."""
 
     def compose(self) -> ComposeResult:
         """Title, body, footnote."""
         with Vertical(id="dialog"):
             yield Label(Text(self.title_text, style="bold"), id="dialog-title")
-            with VerticalScroll():
-                yield Static(Text(self.body), id="dialog-body")
+            with VerticalScroll(classes="code" if self.code else ""):
+                body = Text(self.body, no_wrap=self.code, overflow="ignore" if self.code else None)
+                yield Static(body, id="dialog-body", classes="code" if self.code else "")
             yield Label(Text(self.footnote, style="dim"))
 
     def action_close(self) -> None:

@@ -41,6 +41,7 @@ from qdebug.tui.model import (
     fmt_metric,
     fmt_metric_delta,
     fmt_num,
+    fmt_small,
     frontier_line,
     table_layout,
 )
@@ -138,7 +139,9 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
     ]
     results: list[Text] = []
     task = report.task
-    if task is not None:
+    if task is not None and task.name == SQNR_METRIC:
+        results.extend(_sqnr_metric_fields(report))
+    elif task is not None:
         delta = task.quantized - task.fp32
         t = Text(f"{task.name} ({task.data}, {task.samples}): ")
         t.append(f"FP32 {fmt_metric(task.name, task.fp32)}", style="bold")
@@ -171,6 +174,28 @@ def summary_fields(report: Report) -> tuple[list[Text], list[Text]]:
         k = report.per_sample.variants[-1].flipped
         results.append(Text(f"{k} flipped sample{'s' if k != 1 else ''} (i)", style="bold yellow"))
     return setup, results
+
+
+SQNR_METRIC = "output_sqnr_db"
+"""The task metric of a model without labels: the output SQNR against FP32, whose own value is +inf."""
+
+
+def _sqnr_metric_fields(report: Report) -> list[Text]:
+    """``output SQNR (eval, 500): INT8 32.41 dB`` (and the fake-quant value): FP32 is the reference, so
+    ``FP32 inf → INT8 32.41 (-inf)`` compared it with itself and called the result a drop of -inf."""
+    task = report.task
+    assert task is not None
+    t = Text(f"output SQNR ({task.data}, {task.samples}): ")
+    t.append(f"{quant_label(report)} {fmt_metric(task.name, task.quantized)} dB", style="bold")
+    fields = [t]
+    if not math.isnan(task.quantized_fakequant):
+        fq = Text("fake-quant ")
+        fq.append(f"{fmt_metric(task.name, task.quantized_fakequant)} dB", style="bold")
+        if task.fakequant_samples and task.fakequant_samples < task.samples:
+            same = fmt_metric(task.name, task.quantized_same_samples)
+            fq.append(f" vs {quant_label(report)} {same} dB on the first {task.fakequant_samples}", style="dim")
+        fields.append(fq)
+    return fields
 
 
 def comparison_fields(baseline: Baseline) -> list[Text]:
@@ -619,10 +644,7 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
         if math.isfinite(gap) and gap > KERNEL_GAP_DB:
             # the deployed integer kernels, not the Q/DQ parameters, lose the accuracy here
             t.append(f"       integer kernels lose {gap:.1f} dB\n", style="yellow")
-    kl = tensor.local.kl if tensor.local is not None else math.nan
-    if not math.isnan(kl):
-        t.append(" KL    ", style="dim")
-        t.append(f"{fmt_num(kl)} nats\n")
+    kl_line(t, tensor)
     h = tensor.histogram
     if h is not None and h.ref_counts:
         bar_w = max(8, width - 7)
@@ -641,6 +663,23 @@ def _tensor_block(t: Text, tensor: TensorRecord, width: int) -> None:
         t.append("      " + lo + " " * gap + hi + "\n", style="dim")
     if tensor.note:
         t.append(f" note: {tensor.note}\n", style="italic dim")
+
+
+def kl_line(t: Text, tensor: TensorRecord) -> None:
+    """The tensor's two KLs, each named: ``KL local 0 · accum 1.41 nats`` (36 cells at most: one line of
+    the 41-column detail panel).
+
+    It showed the local KL unnamed under the node's ``KL 1.411``, which is the accumulated one: two
+    different numbers read as one that disagreed with itself.
+    """
+    parts = [
+        f"{label} {fmt_small(s.kl)}"
+        for label, s in (("local", tensor.local), ("accum", tensor.accumulated))
+        if s is not None and not math.isnan(s.kl)
+    ]
+    if parts:
+        t.append(" KL ", style="dim")
+        t.append(" · ".join(parts) + " nats\n")
 
 
 _VERDICT_STYLES = {"worse": "bold red", "better": "bold green", "same": "dim", "unscored": "dim"}
@@ -683,11 +722,11 @@ def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
         t.append(" · EXCLUDED", style="bold magenta")
     t.append("\n")
     t.append("added noise ", style="dim")
-    t.append(f"{fmt_db(n.added_noise_db)} dB", style=added_style(n.added_noise_db) or "bold")
-    t.append("  KL ", style="dim")
-    t.append(fmt_num(n.kl) + "\n")
+    t.append(f"{fmt_db(n.added_noise_db)} dB\n", style=added_style(n.added_noise_db) or "bold")
     t.append("introduced  ", style="dim")
-    t.append(f"{fmt_db(n.introduced_db)} dB\n", style=introduced_style(n.introduced_db) or "bold")
+    t.append(f"{fmt_db(n.introduced_db)} dB", style=introduced_style(n.introduced_db) or "bold")
+    t.append("  KL accum ", style="dim")  # the node's is its outputs' largest accumulated KL (kl_line)
+    t.append(fmt_small(n.kl) + "\n")  # as the table's KL column writes it
     t.append("SQNR local ", style="dim")
     t.append(f"{fmt_db(n.local_sqnr_db)} dB", style=sqnr_style(n.local_sqnr_db))
     t.append(" · accum ", style="dim")

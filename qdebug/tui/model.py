@@ -145,6 +145,25 @@ COMPARE_COLUMNS: tuple[Column, ...] = (
 """Columns a loaded baseline (``--against``) adds after :data:`COLUMNS`: after them, so that the keys 1-8
 keep their columns whether or not a baseline is loaded."""
 
+PROFILE_COLUMNS: tuple[Column, ...] = (
+    Column(
+        "int8_ms",
+        "INT8 ms",
+        numeric=True,
+        descending=True,
+        title="the node's INT8 time per run, its Q/DQ kernels included (analyze --profile)",
+    ),
+    Column(
+        "lost_ms",
+        "Lost ms",
+        numeric=True,
+        descending=True,
+        title="INT8 time (with its Q/DQ) minus FP32 time per run: + INT8 loses time here, - it saves some",
+    ),
+)
+"""Columns a report made with ``analyze --profile`` adds last: where INT8 saves or loses time, node by node."""
+PROFILE_KEYS = frozenset(c.key for c in PROFILE_COLUMNS)
+
 DELTA_FIELDS: dict[str, tuple[str, bool]] = {
     "added_delta": ("added_noise_delta_db", True),
     "accumulated_delta": ("accumulated_sqnr_delta_db", False),
@@ -154,7 +173,7 @@ DELTA_FIELDS: dict[str, tuple[str, bool]] = {
 
 def column(key: str) -> Column:
     """The column with ``key``, comparison columns included (KeyError for an unknown key)."""
-    for c in COLUMNS + COMPARE_COLUMNS:
+    for c in COLUMNS + COMPARE_COLUMNS + PROFILE_COLUMNS:
         if c.key == key:
             return c
     raise KeyError(key)
@@ -433,6 +452,7 @@ class LayerModel:
         self._nodes = {n.name: n for n in report.nodes}
         self._tensors = {t.name: t for t in report.tensors}
         self._weights = {w.name: w for w in report.weights}
+        self._latency = {n.name: n for n in report.profile.nodes} if report.profile is not None else {}
         self._producer: dict[str, str] = {}
         self._consumers: dict[str, list[str]] = {}
         for n in report.nodes:
@@ -480,8 +500,10 @@ class LayerModel:
     # ----------------------------------------------------------------- columns and the baseline
 
     def columns(self) -> tuple[Column, ...]:
-        """The node table's columns: :data:`COLUMNS`, then :data:`COMPARE_COLUMNS` with a baseline."""
-        return COLUMNS + COMPARE_COLUMNS if self.baseline is not None else COLUMNS
+        """The node table's columns: :data:`COLUMNS`, :data:`COMPARE_COLUMNS` with a baseline, then
+        :data:`PROFILE_COLUMNS` when the report has a profile."""
+        compare = COMPARE_COLUMNS if self.baseline is not None else ()
+        return COLUMNS + compare + (PROFILE_COLUMNS if self._latency else ())
 
     def column_keys(self) -> tuple[str, ...]:
         """The keys of :meth:`columns`, in table order."""
@@ -515,17 +537,24 @@ class LayerModel:
         if key in DELTA_FIELDS:
             change = self.change(node.name)
             return "" if change is None else change_text(change, DELTA_FIELDS[key][0])
+        if key in PROFILE_KEYS:
+            v = self.latency(key, node)
+            return "" if math.isnan(v) else f"{v:+.3f}" if key == "lost_ms" else f"{v:.3f}"
         return CELL_TEXT[key](node)
+
+    def latency(self, key: str, node: NodeRecord) -> float:
+        """The node's number in profile column ``key`` (ms per run; ``nan``: the profile has no kernel of it)."""
+        nl = self._latency.get(node.name)
+        if nl is None:
+            return math.nan
+        return nl.int8_ms + nl.qdq_ms if key == "int8_ms" else -nl.saved_ms
 
     def extra_cells(self) -> tuple[tuple[Column, Callable[[NodeRecord], str]], ...]:
         """The columns after :data:`COLUMNS` with their cell text (for :func:`table_layout`)."""
-        if self.baseline is None:
-            return ()
-
         def text(key: str) -> Callable[[NodeRecord], str]:
             return lambda n: self.cell_text(key, n)
 
-        return tuple((c, text(c.key)) for c in COMPARE_COLUMNS)
+        return tuple((c, text(c.key)) for c in self.columns()[len(COLUMNS) :])
 
     def op_types(self) -> tuple[str, ...]:
         """Distinct op types of the report, sorted."""
@@ -580,6 +609,8 @@ class LayerModel:
             return _numeric_sort(nodes, _VALUES[key], self.descending)
         if key in DELTA_FIELDS:  # unpaired nodes (nan) last, like undefined values
             return _numeric_sort(nodes, lambda n: self.delta(key, n), self.descending)
+        if key in PROFILE_KEYS:  # nodes without a kernel of their own (nan) last
+            return _numeric_sort(nodes, lambda n: self.latency(key, n), self.descending)
         if key == "name":
             return sorted(nodes, key=lambda n: n.name.lower(), reverse=self.descending)
         if key == "op":

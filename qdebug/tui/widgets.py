@@ -34,6 +34,7 @@ from qdebug.tui.model import (
     DELTA_FIELDS,
     FINDING_REASON,
     HAND_REASON,
+    PROFILE_KEYS,
     Column,
     LayerModel,
     TableLayout,
@@ -507,6 +508,10 @@ def row_cells(
             cells.append(Text(layout.op(n.op_type), style="cyan"))
         elif col.key == "excluded":
             cells.append(_mark(excluded))
+        elif model is not None and col.key in PROFILE_KEYS:  # red where INT8 loses time, green where it saves
+            lost = model.latency("lost_ms", n) if col.key == "lost_ms" else math.nan
+            style = "red" if lost > 0 else "green" if lost < 0 else ""
+            cells.append(Text(model.cell_text(col.key, n), style=style, justify="right"))
         else:
             cells.append(Text(CELL_TEXT[col.key](n), style=_CELL_STYLE[col.key](n), justify="right"))
     return tuple(cells)

@@ -149,6 +149,13 @@ def test_a_dynamic_or_mixed_recipe_is_the_answer_and_verify_and_the_snippet_rebu
     assert main(["verify", rec.model, *data, "--proposal", str(out), "-o", str(verified), "-q"]) == 0
     columns = {c["name"]: c for c in json.loads(verified.read_text())["variants"]}
     assert columns["selective"]["metric"] == p.expected_metric and columns["selective"]["runtime_quantized"] > 0
+    bench = tmp_path / "b.json"
+    args = ["bench", rec.model, *data, "--proposal", str(out), "--variants", "selective", "--runs", "2"]
+    assert main([*args, "-o", str(bench), "-q"]) == 0
+    result = json.loads(bench.read_text())
+    (variant,) = result["variants"]
+    assert variant["metric_value"] == p.expected_metric
+    assert any(f"quantized as the proposal's recipe {p.recipe.name} says" in n for n in result["notes"]), result
     monkeypatch.chdir(tmp_path)
     exec(compile(p.snippet, "snippet", "exec"), {})
     planted = _planted()

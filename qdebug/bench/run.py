@@ -263,13 +263,21 @@ def _proposal_notes(prop: Proposal | None, prep: Prepared, options: BenchOptions
     if prop is None:
         return []
     notes: list[str] = []
-    if prep.ranges is not None and options.methods[0] == (prop.method or "minmax") and prop.recipe is None:
+    transformed = prop.recipe is not None and bool(prop.recipe.fp32_model)
+    if prep.ranges is not None and options.methods[0] == (prop.method or "minmax") and not transformed:
         notes.extend(calibration_notes(prop, prep.ranges))  # (a recipe's model has ranges of its own)
-    if prop.recipe is not None:
+    if prop.recipe is not None and transformed:
         steps = "+".join(prop.recipe.steps) or prop.recipe.name
         notes.append(
             f"selective is quantized from the proposal's recipe model ({steps}: {prop.recipe.fp32_model}), the "
             "other variants from your model"
+        )
+    elif prop.recipe is not None:  # dynamic, mixed: your model, quantized another way
+        how = {"dynamic": "with quantize_dynamic", "mixed": "static for the Convs, quantize_dynamic for the MatMuls"}
+        seven = ", 7-bit weights" if prop.recipe.reduce_range else ""
+        notes.append(
+            f"selective is your model quantized as the proposal's recipe {prop.recipe.name} says "
+            f"({how.get(prop.recipe.quantizer, prop.recipe.quantizer)}{seven})"
         )
     notes.extend(base_setting_notes(prop, options.per_channel))
     return notes

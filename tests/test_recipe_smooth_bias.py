@@ -187,7 +187,10 @@ def test_channel_stats_read_transformer_activation_on_last_axis():
     model = transformer_block()
     stats = channel_stats(model, ["X"], iter(_feeds(model, 3, seed=2)))["X"]
     assert stats.axis == 2 and stats.absmax.shape == (K,)
-    assert set(np.argsort(stats.absmax)[-len(OUTLIERS) :]) == set(OUTLIERS)
+    # the largest channels, sorted in Python: numpy's SIMD argsort crashed (SIGSEGV) under .ci/other-cpu's QEMU
+    # emulation of an AVX2 CPU -- the emulator's fault, and this test is about the channel axis, not sorting
+    largest = sorted(range(len(stats.absmax)), key=lambda c: float(stats.absmax[c]))[-len(OUTLIERS) :]
+    assert set(largest) == set(OUTLIERS)
 
 
 def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:

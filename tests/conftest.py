@@ -136,3 +136,17 @@ def strict_json(text: str):
         raise ValueError(f"non-standard JSON literal {literal}")
 
     return json.loads(text, parse_constant=refuse)
+
+
+def planted():
+    """``fixtures/planted.py`` (the planted-model generators) as the module ``planted``, loaded once: its
+    dataclasses resolve their module by name, so it is registered in ``sys.modules`` before it runs."""
+    import importlib.util
+    import sys
+
+    if "planted" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("planted", FIXTURES / "planted.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["planted"] = module
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return sys.modules["planted"]

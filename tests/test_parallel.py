@@ -5,7 +5,6 @@ extra is one line; SIGTERM stops every worker and leaves no output."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pickle
@@ -29,15 +28,8 @@ from qdebug.prepare import RuntimeSettings
 from qdebug.propose import ProposeOptions, propose
 from qdebug.propose.minimize import minimal_subset
 from qdebug.runtime.parallel import RAY_MISSING, Pool, check_request, usable_cores, worker_threads
-from tests.conftest import FIXTURES, ROOT
-
-
-def _planted():
-    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "planted.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("planted", module)  # its dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return sys.modules["planted"]
+from tests.conftest import ROOT
+from tests.conftest import planted as _planted
 
 
 def _report(tmp_path: Path, kind: str = "outlier_residual"):

@@ -3,23 +3,13 @@ is no larger than the planted set, and where no small set exists it says so."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from qdebug.cli.main import main
 from qdebug.errors import ExitCode
-from tests.conftest import FIXTURES
-
-
-def _planted():
-    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "planted.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("planted", module)  # its dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return sys.modules["planted"]
+from tests.conftest import planted as _planted
 
 
 def _analyze_and_propose(kind: str, tmp_path, *extra: str):

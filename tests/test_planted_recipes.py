@@ -28,23 +28,15 @@ points below it (static, per-channel, a few nodes).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import planted as _planted
 
 MISS = 0.03
 """How far below the one-point target plain static, per-channel weights and a few nodes kept FP32 must stay."""
 
 
-def _planted():
-    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "planted.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("planted", module)  # its dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return sys.modules["planted"]
 
 
 FIX = {

@@ -13,6 +13,7 @@ from qdebug.prepare import AnalyzeOptions, prepare
 from qdebug.quant.quantize import QuantSpec, quantize_static_model
 from qdebug.quant.switchable import SWITCHES, build_switchable, switches_for
 from qdebug.runtime.capture import SessionConfig, make_session
+from tests.conftest import planted as _planted
 
 
 @pytest.fixture(scope="module")
@@ -92,17 +93,6 @@ def test_the_screen_stands_in_for_the_evaluator_and_falls_back_on_what_it_cannot
     assert worker._session is None and worker.score(excluded).value == screen.score(excluded).value
 
 
-def _planted():
-    import importlib.util
-    import sys
-
-    from tests.conftest import FIXTURES
-
-    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "planted.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("planted", module)
-    spec.loader.exec_module(module)
-    return sys.modules["planted"]
 
 
 @pytest.mark.parametrize("kind", ["outlier_residual", "detector_concat"])

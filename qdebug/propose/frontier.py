@@ -123,7 +123,8 @@ def _recipe_points(
         if trial is recipes.chosen or trial.prep is None or trial.prep.ranges is None or trial.name == "dynamic":
             continue  # the dynamic recipe's model is the frontier's own ``dynamic`` point
         spec = QuantSpec.of(trial.prep.settings, **spec_changes(trial.steps, trial.params))  # type: ignore[arg-type]
-        models.append((recipe_label(trial), quantize_model(trial.prep.normalized, trial.prep.ranges, spec)))
+        model = trial.quantized() or quantize_model(trial.prep.normalized, trial.prep.ranges, spec)
+        models.append((recipe_label(trial), model))
     results = score_all(pool, evaluator, [m for _, m in models], numbers_only=True)
     return [(label, None, result, model) for (label, model), result in zip(models, results, strict=True)]
 

@@ -66,6 +66,13 @@ class RecipeTrial:
     met: bool
     params: tuple[tuple[str, float], ...] = ()
     refused: str = ""
+    built: bytes = b""
+    """A dynamic or mixed recipe's quantized model as scored (serialized): timed and compared from this, not
+    built again (``quantize_dynamic`` of a large model takes seconds)."""
+
+    def quantized(self) -> onnx.ModelProto | None:
+        """The quantized model kept from scoring (None: a transform, whose model the search builds)."""
+        return onnx.load_model_from_string(self.built) if self.built else None
 
 
 @dataclass(frozen=True)
@@ -370,8 +377,11 @@ def _score(
     if not recipe(name).transforms:
         assert prep.ranges is not None
         spec = QuantSpec.of(prep.settings, **spec_changes(steps, params))  # type: ignore[arg-type]
-        result = evaluator.score(quantize_model(prep.normalized, prep.ranges, spec, load_check=False))
-        return RecipeTrial(name, steps, transformed, prep, result, target.met(result), params)
+        model = quantize_model(prep.normalized, prep.ranges, spec, load_check=False)
+        result = evaluator.score(model)
+        return RecipeTrial(
+            name, steps, transformed, prep, result, target.met(result), params, built=model.SerializeToString()
+        )
     if all(recipe(s).equivalent for s in steps):
         from qdebug.recipes.equivalence import check_equivalent
 
@@ -387,6 +397,13 @@ def _score(
     model = quantize_static_model(ready.normalized, ready.ranges, QuantSpec.of(ready.settings), load_check=False)
     result = evaluator.score(model)
     return RecipeTrial(name, steps, transformed, ready, result, target.met(result), params)
+
+
+def _built(trial: RecipeTrial, prep: Prepared) -> onnx.ModelProto:
+    """``trial``'s quantized model, built from ``prep``'s ranges (a trial made without keeping it)."""
+    assert prep.ranges is not None
+    spec = QuantSpec.of(prep.settings, **spec_changes(trial.steps, trial.params))  # type: ignore[arg-type]
+    return quantize_model(prep.normalized, prep.ranges, spec, load_check=False)
 
 
 def better_on_both_axes(
@@ -405,8 +422,7 @@ def better_on_both_axes(
     p95 tails overlapped). "" when it is not, or when nothing is timed (``runs`` 0)."""
     if runs <= 0 or not evaluator.batches or prep.ranges is None or not deferred_value >= answer_value:
         return ""
-    spec = QuantSpec.of(prep.settings, **spec_changes(deferred.steps, deferred.params))  # type: ignore[arg-type]
-    model = quantize_model(prep.normalized, prep.ranges, spec, load_check=False)
+    model = deferred.quantized() or _built(deferred, prep)
     first = evaluator.batches[0]
     timings = time_sessions({"answer": answer, "recipe": model}, first.feeds, evaluator.config, runs=runs,
                             rows=first.size)  # fmt: skip
@@ -428,8 +444,7 @@ def _keeps_speed(
     Where static buys no speed on this CPU, speed is not judged, as verify does. Refused: not met, with a note."""
     if not evaluator.batches or prep.ranges is None:
         return trial, ""
-    spec = QuantSpec.of(prep.settings, **spec_changes(trial.steps, trial.params))  # type: ignore[arg-type]
-    model = quantize_model(prep.normalized, prep.ranges, spec, load_check=False)
+    model = trial.quantized() or _built(trial, prep)
     first = evaluator.batches[0]
     timings = time_sessions(
         {"fp32": prep.normalized, "static": static, "recipe": model}, first.feeds, evaluator.config, runs=runs,

@@ -633,9 +633,13 @@ def _deferred_answer(
         why = timed(stage.deferred, search.target.value(stage.deferred.result), answer[3], search.score(final))
     if not why:
         return stage, search, answer
-    stage = stage.with_chosen(stage.deferred)
+    trial = stage.deferred
+    stage = stage.with_chosen(trial)
     stage = dataclasses.replace(stage, notes=(*stage.notes, f"{why} ({len(search.trials)} evaluations)"))
     search = new_search(stage.changes)
+    kept = trial.quantized()
+    if kept is not None and trial.result is not None:  # scored by the same evaluator in the stage: not again
+        search.prescore(kept, trial.result)
     plan, met_trial, _ = run_search(search, [], rerank, allow, None)
     return stage, search, _selective(search, report, plan, met_trial)
 

@@ -219,9 +219,9 @@ def _changed(label: str, trial: Trial | None) -> str:
     if label == "fp32":
         return "no quantization"
     if label.startswith("recipe "):
-        name = label.removeprefix("recipe ").split()[0].split("+")[-1]
-        if name in RECIPES and not RECIPES[name].transforms:  # dynamic, mixed: no static model under it
-            return RECIPES[name].title + _changed_on_top(trial)
+        steps = _recipe_steps(label)
+        if quantizer_of(steps) != "static":  # dynamic, mixed: no static model under it
+            return RECIPES[steps[-1]].title + _changed_on_top(trial)
         return f"{label.removeprefix('recipe ')} + " + _changed("static", trial)
     if label == "dynamic":
         return "quantize_dynamic (weights INT8, activations at run time)"
@@ -241,10 +241,15 @@ def _changed(label: str, trial: Trial | None) -> str:
 
 def _on_recipe(label: str, changed: str, final: Trial) -> str:
     """What the answer changes when it is built on the recipe ``label`` names."""
-    name = label.removeprefix("recipe ")
-    if quantizer_of(name.split()[0].split("+")) != "static":
+    if quantizer_of(_recipe_steps(label)) != "static":
         return _changed(label, final)
-    return f"{name} + {changed}"
+    return f"{label.removeprefix('recipe ')} + {changed}"
+
+
+def _recipe_steps(label: str) -> list[str]:
+    """The recipe steps a frontier label names (``recipe fold-bn+equalize``, ``recipe smooth alpha=0.5``:
+    :func:`~qdebug.propose.recipes.recipe_label` writes them)."""
+    return label.removeprefix("recipe ").split()[0].split("+")
 
 
 def _changed_on_top(trial: Trial | None) -> str:

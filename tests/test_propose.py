@@ -439,8 +439,9 @@ def test_targets():
 class _FakeSearch:
     """The interface run_search needs, over a metric defined on node sets (no model)."""
 
-    def __init__(self, metric, budget: int = 30) -> None:
+    def __init__(self, metric, budget: int = 30, allow=("fp32",)) -> None:
         self.metric = metric
+        self.allow = allow
         self.trials: list = []
         self.equivalents: list = []
         self.cache: dict = {}
@@ -506,7 +507,8 @@ def test_greedy_re_ranks_when_the_first_ranking_stalls():
         return [_unit("x"), _unit("b")] if "a" in plan.nodes() else [_unit("a"), _unit("b"), _unit("c")]
 
     search = _FakeSearch(metric)
-    plan, met, reranks = run_search(search, [_unit("a"), _unit("b"), _unit("c")], rerank, ("fp32",), None)
+    search.allow = ("fp32",)
+    plan, met, reranks = run_search(search, [_unit("a"), _unit("b"), _unit("c")], rerank, None)
     assert met is not None and met.met
     assert plan.nodes() == {"a", "x"}
     assert reranks >= 1 and reranked[0] == {"a"}
@@ -521,7 +523,8 @@ def test_bisect_then_prune_on_a_monotone_ranking():
         return 0.2 + 0.4 * ("n1" in nodes) + 0.4 * ("n4" in nodes)
 
     search = _FakeSearch(metric)
-    plan, met, reranks = run_search(search, [_unit(n) for n in names], lambda p, w: [], ("fp32",), None)
+    search.allow = ("fp32",)
+    plan, met, reranks = run_search(search, [_unit(n) for n in names], lambda p, w: [], None)
     assert plan.nodes() == {"n1", "n4"} and met.met and reranks == 0
     assert len(search.trials) <= 2 * math.ceil(math.log2(8)) + 10
 
@@ -538,16 +541,16 @@ def test_bisect_then_prune_on_a_monotone_ranking():
 def test_final_set_is_rechecked_without_per_channel(with_pc, without_pc, kept):
     """Per-channel is adopted before the exclusions are searched; once they are found, one more evaluation
     decides whether it still earns its place."""
-    from qdebug.propose.search import _without_per_channel
+    from qdebug.propose.search import without_per_channel
 
     search = _FakeSearch(lambda nodes, overrides: without_pc)
     final = Trial("prune", ("a",), (), True, with_pc, math.nan, with_pc >= 0.9, 0, 0.0, 0.0)
-    chosen = _without_per_channel(search, final, in_effect=True)
+    chosen = without_per_channel(search, final, in_effect=True)
     assert chosen.per_channel is kept and len(search.trials) == 1
     assert chosen.nodes == ("a",)
     # no weight left with more than one scale: the same model either way, no evaluation spent
     search = _FakeSearch(lambda nodes, overrides: without_pc)
-    assert _without_per_channel(search, final, in_effect=False).per_channel is False and not search.trials
+    assert without_per_channel(search, final, in_effect=False).per_channel is False and not search.trials
 
 
 def test_a_unit_tried_alone_must_be_smaller_than_the_answer():
@@ -562,7 +565,8 @@ def test_a_unit_tried_alone_must_be_smaller_than_the_answer():
     search = _FakeSearch(metric)
     initial = [_unit("a"), _unit("b")]
     widened = [*initial, _unit("region", "p", "q", "r", "s")]
-    plan, met, _ = run_search(search, initial, lambda p, w: [], ("fp32",), None, widened)
+    search.allow = ("fp32",)
+    plan, met, _ = run_search(search, initial, lambda p, w: [], None, widened)
     assert plan.nodes() == {"a", "b"} and met.value == 0.95
 
 
@@ -579,7 +583,8 @@ def test_two_branches_that_only_go_together_are_pruned_as_a_pair():
 
     search = _FakeSearch(metric)
     units = [_unit(n) for n in ("left", "right", "concat", "mix", "head")]
-    plan, met, _ = run_search(search, units, lambda p, w: [], ("fp32",), None)
+    search.allow = ("fp32",)
+    plan, met, _ = run_search(search, units, lambda p, w: [], None)
     assert plan.nodes() == needed and met.met
 
 
@@ -602,7 +607,8 @@ def test_per_channel_is_not_adopted_for_the_exclusion_search_when_fp32_alone_mee
 
     search = PerChannelSearch(lambda n, o: 0.0)
     units = [_unit(n) for n in ("a", "b", "c")]
-    plan, met, _ = run_search(search, units, lambda p, w: [], ("fp32", "per-channel"), None)
+    search.allow = ("fp32", "per-channel")
+    plan, met, _ = run_search(search, units, lambda p, w: [], None)
     assert plan.nodes() == {"a", "b"} and met.met and not met.per_channel
 
 
@@ -614,7 +620,8 @@ def test_sixteen_bit_overrides_are_pruned_to_the_tensors_needed():
 
     search = _FakeSearch(metric)
     block = Unit("blk", "pattern", ("n1",), ("t1", "t2", "t3"), 1.0, "n1", "test")
-    plan, met, _ = run_search(search, [block], lambda p, w: [], ("fp32", "int16"), None)
+    search.allow = ("fp32", "int16")
+    plan, met, _ = run_search(search, [block], lambda p, w: [], None)
     assert met.met and not plan.nodes() and plan.overrides() == {"t2"}
 
 
@@ -623,7 +630,8 @@ def test_int16_replaces_fp32_when_it_is_enough():
         return 0.95 if ("a" in nodes or "a" in overrides) else 0.3
 
     search = _FakeSearch(metric)
-    plan, met, _ = run_search(search, [_unit("a"), _unit("b")], lambda p, w: [], ("fp32", "int16"), None)
+    search.allow = ("fp32", "int16")
+    plan, met, _ = run_search(search, [_unit("a"), _unit("b")], lambda p, w: [], None)
     assert met.met and not plan.fp32 and [u.key for u in plan.int16] == ["a"]
     assert met.overrides == ("a",) and met.nodes == ()
 
@@ -952,21 +960,24 @@ def test_seven_bit_weights_for_the_whole_model_come_before_per_channel_weights()
     allow = ("fp32", "per-channel")
 
     search = _ChannelAwareSearch(lambda nodes, overrides: 0.95 if overrides & {"fix:w_all", "pc"} else 0.2)
-    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], allow, None, wholes=[seven_bit, flipped])
+    search.allow = allow
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], None, wholes=[seven_bit, flipped])
     assert met is not None and plan.fixed == (seven_bit,) and not search.per_channel
     assert [t.step for t in search.trials] == ["baseline", "whole reduce-range"]
     assert len(search.hints) == 1 and len(search.hints[0]) == 2  # the baseline, the 7-bit model
     assert not any(a[2] for a in search.hints[0])  # per-channel weights not hinted
 
     search = _ChannelAwareSearch(lambda nodes, overrides: 0.95 if overrides & {"fix:w_flip"} else 0.2)
-    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], allow, None, wholes=[seven_bit, flipped])
+    search.allow = allow
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], None, wholes=[seven_bit, flipped])
     assert plan.fixed == (flipped,)
     assert [t.step for t in search.trials] == ["baseline", "whole reduce-range", "per-channel", "whole calib-flipped"]
     assert any(a[2] for a in search.hints[1])  # per-channel weights hinted once the 7-bit model missed
 
     # without the 7-bit fix, per-channel weights come first and are hinted at once, as before
     search = _ChannelAwareSearch(lambda nodes, overrides: 0.95 if "pc" in overrides else 0.2)
-    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], allow, None, wholes=[flipped])
+    search.allow = allow
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], None, wholes=[flipped])
     assert met is not None and search.per_channel and [t.step for t in search.trials] == ["baseline", "per-channel"]
     assert len(search.hints) == 1 and any(a[2] for a in search.hints[0])
 
@@ -980,9 +991,7 @@ def test_the_whole_model_fixes_are_tried_in_order_and_the_first_that_meets_is_th
         return 0.95 if "fix:w_all" in overrides else 0.2 + 0.75 * ("a" in nodes)
 
     search = _FixAwareSearch(metric)
-    plan, met, _ = run_search(
-        search, [_unit("a"), _unit("b")], lambda p, w: [], ("fp32",), None, wholes=[seven_bit, flipped]
-    )
+    plan, met, _ = run_search(search, [_unit("a"), _unit("b")], lambda p, w: [], None, wholes=[seven_bit, flipped])
     assert met is not None and met.met and plan.fixed == (seven_bit,) and not plan.nodes()
     assert [t.step for t in search.trials] == ["baseline", "whole reduce-range"]
 
@@ -990,7 +999,8 @@ def test_the_whole_model_fixes_are_tried_in_order_and_the_first_that_meets_is_th
         return 0.95 if "fix:w_flip" in overrides else 0.2 + 0.75 * ("a" in nodes)
 
     search = _FixAwareSearch(flipped_only)
-    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], ("fp32",), None, wholes=[seven_bit, flipped])
+    search.allow = ("fp32",)
+    plan, met, _ = run_search(search, [_unit("a")], lambda p, w: [], None, wholes=[seven_bit, flipped])
     assert plan.fixed == (flipped,) and [t.step for t in search.trials] == [
         "baseline",
         "whole reduce-range",
@@ -998,7 +1008,8 @@ def test_the_whole_model_fixes_are_tried_in_order_and_the_first_that_meets_is_th
     ]
     # neither meets: the node search goes on without them, and finds the node
     search = _FixAwareSearch(lambda nodes, overrides: 0.2 + 0.75 * ("a" in nodes))
-    plan, met, _ = run_search(search, [_unit("a"), _unit("b")], lambda p, w: [], ("fp32",), None, wholes=[seven_bit])
+    search.allow = ("fp32",)
+    plan, met, _ = run_search(search, [_unit("a"), _unit("b")], lambda p, w: [], None, wholes=[seven_bit])
     assert met is not None and plan.nodes() == {"a"} and not plan.fixed
 
 

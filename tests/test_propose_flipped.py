@@ -25,7 +25,7 @@ from qdebug.propose import ProposeOptions, propose
 from qdebug.propose import flipped as flipped_module
 from qdebug.propose.blame import Unit
 from qdebug.propose.flipped import LEAK_NOTE, SKIPPED, FlippedRanges, _meaningful, leak_notes
-from qdebug.propose.options import _check_allow
+from qdebug.propose.options import check_allow
 from qdebug.propose.structure import Structure
 from qdebug.records import TensorOverride
 from qdebug.verify import VerifyOptions, verify
@@ -291,9 +291,9 @@ def test_a_unit_gets_only_its_own_meaningfully_widened_tensors(two_culprits):
 
 
 def test_allow_checks():
-    assert _check_allow(["fp32", "calib-flipped"]) == BOTH
-    assert _check_allow(["calib-flipped"]) == ("calib-flipped",)
+    assert check_allow(["fp32", "calib-flipped"]) == BOTH
+    assert check_allow(["calib-flipped"]) == ("calib-flipped",)
     for bad in (["calib-flipped", "clip"], ["clip"]):
         with pytest.raises(QDebugError) as e:
-            _check_allow(bad)
+            check_allow(bad)
         assert e.value.code == ExitCode.USAGE and "\n" not in e.value.one_line()

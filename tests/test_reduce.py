@@ -134,7 +134,7 @@ def test_merged_models_refer_to_the_weights_files_and_leave_nothing_behind(
     types = elem_types(fp32)
     scored = [p for p in pairing.tensors if types.get(p.fp32) == onnx.TensorProto.FLOAT]
     local = numpy_engine.local_fake_quant(qdq, scored)
-    path = graph_engine._GraphPath(fp32, qdq, scored, local, SessionConfig())
+    path = graph_engine.GraphPath(fp32, qdq, scored, local, SessionConfig())
     scratch = Path(path._dir.name)
     big = sum(len(t.raw_data) for t in fp32.graph.initializer if len(t.raw_data) > 1024)
     for name in ("main.onnx", "fakequant.onnx"):
@@ -154,7 +154,7 @@ def test_merged_models_refer_to_the_weights_files_and_leave_nothing_behind(
 
     monkeypatch.setattr(graph_engine, "build_reduction_model", fail)
     with pytest.raises(KeyboardInterrupt) as caught:
-        graph_engine._GraphPath(fp32, qdq, scored, local, SessionConfig())
+        graph_engine.GraphPath(fp32, qdq, scored, local, SessionConfig())
     # checked while the traceback (and so the half-built capture) is still alive: not left to the GC
     assert caught.traceback and not list(tmp_path.glob("qdebug-capture-*"))
 
@@ -500,7 +500,7 @@ def test_a_single_threaded_session_is_reopened_only_where_threads_can_win_back_i
     of the rows left exceeds what the session took to open; unknown rows (the main pass) always reopen."""
     from types import SimpleNamespace
 
-    worth = graph_engine._GraphPath._worth_reopening
+    worth = graph_engine.GraphPath._worth_reopening
     state = dict(splittable=True, _first_seconds=0.01, _opened={"fakequant.onnx": 2.5})
     assert not worth(SimpleNamespace(fq_rows=32, **state), "fakequant.onnx", 16)  # 0.155 s to win, 2.5 s to pay
     assert worth(SimpleNamespace(fq_rows=1000, **state), "fakequant.onnx", 16)  # 5 s to win

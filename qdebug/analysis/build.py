@@ -1,7 +1,7 @@
 """The records a capture produces: per tensor, per node and per weight.
 
-A capture fills one :class:`_TensorAcc` per FP32 tensor (both engines write
-into the same accumulators); :func:`_tensor_records` turns them into
+A capture fills one :class:`TensorAcc` per FP32 tensor (both engines write
+into the same accumulators); :func:`tensor_records` turns them into
 :class:`~qdebug.records.TensorRecord`. :func:`node_records` then derives each
 node's error from its tensors (the error a node *introduces* is the drop in
 accumulated SQNR from its worst input to its worst output), and
@@ -31,7 +31,7 @@ from qdebug.records import NodeRecord, QuantParams, TensorRecord, WeightRecord
 from qdebug.records.report import SQNR_CAP_DB, from_exact_input  # noqa: F401 -- re-exported: they moved to the records
 
 
-class _TensorAcc:
+class TensorAcc:
     """Accumulators of one FP32 tensor."""
 
     def __init__(self, quant: QuantParams | None, fallback: tuple[float, float] | None) -> None:
@@ -72,10 +72,10 @@ def _alias_note(name: str, aliases: dict[str, str] | None) -> str:
     return f"same values as {source} (data movement): its statistics, measured once" if source else ""
 
 
-def _tensor_records(
+def tensor_records(
     fp32: onnx.ModelProto,
     pairing: Pairing,
-    accs: dict[str, _TensorAcc],
+    accs: dict[str, TensorAcc],
     skipped: dict[str, str],
     aliases: dict[str, str] | None = None,
 ) -> list[TensorRecord]:

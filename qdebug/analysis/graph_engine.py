@@ -12,7 +12,7 @@ run per core (:func:`capture_workers`), and are accumulated in order; where
 chunks start and end depends only on the model and the batch. So a report
 depends neither on which run finishes first nor on the machine's core count.
 Tensors whose in-graph sums are not finite are measured again by the numpy
-engine (:class:`~qdebug.analysis.numpy_engine._NumpyPath`), exactly.
+engine (:class:`~qdebug.analysis.numpy_engine.NumpyPath`), exactly.
 
 The tuning constants are read at run time from this module: a test that
 patches one must patch it here, not on :mod:`qdebug.analysis`.
@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qdebug.analysis.build import _TensorAcc
-from qdebug.analysis.numpy_engine import Arrays, _NumpyPath
+from qdebug.analysis.build import TensorAcc
+from qdebug.analysis.numpy_engine import Arrays, NumpyPath
 from qdebug.analysis.reference import ReferenceMismatch, SharedReference
 from qdebug.data import Axes, Batch, batch_axes, feed_rows, model_input_specs, take_rows
 from qdebug.evaluation.metrics import ErrorAccumulator
@@ -123,7 +123,7 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-_FLOAT_TYPES = {
+FLOAT_TYPES = {
     onnx.TensorProto.FLOAT,
     onnx.TensorProto.FLOAT16,
     onnx.TensorProto.DOUBLE,
@@ -186,7 +186,7 @@ class OptimizedSides:
         self._dir.cleanup()
 
 
-class _GraphPath:
+class GraphPath:
     """Reductions computed inside ORT: one merged session on every sample, one for the fake-quant view."""
 
     def __init__(
@@ -416,8 +416,8 @@ class _GraphPath:
     def main_batches(
         self,
         batches: Iterable[Batch],
-        accs: dict[str, _TensorAcc],
-        numpy_path: _NumpyPath,
+        accs: dict[str, TensorAcc],
+        numpy_path: NumpyPath,
         skipped: dict[str, str],
         fq_done: int,
     ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
@@ -451,7 +451,7 @@ class _GraphPath:
         entry[0].append(ref)
         entry[1].append(cand)
 
-    def _flush(self, accs: dict[str, _TensorAcc]) -> None:
+    def _flush(self, accs: dict[str, TensorAcc]) -> None:
         for name, (lo, hi) in self._range.items():
             accs[name].ensure_edges(np.empty(0, np.float32), lo, hi)
         self._range.clear()
@@ -464,8 +464,8 @@ class _GraphPath:
     def fakequant_batches(
         self,
         batches: Iterable[Batch],
-        accs: dict[str, _TensorAcc],
-        numpy_path: _NumpyPath,
+        accs: dict[str, TensorAcc],
+        numpy_path: NumpyPath,
         skipped: dict[str, str],
         rows: int | None = None,
     ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
@@ -616,8 +616,8 @@ class _GraphPath:
         self,
         feeds: Arrays,
         out: Arrays,
-        accs: dict[str, _TensorAcc],
-        numpy_path: _NumpyPath,
+        accs: dict[str, TensorAcc],
+        numpy_path: NumpyPath,
         skipped: dict[str, str],
         head: bool = False,
     ) -> tuple[Arrays, Arrays]:
@@ -657,7 +657,7 @@ class _GraphPath:
         return ref_out, dep_out
 
     def _use_fakequant(
-        self, feeds: Arrays, out: Arrays, accs: dict[str, _TensorAcc], numpy_path: _NumpyPath
+        self, feeds: Arrays, out: Arrays, accs: dict[str, TensorAcc], numpy_path: NumpyPath
     ) -> tuple[Arrays, Arrays]:
         out = self._shared_out("fakequant", self.fq_model, feeds, out)
         st = self.fq_model.stats(out)
@@ -747,7 +747,7 @@ def _keeps_batch(fp32: onnx.ModelProto, symbol: str, first: bool, batched: set[s
     else it has ``symbol`` among its dims."""
     for v in fp32.graph.value_info:
         t = v.type.tensor_type
-        if v.name in batched and t.elem_type in _FLOAT_TYPES and t.HasField("shape"):
+        if v.name in batched and t.elem_type in FLOAT_TYPES and t.HasField("shape"):
             if first and (not t.shape.dim or t.shape.dim[0].HasField("dim_value")):
                 return False
             if not first and symbol not in _dim_names(v):

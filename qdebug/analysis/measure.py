@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from qdebug.analysis.build import _tensor_records, _TensorAcc
-from qdebug.analysis.graph_engine import _FLOAT_TYPES, OptimizedSides, _GraphPath
-from qdebug.analysis.numpy_engine import _NumpyPath, local_fake_quant
+from qdebug.analysis.build import TensorAcc, tensor_records
+from qdebug.analysis.graph_engine import FLOAT_TYPES, GraphPath, OptimizedSides
+from qdebug.analysis.numpy_engine import NumpyPath, local_fake_quant
 from qdebug.analysis.reference import ReferenceMismatch, SharedReference
 from qdebug.data import Batch, DataSet, batch_axes, take_rows
 from qdebug.data.store import ArrayStore
@@ -174,7 +174,7 @@ def _measure(
 ) -> LayerErrors:
     """The body of :func:`measure_layers`, with the FP32 side shared through ``shared`` (or not: None)."""
     ranges = ranges or {}
-    accs = {p.fp32: _TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
+    accs = {p.fp32: TensorAcc(p.quant, ranges.get(p.fp32)) for p in pairing.tensors}
     types = elem_types(fp32)
     skipped = _unscorable(fp32, pairing.tensors, types)
     scored = [p for p in pairing.tensors if p.fp32 not in skipped]
@@ -185,12 +185,12 @@ def _measure(
     scored = measured
     local = local_fake_quant(qdq, scored)
     use_graph = engine == "graph" or (
-        engine == "auto" and compatible(fp32, qdq) and all(types.get(p.fp32) in _FLOAT_TYPES for p in scored)
+        engine == "auto" and compatible(fp32, qdq) and all(types.get(p.fp32) in FLOAT_TYPES for p in scored)
     )
-    numpy_path = _NumpyPath(fp32, qdq, scored, local, config)
+    numpy_path = NumpyPath(fp32, qdq, scored, local, config)
     fakequant = fakequant_samples is None or fakequant_samples > 0
-    path: _NumpyPath | _GraphPath = (
-        _GraphPath(
+    path: NumpyPath | GraphPath = (
+        GraphPath(
             fp32, qdq, scored, local, config, fakequant=fakequant, axes=batch_axes(data.specs), shared=shared,
             keep_sides=keep_sides,
         )  # fmt: skip
@@ -201,16 +201,16 @@ def _measure(
         outputs, samples, fq_done, first_rows = _stream(
             path, numpy_path, data, accs, skipped, progress, fakequant, fakequant_samples
         )
-        if isinstance(path, _GraphPath):
+        if isinstance(path, GraphPath):
             path.finish_sharing()
     finally:  # sessions, capture workers and stashed models go on failure and Ctrl-C too
-        if isinstance(path, _GraphPath):
+        if isinstance(path, GraphPath):
             path.close()
     gap, first_sqnr = _plain_check(qdq, config, first_rows, plain)
 
-    records = _tensor_records(fp32, pairing, accs, skipped, aliases)  # adds the pairs' own notes to skipped
+    records = tensor_records(fp32, pairing, accs, skipped, aliases)  # adds the pairs' own notes to skipped
     not_captured = _not_captured(fp32, skipped)
-    engine_used = "graph" if isinstance(path, _GraphPath) else "numpy"
+    engine_used = "graph" if isinstance(path, GraphPath) else "numpy"
     head = {
         k: a.head.result()
         for k, a in accs.items()
@@ -227,7 +227,7 @@ def _measure(
         head,
         aliases,
         first_sqnr,
-        path.sides if isinstance(path, _GraphPath) else None,
+        path.sides if isinstance(path, GraphPath) else None,
     )
 
 
@@ -246,7 +246,7 @@ def _unscorable(fp32: onnx.ModelProto, pairs: Sequence[TensorPair], types: dict[
                 f"its shape depends on the data (after {data_shaped[p.fp32]}): the FP32 and quantized models "
                 "may keep different elements, which cannot be compared one to one; not scored"
             )
-        elif t is not None and t not in _FLOAT_TYPES:
+        elif t is not None and t not in FLOAT_TYPES:
             skipped[p.fp32] = (
                 f"{onnx.TensorProto.DataType.Name(t).lower()} tensor: not a float tensor, not scored"
             )
@@ -262,10 +262,10 @@ def _not_captured(fp32: onnx.ModelProto, skipped: dict[str, str]) -> tuple[NotCa
 
 
 def _stream(
-    path: _NumpyPath | _GraphPath,
-    numpy_path: _NumpyPath,
+    path: NumpyPath | GraphPath,
+    numpy_path: NumpyPath,
     data: DataSet,
-    accs: dict[str, _TensorAcc],
+    accs: dict[str, TensorAcc],
     skipped: dict[str, str],
     progress: Progress | None,
     fakequant: bool,

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import onnx
 
-from qdebug.analysis.build import _TensorAcc
+from qdebug.analysis.build import TensorAcc
 from qdebug.data import Batch
 from qdebug.graph.match import GraphIndex, TensorPair
 from qdebug.graph.reduce import FakeQuant
@@ -77,7 +77,7 @@ def _graph_outputs(values: Arrays, names: list[str]) -> Arrays:
     return {n: values[n] for n in names if n in values}
 
 
-class _NumpyPath:
+class NumpyPath:
     """Copy every tensor out of ORT and reduce it in float64 numpy (exact; also the NaN fallback)."""
 
     def __init__(
@@ -116,8 +116,8 @@ class _NumpyPath:
     def main(
         self,
         batch: Batch,
-        accs: dict[str, _TensorAcc],
-        numpy_path: _NumpyPath | None = None,
+        accs: dict[str, TensorAcc],
+        numpy_path: NumpyPath | None = None,
         skipped: dict[str, str] | None = None,
         head: bool = False,
     ) -> tuple[Arrays, Arrays]:
@@ -127,7 +127,7 @@ class _NumpyPath:
     def measure(
         self,
         feeds: Arrays,
-        accs: dict[str, _TensorAcc],
+        accs: dict[str, TensorAcc],
         pairs: list[TensorPair],
         skipped: dict[str, str],
         head: bool = False,
@@ -163,8 +163,8 @@ class _NumpyPath:
     def fakequant(
         self,
         batch: Batch,
-        accs: dict[str, _TensorAcc],
-        numpy_path: _NumpyPath | None = None,
+        accs: dict[str, TensorAcc],
+        numpy_path: NumpyPath | None = None,
         skipped: dict[str, str] | None = None,
     ) -> tuple[Arrays, Arrays]:
         """One batch through the fake-quant session; returns its (FP32, fake-quant) graph outputs."""
@@ -173,8 +173,8 @@ class _NumpyPath:
     def main_batches(
         self,
         batches: Iterable[Batch],
-        accs: dict[str, _TensorAcc],
-        numpy_path: _NumpyPath,
+        accs: dict[str, TensorAcc],
+        numpy_path: NumpyPath,
         skipped: dict[str, str],
         fq_done: int,
     ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
@@ -187,8 +187,8 @@ class _NumpyPath:
     def fakequant_batches(
         self,
         batches: Iterable[Batch],
-        accs: dict[str, _TensorAcc],
-        numpy_path: _NumpyPath,
+        accs: dict[str, TensorAcc],
+        numpy_path: NumpyPath,
         skipped: dict[str, str],
         rows: int | None = None,
     ) -> Iterator[tuple[Batch, Arrays, Arrays]]:
@@ -197,7 +197,7 @@ class _NumpyPath:
             yield (batch, *self.fakequant(batch, accs, numpy_path, skipped))
 
     def fakequant_pairs(
-        self, feeds: Arrays, accs: dict[str, _TensorAcc], pairs: list[TensorPair]
+        self, feeds: Arrays, accs: dict[str, TensorAcc], pairs: list[TensorPair]
     ) -> tuple[Arrays, Arrays]:
         """FP32 vs fake-quant DQ outputs of ``pairs`` for one batch of ``feeds``; returns both graph outputs."""
         fp_tap, _, fq_tap = self.taps()

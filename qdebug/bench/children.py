@@ -249,7 +249,7 @@ def declared_shape_notes(results: dict[str, dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(n for r in results.values() for n in r.get("declared_shapes", ())))
 
 
-def _tail_stats(ns: list[int], size: int, sizes: list[int]) -> LatencyStats | None:
+def tail_stats(ns: list[int], size: int, sizes: list[int]) -> LatencyStats | None:
     """Statistics of the smaller batches (``size`` 0: of several sizes, reported at their mean size)."""
     if not ns:
         return None

@@ -30,17 +30,17 @@ from qdebug import __version__
 from qdebug.analysis.model_notes import float_size_note
 from qdebug.bench.chart import chart_svg
 from qdebug.bench.children import (
-    _tail_stats,
     child_spec,
     declared_shape_notes,
     latency_stats,
     run_children_interleaved,
+    tail_stats,
     write_batches,
 )
 from qdebug.bench.dynamic import dynamic_layer_report
 from qdebug.bench.machine import machine_info
 from qdebug.bench.options import BenchOptions
-from qdebug.bench.variants import _build_variants, _Built, _replace_error, _settings_of
+from qdebug.bench.variants import Built, build_variants, replace_error, settings_of
 from qdebug.data import data_notes, open_data
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluation.evaluate import Evaluator, metric_scope_note
@@ -109,7 +109,7 @@ def _run_bench(
     options = _checked_request(options, proposal, model, calib, eval_data, out, chart)
     prop, model_sha = _proposal_for(options, model, proposal)
     notes: list[str] = []
-    options = _settings_of(options, prop, notes)
+    options = settings_of(options, prop, notes)
     if prop is not None and options.max_samples is None and prop.calib_max_samples is not None:
         options = replace(options, max_samples=prop.calib_max_samples)  # the proposal's calibration
     workdir = artifacts_dir(out)
@@ -131,7 +131,7 @@ def _run_bench(
 
     config = SessionConfig(providers=options.providers, intra_op_threads=options.threads)
     evaluator = _evaluation(prep, calib, eval_data, options, config, notes)
-    built = _build_variants(prep, ranges, options, prop, workdir, progress)
+    built = build_variants(prep, ranges, options, prop, workdir, progress)
     source = "eval" if eval_data is not None else "calib"
     scores, layer_reports = _scores(built, evaluator, options, prep, workdir, config, source, progress, notes)
     measured = _measured(built, evaluator, options, progress)
@@ -331,7 +331,7 @@ def _evaluation(
 
 
 def _scores(
-    built: list[_Built],
+    built: list[Built],
     evaluator: Evaluator,
     options: BenchOptions,
     prep: Prepared,
@@ -369,7 +369,7 @@ def _scores(
             continue
         result = outcomes[i]
         if isinstance(result, QDebugError):
-            built[i] = _replace_error(b, result.one_line())
+            built[i] = replace_error(b, result.one_line())
             continue
         scores[b.name] = (result.value, result.output_sqnr_db)
         if b.kind == "dynamic" and options.dynamic_layers:
@@ -385,7 +385,7 @@ def _scores(
 
 
 def _measured(
-    built: list[_Built], evaluator: Evaluator, options: BenchOptions, progress: Progress
+    built: list[Built], evaluator: Evaluator, options: BenchOptions, progress: Progress
 ) -> dict[str, dict[str, Any]]:
     """Time every variant that built and scored, each in its own process, on the same input batches."""
     with tempfile.TemporaryDirectory(prefix="qdebug-bench-") as tmp:
@@ -459,7 +459,7 @@ def _with_speedup(v: VariantResult, fp32_p50: float) -> VariantResult:
     return replace(v, speedup=fp32_p50 / v.full.p50_ms)
 
 
-def _variant_result(b: _Built, score: tuple[float, float] | None, m: dict[str, Any] | None) -> VariantResult:
+def _variant_result(b: Built, score: tuple[float, float] | None, m: dict[str, Any] | None) -> VariantResult:
     """The record of one variant from how it built, its score and its process's measurements.
 
     Without a score or a measurement the variant is reported with its error.
@@ -493,7 +493,7 @@ def _variant_result(b: _Built, score: tuple[float, float] | None, m: dict[str, A
     return VariantResult(
         **common,  # type: ignore[arg-type]
         full=latency_stats(m["full_ns"], m["full_size"]),
-        tail=_tail_stats(m["tail_ns"], tail_size, tail_sizes),
+        tail=tail_stats(m["tail_ns"], tail_size, tail_sizes),
         tail_sizes=tuple(tail_sizes),
         peak_rss_mb=m["peak_rss"] / mb,
         rss_before_session_mb=m["rss_before_session"] / mb,

@@ -33,7 +33,7 @@ from qdebug.records.bench import KINDS
 
 
 @dataclass(frozen=True)
-class _Built:
+class Built:
     """A variant as built: where its model is, or why there is none."""
 
     name: str
@@ -76,7 +76,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
     return methods
 
 
-def _settings_of(options: BenchOptions, proposal: Proposal | None, notes: list[str]) -> BenchOptions:
+def settings_of(options: BenchOptions, proposal: Proposal | None, notes: list[str]) -> BenchOptions:
     """``options`` with the quantization settings filled in: the flags and ``--config`` over the proposal's
     settings (the user's config included), else over the defaults; the calibration methods default to
     theirs.
@@ -107,14 +107,14 @@ def _settings_of(options: BenchOptions, proposal: Proposal | None, notes: list[s
     return replace(options, methods=methods, quant=quant)
 
 
-def _build_variants(
+def build_variants(
     prep: Prepared,
     ranges: dict[str, Ranges],
     options: BenchOptions,
     proposal: Proposal | None,
     workdir: Path,
     progress: Progress,
-) -> list[_Built]:
+) -> list[Built]:
     """Build every variant ``options`` asks for into ``workdir``, in order; one that fails keeps its error.
 
     Two failures are not one variant's and stop the run: a proposal naming nodes the model does not
@@ -122,12 +122,12 @@ def _build_variants(
     """
     several = len(options.methods) > 1
     per_channel = prep.settings.per_channel
-    built: list[_Built] = []
+    built: list[Built] = []
     plan = _plan(options)
     for i, (kind, method) in enumerate(plan):
         progress("build", i, len(plan))
         if kind == "fp32":
-            built.append(_Built("fp32", kind, "", "", False, prep.normalized_path))
+            built.append(Built("fp32", kind, "", "", False, prep.normalized_path))
             continue
         name = f"{kind}-{method}" if several and kind in ("static", "qoperator") else kind
         path = workdir / f"{name}.onnx"
@@ -144,7 +144,7 @@ def _build_variants(
                 raise  # a proposal for another model is the user's error, not a variant failure
             if e.code == ExitCode.OUTPUT:
                 raise  # a full disk fails every later write too: not one variant's failure
-            built.append(_Built(name, kind, method, "", per_channel, None, error=e.one_line()))
+            built.append(Built(name, kind, method, "", per_channel, None, error=e.one_line()))
     progress("build", len(plan), len(plan))
     return built
 
@@ -162,7 +162,7 @@ def _plan(options: BenchOptions) -> list[tuple[str, str]]:
     return plan
 
 
-def _dynamic(prep: Prepared, name: str, path: Path, options: BenchOptions) -> _Built:
+def _dynamic(prep: Prepared, name: str, path: Path, options: BenchOptions) -> Built:
     """The dynamic variant (``quantize_dynamic``: int8 weights, activations quantized at run time)."""
     per_channel = prep.settings.per_channel
     quantize_dynamic_model(
@@ -174,17 +174,17 @@ def _dynamic(prep: Prepared, name: str, path: Path, options: BenchOptions) -> _B
     # the op types only when --dynamic-ops chose them ("ORT's default op types" told nothing)
     notes = (f"op types: {','.join(options.dynamic_ops)}",) if options.dynamic_ops else ()
     notes += tuple(n for n in [dynamic_conv_note(prep.normalized, options.dynamic_ops)] if n)
-    return _Built(name, "dynamic", "", "dynamic", per_channel, path, notes=notes)
+    return Built(name, "dynamic", "", "dynamic", per_channel, path, notes=notes)
 
 
 def _static(
     prep: Prepared, name: str, kind: str, method: str, ranges: Ranges, path: Path, options: BenchOptions
-) -> _Built:
+) -> Built:
     """A static variant from one method's ranges, in the QDQ format or (``qoperator``) the QOperator one."""
     spec = QuantSpec.of(prep.settings)  # the method is the ranges'
     fmt = "QOperator" if kind == "qoperator" else "QDQ"
     quantize_static_model(prep.normalized, ranges, spec, path, quant_format=fmt)
-    return _Built(name, kind, method, fmt, spec.per_channel, path)
+    return Built(name, kind, method, fmt, spec.per_channel, path)
 
 
 def _selective(
@@ -195,7 +195,7 @@ def _selective(
     path: Path,
     options: BenchOptions,
     proposal: Proposal,
-) -> _Built:
+) -> Built:
     """The static variant with the proposal's exclusions, tensor overrides and per-channel setting, quantized
     from the proposal's recipe's transformed FP32 model when it has one."""
     if proposal.recipe is not None and proposal.recipe.fp32_model:
@@ -220,7 +220,7 @@ def _selective(
         )
     if proposal.tensor_overrides:
         notes.append(f"{len(proposal.tensor_overrides)} tensor override(s) (e.g. 16-bit activations)")
-    return _Built(
+    return Built(
         name,
         "selective",
         method,
@@ -232,6 +232,6 @@ def _selective(
     )
 
 
-def _replace_error(b: _Built, error: str) -> _Built:
+def replace_error(b: Built, error: str) -> Built:
     """``b`` as a failed variant (it built, but could not be loaded or scored)."""
     return replace(b, error=error)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from qdebug.data.rows import Axes, Batch, _axis_of
-from qdebug.data.specs import BATCH_AXIS_FLAG, LABELS_KEY, InputSpec, _fixed_sizes, fixed_batch
+from qdebug.data.rows import Axes, Batch, axis_of
+from qdebug.data.specs import BATCH_AXIS_FLAG, LABELS_KEY, InputSpec, fixed_batch, fixed_sizes
 from qdebug.errors import ExitCode, QDebugError
 
 
-def _check_header(
+def check_header(
     f: Path, header: Mapping[str, tuple[tuple[int, ...], np.dtype]], specs: tuple[InputSpec, ...], what: str
 ) -> int:
     names = [s.name for s in specs]
@@ -32,10 +32,10 @@ def _check_header(
     sizes: dict[str, tuple[int, int]] = {}  # input -> (batch axis, samples on it)
     for s in specs:
         shape, dtype = header[s.name]
-        _check_array_meta(s, shape, dtype, str(f))
+        check_array_meta(s, shape, dtype, str(f))
         if s.batch_axis is not None and len(shape) > s.batch_axis:
             sizes[s.name] = (s.batch_axis, shape[s.batch_axis])
-    if LABELS_KEY in header and not _labels_fed(specs):
+    if LABELS_KEY in header and not labels_fed(specs):
         label_shape = header[LABELS_KEY][0]
         sizes.setdefault(LABELS_KEY, (0, label_shape[0] if label_shape else 1))
         if len(sizes) == 1:  # no input has a batch axis: the file is one sample, so are its labels
@@ -63,7 +63,7 @@ def _same_samples(sizes: Mapping[str, tuple[int, int]], origin: str) -> int:
     return counts.pop()
 
 
-def _check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, origin: str) -> None:
+def check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, origin: str) -> None:
     if np.dtype(dtype) != spec.dtype:
         raise QDebugError(
             f"{origin}: input {spec.name!r} has dtype {np.dtype(dtype)}, the model expects {spec.dtype}",
@@ -95,12 +95,12 @@ def _check_array_meta(spec: InputSpec, shape: tuple[int, ...], dtype: np.dtype, 
             )
 
 
-def _check_same_rows(arrays: Mapping[str, np.ndarray], axes: Axes, origin: str) -> int:
+def check_same_rows(arrays: Mapping[str, np.ndarray], axes: Axes, origin: str) -> int:
     """The samples of one item: every input (and the labels) holds as many on its batch axis (only the
     first input's had been used: the others were cut to it, or ORT failed with a raw message)."""
     sizes = {}
     for k, v in arrays.items():
-        axis = _axis_of(k, v, axes) if k in axes or k == LABELS_KEY else None
+        axis = axis_of(k, v, axes) if k in axes or k == LABELS_KEY else None
         if axis is not None:
             sizes[k] = (axis, int(v.shape[axis]))
     if LABELS_KEY in sizes and len(sizes) == 1 and LABELS_KEY not in axes:  # no batch axis: one sample
@@ -108,7 +108,7 @@ def _check_same_rows(arrays: Mapping[str, np.ndarray], axes: Axes, origin: str) 
     return _same_samples(sizes, origin)
 
 
-def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
+def check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
     for name, a in arrays.items():
         if name == LABELS_KEY or a.dtype.kind not in "fc":
             continue
@@ -121,7 +121,7 @@ def _check_finite(arrays: Mapping[str, np.ndarray], origin: str) -> None:
             )
 
 
-def _check_fixed_batches(
+def check_fixed_batches(
     specs: tuple[InputSpec, ...],
     counts: list[int],
     n_samples: int,
@@ -168,12 +168,12 @@ def _usable_samples(counts: list[int], limit: int, batch: int) -> int:
     return usable
 
 
-def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str) -> int | None:
+def batch_size_of(specs: tuple[InputSpec, ...], requested: int | None, source: str) -> int | None:
     """The batch size to split files into; ``None`` keeps each file's batch as is.
 
     A model with a static batch dimension accepts only that size.
     """
-    static = _fixed_sizes(specs)
+    static = fixed_sizes(specs)
     if static:
         fixed = static.pop()
         if requested is not None and requested != fixed:
@@ -186,7 +186,7 @@ def _batch_size(specs: tuple[InputSpec, ...], requested: int | None, source: str
     return requested if requested is not None else 16
 
 
-def _class_indices(labels: np.ndarray, n: int, origin: str) -> np.ndarray:
+def class_indices(labels: np.ndarray, n: int, origin: str) -> np.ndarray:
     """``labels`` as one integer class index per sample, or a one-line error.
 
     Labels shaped [N, 1] had broadcast against the [N] predictions (top-1 of 244 %), [N, 3] crashed, and a
@@ -219,13 +219,13 @@ def _class_indices(labels: np.ndarray, n: int, origin: str) -> np.ndarray:
     )
 
 
-def _labels_fed(specs: tuple[InputSpec, ...]) -> bool:
+def labels_fed(specs: tuple[InputSpec, ...]) -> bool:
     """Whether the model has an input named ``labels``: the key is then fed to it and is not the labels
     (the model had been run without it: "Required inputs (['labels']) are missing")."""
     return any(s.name == LABELS_KEY for s in specs)
 
 
-def _check_batch(batch: Batch, specs: tuple[InputSpec, ...]) -> None:
+def check_batch(batch: Batch, specs: tuple[InputSpec, ...]) -> None:
     if batch.size == 0:
         raise QDebugError(f"{batch.origin}: empty batch", "remove empty files/items", ExitCode.DATA)
     for spec in specs:

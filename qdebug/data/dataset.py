@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from qdebug.data.checks import _check_batch, _check_finite, _class_indices
+from qdebug.data.checks import check_batch, check_finite, class_indices
 from qdebug.data.rows import Axes, Batch, feed_rows, take_rows
 from qdebug.data.specs import LABELS_KEY, InputSpec
 from qdebug.errors import ExitCode, QDebugError
@@ -46,7 +46,7 @@ class DataSet:
         """Iterate over the batches (validated as they are produced)."""
         seen = 0
         for batch in self._make_iter():
-            _check_batch(batch, self.specs)
+            check_batch(batch, self.specs)
             seen += batch.size
             yield batch
         if self._pass_samples is None:
@@ -79,7 +79,7 @@ class DataSet:
         names = [s.name for s in self.specs if s.dtype.kind in "fc"]
         if names:
             for arrays, origin in self.input_arrays(names):
-                _check_finite(arrays, origin)
+                check_finite(arrays, origin)
 
     def first(self) -> Batch:
         """The first batch (used to prepare sessions before the timed work)."""
@@ -90,7 +90,7 @@ class DataSet:
         )
 
 
-def _split(
+def split_batches(
     arrays: Mapping[str, np.ndarray],
     n: int,
     bsize: int | None,
@@ -108,7 +108,7 @@ def _split(
         feeds = take_rows(inputs, start, stop, axes) if (start, stop) != (0, feed_rows(inputs, axes)) else inputs
         labels = arrays[LABELS_KEY][start:stop] if has_labels and LABELS_KEY in arrays else None
         if labels is not None:
-            labels = _class_indices(labels, stop - start, origin)
+            labels = class_indices(labels, stop - start, origin)
         yield Batch(feeds, labels, stop - start, f"{origin}[{start}:{stop}]", axes)
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from qdebug.data.checks import _batch_size, _check_array_meta, _check_finite, _check_same_rows, _labels_fed
-from qdebug.data.dataset import DataSet, _split
-from qdebug.data.rows import Axes, Batch, _axis_of, join_rows, take_rows
+from qdebug.data.checks import batch_size_of, check_array_meta, check_finite, check_same_rows, labels_fed
+from qdebug.data.dataset import DataSet, split_batches
+from qdebug.data.rows import Axes, Batch, axis_of, join_rows, take_rows
 from qdebug.data.specs import LABELS_KEY, UNDECIDED, InputSpec, batch_axes, fixed_batch, resolve_batch_axes
 from qdebug.errors import ExitCode, QDebugError
 
@@ -71,19 +71,19 @@ def load_hook(spec: str, what: str) -> Callable[..., Any]:
     return func
 
 
-def _hook_dataset(
+def hook_dataset(
     spec: str, specs: tuple[InputSpec, ...], batch_size: int | None, max_samples: int | None, what: str
 ) -> DataSet:
     func = load_hook(spec, what)
     specs = _hook_axes(func, spec, specs)
-    bsize = _batch_size(specs, batch_size, spec)
+    bsize = batch_size_of(specs, batch_size, spec)
     axes = batch_axes(specs)
 
     ignored: set[str] = set()
     labelled: set[bool] = set()  # whether the items carry labels (all must agree)
 
     used = {s.name for s in specs} | {LABELS_KEY}
-    fed = _labels_fed(specs)
+    fed = labels_fed(specs)
 
     def make_iter() -> Iterator[tuple[dict[str, np.ndarray], int, str]]:
         produced = 0
@@ -113,9 +113,9 @@ def _hook_dataset(
                     ExitCode.DATA,
                 )
             for s in specs:
-                _check_array_meta(s, arrays[s.name].shape, arrays[s.name].dtype, f"{spec} item {i}")
-            _check_finite(arrays, f"{spec} item {i}")
-            n = _check_same_rows(arrays, axes, f"{what} hook {spec} item {i}")
+                check_array_meta(s, arrays[s.name].shape, arrays[s.name].dtype, f"{spec} item {i}")
+            check_finite(arrays, f"{spec} item {i}")
+            n = check_same_rows(arrays, axes, f"{what} hook {spec} item {i}")
             if n == 0:  # an empty item is skipped, like an empty file (it had ended the data there, silently)
                 continue
             if max_samples is not None:
@@ -139,7 +139,7 @@ def _hook_dataset(
         if fixed_batch(specs) > 1:
             items = _fill_fixed_batches(items, fixed_batch(specs), spec, what, axes)
         for arrays, n, origin in items:
-            yield from _split(arrays, n, bsize, origin, LABELS_KEY in arrays and not fed, fed, axes)
+            yield from split_batches(arrays, n, bsize, origin, LABELS_KEY in arrays and not fed, fed, axes)
 
     # Validate the first item now, before any long work.
     first = next(iter(make_batches()), None)
@@ -215,7 +215,7 @@ def _stackable(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], axes: A
     one)."""
 
     def same(k: str, x: np.ndarray, y: np.ndarray) -> bool:
-        axis = _axis_of(k, x, axes)
+        axis = axis_of(k, x, axes)
         if axis is not None and y.ndim == x.ndim:
             return np.delete(x.shape, axis).tolist() == np.delete(y.shape, axis).tolist()
         return x.shape == y.shape and np.array_equal(x, y)

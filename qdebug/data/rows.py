@@ -29,7 +29,7 @@ class Batch:
     """Each input's batch axis (:func:`batch_axes`): what a chunk of this batch is cut on."""
 
 
-def _axis_of(name: str, value: np.ndarray, axes: Axes | None) -> int | None:
+def axis_of(name: str, value: np.ndarray, axes: Axes | None) -> int | None:
     """The batch axis of one array: ``axes``' (axis 0 for a name it lacks); None for rank 0."""
     if not value.ndim:
         return None
@@ -43,7 +43,7 @@ def feed_rows(feeds: Mapping[str, np.ndarray], axes: Axes | None = None) -> int:
     """Samples in one feed dict: the size of its first batched array on its batch axis (``axes``; without
     them axis 0), 1 when no input has one (scalars; an indivisible batch)."""
     for k, v in feeds.items():
-        axis = _axis_of(k, v, axes)
+        axis = axis_of(k, v, axes)
         if axis is not None:
             return int(v.shape[axis])
     return 1
@@ -57,7 +57,7 @@ def take_rows(
     copied contiguous, as ORT reads it."""
     out = {}
     for k, v in feeds.items():
-        axis = _axis_of(k, v, axes)
+        axis = axis_of(k, v, axes)
         if axis is None:
             out[k] = v
         elif axis == 0:
@@ -73,6 +73,6 @@ def join_rows(parts: Sequence[Mapping[str, np.ndarray]], axes: Axes | None = Non
         return dict(parts[0])
     out = {}
     for k, v in parts[0].items():
-        axis = _axis_of(k, v, axes)
+        axis = axis_of(k, v, axes)
         out[k] = v if axis is None else np.concatenate([p[k] for p in parts], axis=axis)
     return out

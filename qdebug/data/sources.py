@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from qdebug.data.checks import (
-    _batch_size,
-    _check_finite,
-    _check_fixed_batches,
-    _check_header,
-    _labels_fed,
+    batch_size_of,
+    check_finite,
+    check_fixed_batches,
+    check_header,
+    labels_fed,
 )
-from qdebug.data.dataset import DataSet, _split
-from qdebug.data.hooks import _hook_dataset
+from qdebug.data.dataset import DataSet, split_batches
+from qdebug.data.hooks import hook_dataset
 from qdebug.data.rows import Batch, feed_rows
 from qdebug.data.specs import LABELS_KEY, InputSpec, batch_axes, resolve_batch_axes
 from qdebug.errors import ExitCode, QDebugError
@@ -69,7 +69,7 @@ def open_data(
             files = [path]
         return _file_dataset(text, files, specs, batch_size, max_samples, what, limit_flag)
     if ":" in text and not text.endswith(".npz"):
-        return _hook_dataset(text, specs, batch_size, max_samples, what)
+        return hook_dataset(text, specs, batch_size, max_samples, what)
     raise QDebugError(
         f"{what} not found: {text}", "pass an .npz file, a folder of them, or module:function", ExitCode.INPUT
     )
@@ -115,12 +115,12 @@ def _file_dataset(
     counts = []  # samples per file (its inputs and labels agree on their batch axes: checked here)
     has_labels = True
     for f, header in headers.items():
-        counts.append(_check_header(f, header, specs, what))
-        has_labels = has_labels and LABELS_KEY in header and not _labels_fed(specs)
+        counts.append(check_header(f, header, specs, what))
+        has_labels = has_labels and LABELS_KEY in header and not labels_fed(specs)
     total = sum(counts)
     labelled = [f.name for f, h in headers.items() if LABELS_KEY in h]
     for f, header in headers.items():  # from the headers: strings had been found after the whole capture
-        if LABELS_KEY in header and not _labels_fed(specs):
+        if LABELS_KEY in header and not labels_fed(specs):
             shape, dtype = header[LABELS_KEY]
             if dtype.kind not in "iuf" or len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1):
                 raise QDebugError(
@@ -129,7 +129,7 @@ def _file_dataset(
                     "save labels as a 1-D integer array (labels.astype(numpy.int64); argmax of one-hot rows)",
                     ExitCode.DATA,
                 )
-    if labelled and len(labelled) < len(headers) and not _labels_fed(specs):
+    if labelled and len(labelled) < len(headers) and not labels_fed(specs):
         raise QDebugError(
             f"{what} {source}: {len(labelled)} of {len(headers)} files have labels (e.g. {labelled[0]}), the "
             "others not; they had been dropped silently and top-1 became agreement with FP32",
@@ -139,8 +139,8 @@ def _file_dataset(
     if total == 0:
         raise QDebugError(f"{what} {source} holds no samples", "give at least one sample", ExitCode.DATA)
     n_samples = min(total, max_samples) if max_samples else total
-    bsize = _batch_size(specs, batch_size, source)
-    _check_fixed_batches(specs, counts, n_samples, source, what, limit_flag)
+    bsize = batch_size_of(specs, batch_size, source)
+    check_fixed_batches(specs, counts, n_samples, source, what, limit_flag)
     axes = batch_axes(specs)
 
     def make_iter() -> Iterator[Batch]:
@@ -150,10 +150,10 @@ def _file_dataset(
                 return
             arrays = _read_npz(f, specs)
             n = feed_rows({s.name: arrays[s.name] for s in specs}, axes)
-            _check_finite(arrays, str(f))
+            check_finite(arrays, str(f))
             take = min(n, left)
             left -= take
-            yield from _split(arrays, take, bsize, str(f), has_labels, _labels_fed(specs), axes)
+            yield from split_batches(arrays, take, bsize, str(f), has_labels, labels_fed(specs), axes)
             del arrays
 
     def read_inputs(names: tuple[str, ...]) -> Iterator[tuple[dict[str, np.ndarray], str]]:

@@ -272,11 +272,11 @@ def output_batch_axes(model: Any, specs: Sequence[InputSpec]) -> dict[str, int]:
 
 def fixed_batch(specs: Sequence[InputSpec]) -> int:
     """The model's fixed batch dimension (1 when it is dynamic or the inputs disagree)."""
-    fixed = _fixed_sizes(specs)
+    fixed = fixed_sizes(specs)
     return fixed.pop() if len(fixed) == 1 else 1
 
 
-def _fixed_sizes(specs: Sequence[InputSpec]) -> set[int]:
+def fixed_sizes(specs: Sequence[InputSpec]) -> set[int]:
     """The static sizes the model declares on its inputs' batch axes."""
     return {
         s.shape[s.batch_axis]  # type: ignore[misc]

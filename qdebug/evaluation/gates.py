@@ -1,8 +1,8 @@
 """The verify gates: the selective model judged by recovery, drop and output SQNR, beyond the noise.
 
 :func:`assess` (and :func:`judge`, its tuple form) passes or fails each gate only beyond the
-paired-bootstrap interval :func:`_noise` assembles from the evaluator's per-sample values
-(:mod:`qdebug.evaluation.noise`), else calls the result undecided; :func:`_noise_fields` turns the intervals into
+paired-bootstrap interval :func:`gate_noise` assembles from the evaluator's per-sample values
+(:mod:`qdebug.evaluation.noise`), else calls the result undecided; :func:`noise_fields` turns the intervals into
 ``verify.json`` fields. Plain functions over values and an :class:`~qdebug.evaluation.evaluate.Evaluator`: the
 ``verify`` command (:mod:`qdebug.verify`) calls them, and ``qdebug.output.ci_outputs`` reads the same gates
 back from the record.
@@ -59,7 +59,7 @@ def slower_than_fp32(fp32: Latency, candidate: Latency) -> bool:
     return candidate.p50_ms > (1 + SPEED_MARGIN) * fp32.p95_ms
 
 
-def _noise(
+def gate_noise(
     evaluator: Evaluator,
     static: EvalResult,
     selective: EvalResult,
@@ -104,7 +104,7 @@ def _noise(
     return noise, notes
 
 
-def _noise_fields(noise: PairedNoise | None, j: Judgement) -> dict[str, object]:
+def noise_fields(noise: PairedNoise | None, j: Judgement) -> dict[str, object]:
     """The ``verify.json`` fields of the intervals (their defaults without them)."""
     if noise is None:
         return {}

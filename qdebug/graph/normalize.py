@@ -40,7 +40,7 @@ from onnx import ModelProto, numpy_helper
 
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.graph.modelfile import LoadedModel, default_opset
-from qdebug.graph.shapes import _infer_shapes
+from qdebug.graph.shapes import infer_shapes
 
 MIN_OPSET = 10
 
@@ -111,7 +111,7 @@ def normalize(
     _outputs_that_are_inputs(model.graph, notes)
     _unshare_biases(model, notes)
     _check_known_domains(model, loaded.path)
-    model = _infer_shapes(model, notes)
+    model = infer_shapes(model, notes)
     return NormalizedModel(
         proto=model,
         name_map=tuple(name_map),

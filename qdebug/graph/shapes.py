@@ -1,4 +1,4 @@
-"""Shape inference that survives dynamic dimensions and ends with every tensor typed (:func:`_infer_shapes`).
+"""Shape inference that survives dynamic dimensions and ends with every tensor typed (:func:`infer_shapes`).
 
 The fallback chain: ONNX inference; where it leaves tensors untyped, ORT's symbolic inference, then with
 ``auto_merge``; then the element types ORT resolves when it loads the model. Each step that was needed is
@@ -19,7 +19,7 @@ from onnx import ModelProto
 from qdebug.graph.modelfile import is_large, save_with_external_data
 
 
-def _infer_shapes(model: ModelProto, notes: list[str]) -> ModelProto:
+def infer_shapes(model: ModelProto, notes: list[str]) -> ModelProto:
     """Run shape inference, falling back gracefully on dynamic shapes; every tensor should end typed.
 
     ONNX inference runs first: it is fast and is what ORT's quantizer itself

@@ -30,7 +30,7 @@ from qdebug.records import NodeReason, RecipeRecord, Report
 from qdebug.vocabulary import RECIPES
 
 
-def _reasons(
+def reason_lines(
     report: Report,
     plan: Plan,
     spec: QuantSpec,
@@ -132,7 +132,7 @@ def _fmt(target: Target, trial: Trial) -> str:
     return f"{v:.4g}"
 
 
-def _snippet(
+def proposal_snippet(
     report: Report,
     model_path: Path,
     prep: Prepared,
@@ -186,7 +186,7 @@ def _snippet(
     )
 
 
-def _notes(report: Report) -> tuple[str, ...]:
+def quantized_given_notes(report: Report) -> tuple[str, ...]:
     """A note when the report analyzed the user's own quantized model, which propose does not reuse."""
     if not report.config.quantized_given:
         return ()
@@ -198,7 +198,7 @@ def _notes(report: Report) -> tuple[str, ...]:
     )
 
 
-def _nothing_quantized(final: Trial, static: Trial) -> tuple[str, ...]:
+def nothing_quantized(final: Trial, static: Trial) -> tuple[str, ...]:
     """A note when the selective model keeps no Q/DQ pair: "MET" then means "do not quantize" (a proposal
     keeping every quantizable node FP32 had been reported as met without a word)."""
     if final.qdq_pairs > 0 or static.qdq_pairs == 0:

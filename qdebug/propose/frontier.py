@@ -84,7 +84,7 @@ def verified_frontier(
     entries += tried + _weighted_only(prep, evaluator, pool)
     neighbours = [
         (label, trial, search.build(trial.nodes, trial.overrides, trial.per_channel, fixes=trial.fixes)[1])
-        for label, trial in _neighbours(search, final)
+        for label, trial in frontier_neighbours(search, final)
     ]
     models = [m for _, _, m in neighbours]
     rescored = score_all(pool, evaluator, models, numbers_only=True) if rescore else [None] * len(neighbours)
@@ -154,7 +154,7 @@ def _weighted_only(prep: Prepared, evaluator: Evaluator, pool: Pool | None) -> l
     return [(f"static --op-types {','.join(weighted)}", None, result, model)]
 
 
-def _neighbours(search: Search, final: Trial) -> list[tuple[str, Trial]]:
+def frontier_neighbours(search: Search, final: Trial) -> list[tuple[str, Trial]]:
     """The best-scoring trial that changes less than the answer, and the best that changes more (when it
     scores higher): what a looser target, or a stricter one, would cost."""
     size = _size(final)

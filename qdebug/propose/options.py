@@ -1,7 +1,7 @@
 """What a ``propose`` run is asked for: :class:`ProposeOptions`, the target they set, and the result's record.
 
 :func:`make_target` turns the flags into the search's :class:`~qdebug.propose.search.Target` (a drop in
-points or in the metric's own units, or an output SQNR), :func:`_check_allow` checks ``--allow`` against
+points or in the metric's own units, or an output SQNR), :func:`check_allow` checks ``--allow`` against
 :data:`ACTIONS`, and :class:`ProposeResult` is what :func:`qdebug.propose.run.propose` returns.
 """
 
@@ -136,7 +136,7 @@ def make_target(metric: str, fp32: float, samples: int, options: ProposeOptions)
     return Target(metric, "drop", fp32 - drop, fp32, 1e-9 + 1e-6 * abs(fp32))
 
 
-def _check_allow(allow: Sequence[str]) -> tuple[str, ...]:
+def check_allow(allow: Sequence[str]) -> tuple[str, ...]:
     """The ``--allow`` list without blanks and repeats, refusing an unknown action or an empty list."""
     out = tuple(dict.fromkeys(a.strip() for a in allow if a.strip()))
     bad = [a for a in out if a not in ACTIONS]

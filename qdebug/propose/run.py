@@ -47,7 +47,7 @@ from qdebug.progress import Progress, StageClock, no_progress, stage_seconds
 from qdebug.propose import switch
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
-from qdebug.propose.explain import _notes, _nothing_quantized, _reasons, _snippet
+from qdebug.propose.explain import nothing_quantized, proposal_snippet, quantized_given_notes, reason_lines
 from qdebug.propose.fixes import fix_for, whole_reduce_range
 from qdebug.propose.flipped import flipped_ranges, leak_notes
 from qdebug.propose.frontier import dynamic_variant, missed_verdict, speed_verdict, verified_frontier
@@ -58,7 +58,7 @@ from qdebug.propose.options import (  # re-exported: the request's options, targ
     RERANK_SAMPLES,
     ProposeOptions,
     ProposeResult,
-    _check_allow,
+    check_allow,
     make_target,
 )
 from qdebug.propose.recipes import (
@@ -80,11 +80,11 @@ from qdebug.propose.search import (
     Search,
     Target,
     Trial,
-    _final,
-    _without_per_channel,
     default_budget,
+    final_answer,
     held_back,
     model_digest,
+    without_per_channel,
 )
 from qdebug.propose.strategy import run_search
 from qdebug.propose.structure import Structure
@@ -185,7 +185,7 @@ def propose(
     source = report
     if not isinstance(report, Report):
         report = load_report(report)
-    allow = _check_allow(options.allow)
+    allow = check_allow(options.allow)
     recipes = wanted_recipes(options.recipes)
     check_request(options.runtime)
     if options.max_nodes is not None and options.max_nodes < 0:
@@ -330,8 +330,8 @@ def _propose(
         notes=(
             *input_notes,
             *_settings_notes(report, prep),
-            *_notes(report),
-            *_nothing_quantized(final, static),
+            *quantized_given_notes(report),
+            *nothing_quantized(final, static),
             *stage.notes,
             *([flipped_note] if flipped_note else leak_notes(final.fixes, flipped)),
             *screen_notes,
@@ -575,7 +575,7 @@ def _search_from(
         if fix is not None
     ]
     plan, met, reranks = run_search(
-        search, initial, rerank, allow, options.max_nodes, widened, diagnosed, fixer=fixer, wholes=wholes
+        search, initial, rerank, options.max_nodes, widened, diagnosed, fixer=fixer, wholes=wholes
     )
     answer = _selective(search, report, plan, met)
     return _Searched(prep, report, search, initial, answer, reranks, rerank, switch, flipped, flipped_note)
@@ -640,7 +640,7 @@ def _deferred_answer(
     kept = trial.quantized()
     if kept is not None and trial.result is not None:  # scored by the same evaluator in the stage: not again
         search.prescore(kept, trial.result)
-    plan, met_trial, _ = run_search(search, [], rerank, allow, None)
+    plan, met_trial, _ = run_search(search, [], rerank, None)
     return stage, search, _selective(search, report, plan, met_trial)
 
 
@@ -740,6 +740,7 @@ def _search(
         progress,
         options.max_nodes,
         pool,
+        check_allow(options.allow),
     )
     if options.max_evaluations is None:
         search.held = held_back(_candidate_nodes(initial))
@@ -787,10 +788,10 @@ def _selective(
 ) -> tuple[Plan, Trial, QuantSpec, onnx.ModelProto]:
     """The answer and its model: the met trial that fits (else the best that does), per-channel weights
     dropped when the report's settings had none and they do not earn their place."""
-    plan, final = _final(search, plan, met)
+    plan, final = final_answer(search, plan, met)
     spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel, fixes=final.fixes)
     if spec.per_channel and not search.base_spec.per_channel:
-        final = _without_per_channel(search, final, bool(qdq_settings(selective).per_channel))
+        final = without_per_channel(search, final, bool(qdq_settings(selective).per_channel))
         if not final.per_channel:
             spec, selective, _ = search.build(final.nodes, final.overrides, False, fixes=final.fixes)
     return plan, final, spec, selective
@@ -822,7 +823,7 @@ def _proposal_record(
         nodes_to_exclude=spec.nodes_to_exclude,
         tensor_overrides=spec.tensor_overrides,
         per_channel=spec.per_channel,
-        reasons=_reasons(report, plan, spec, target, static, final, search.trials),
+        reasons=reason_lines(report, plan, spec, target, static, final, search.trials),
         metric=target.metric if target.kind == "drop" else "output_sqnr_db",
         fp32_metric=target.fp32 if target.kind == "drop" else math.inf,
         static_metric=target.value(static),
@@ -831,7 +832,7 @@ def _proposal_record(
         search_seconds=seconds,
         source="propose",
         quantized_model=str(sel_path.resolve()) if sel_path is not None else None,
-        snippet=_snippet(report, model_path, prep, spec, calib_src, recipe),
+        snippet=proposal_snippet(report, model_path, prep, spec, calib_src, recipe),
         quantizable_nodes=len(search.structure.excludable),
         qdq_pairs_delta=final.qdq_pairs - static.qdq_pairs,
         method=settings.method,

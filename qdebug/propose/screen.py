@@ -19,7 +19,7 @@ import onnx
 from qdebug.data import open_data
 from qdebug.evaluation.evaluate import EvalResult, Evaluator
 from qdebug.prepare import Prepared
-from qdebug.propose.frontier import _neighbours
+from qdebug.propose.frontier import frontier_neighbours
 from qdebug.propose.search import Plan, Search, Target, Trial, plan_of
 from qdebug.quant.quantize import QuantSpec
 from qdebug.records import AnalysisConfig
@@ -72,7 +72,7 @@ def start_on_all(pool: Pool | None, full: Evaluator, search: Search, final: Tria
     if pool is None or pool.inline:
         return
     models = [search.build((), (), search.trials[0].per_channel)[1], selective]
-    for _, t in _neighbours(search, final):
+    for _, t in frontier_neighbours(search, final):
         models.append(search.build(t.nodes, t.overrides, t.per_channel, fixes=t.fixes)[1])
     for model in models:
         pool.submit(full, model, numbers_only=True)

@@ -11,8 +11,8 @@ in ``Search.trials``, the trace the proposal reports.
 
 A :class:`Plan` is a configuration in terms of units (see
 :mod:`qdebug.propose.blame`). The strategies in :mod:`qdebug.propose.strategy`
-build plans and score them with :func:`_evaluate_plan`; :func:`_final` and
-:func:`_without_per_channel` pick the answer from the trace afterwards.
+build plans and score them with :func:`evaluate_plan`; :func:`final_answer` and
+:func:`without_per_channel` pick the answer from the trace afterwards.
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ class Search:
         progress: Progress,
         max_nodes: int | None = None,
         pool: Pool | None = None,
+        allow: Sequence[str] = ("fp32",),
     ) -> None:
         self.normalized = normalized
         self.ranges = ranges
@@ -190,21 +191,23 @@ class Search:
         """Asked configuration -> resolved one: a repeated candidate is neither re-quantized nor re-scored."""
         self.per_channel = base_spec.per_channel
         self.max_nodes = max_nodes
+        self.allow = tuple(allow)
+        """``--allow``'s actions: what the strategy may change (keep FP32, 16-bit, per-channel, the fixes)."""
         self.held = 0
+        """Evaluations the growth may not spend (released before the answer is refined)."""
         self.skips: list[str] = []
         """Candidates ORT's quantizer could not build, with its reason (shown as notes)."""
-        """Evaluations the growth may not spend (released before the answer is refined)."""
         self.pool = pool
         """Where candidates are scored (None or an inline pool: here, one at a time; see :meth:`prefetch`)."""
         self.ahead: dict[tuple, _Ahead] = {}
         """Variants built and handed to the pool before they were asked for (:meth:`prefetch`), by asked
         configuration: nothing of the trace or the budget, only work done early."""
         self.built: OrderedDict[tuple, tuple[QuantSpec, bytes]] = OrderedDict()
+        """Variants built, by what was asked (serialized, at most :data:`BUILT_BYTES` in all, the most recent
+        kept): the answer, static and the frontier's points are built again after the search."""
         self.results: OrderedDict[str, tuple[object, EvalResult]] = OrderedDict()
         """The last scores with their per-sample numbers, by model digest: the answer's drop interval is read
         from its own (no evaluation again) when the search scored it on the whole set."""
-        """Variants built, by what was asked (serialized, at most :data:`BUILT_BYTES` in all, the most recent
-        kept): the answer, static and the frontier's points are built again after the search."""
         self.prescored: dict[str, EvalResult] = {}
         """Scores of models already scored by this evaluator before the search (the recipes stage's full
         static), by model digest: taken once instead of scoring the same model again."""
@@ -617,14 +620,14 @@ Rerank = Callable[[Plan, bool], list[Unit]]
 quantized tensor): a short layer capture of the plan's variant reveals error the first ranking masked."""
 
 
-def _evaluate_plan(search: Search, step: str, plan: Plan) -> Trial | None:
+def evaluate_plan(search: Search, step: str, plan: Plan) -> Trial | None:
     """Score ``plan`` (``None`` when the budget is spent); its FP32 tensors' leaks are closed first."""
     return search.evaluate(step, plan.nodes(), plan.overrides(), keep_float=plan.keep_float(), fixes=plan.fixes())
 
 
 def plan_ask(search: Search, plan: Plan) -> tuple:
     """``plan`` as :meth:`Search.ask` puts a variant (for :meth:`Search.prefetch` and
-    :meth:`Search.evaluate_many`), exactly as :func:`_evaluate_plan` would ask for it."""
+    :meth:`Search.evaluate_many`), exactly as :func:`evaluate_plan` would ask for it."""
     return search.ask(plan.nodes(), plan.overrides(), keep_float=plan.keep_float(), fixes=plan.fixes())
 
 
@@ -650,7 +653,7 @@ FIX_EVALS = 6
 minimized answer's units before leaving them FP32."""
 
 
-def _without_per_channel(search: Search, final: Trial, in_effect: bool) -> Trial:
+def without_per_channel(search: Search, final: Trial, in_effect: bool) -> Trial:
     """``final`` without per-channel weights when they do not earn their place.
 
     Per-channel is adopted before the exclusions are searched; once they are
@@ -671,7 +674,7 @@ def _without_per_channel(search: Search, final: Trial, in_effect: bool) -> Trial
     return final
 
 
-def _final(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:
+def final_answer(search: Search, plan: Plan, met: Trial | None) -> tuple[Plan, Trial]:
     """The met trial if it fits ``max_nodes``; else the best trial that fits (fewest nodes among equals)."""
     if met is not None and search.fits(met):
         return plan, met

@@ -2,7 +2,7 @@
 
 Each strategy is a function over :class:`~qdebug.propose.search.Search` (the
 budget, the cache and the trace) and :class:`~qdebug.propose.search.Plan`
-values; it scores plans with :func:`~qdebug.propose.search._evaluate_plan`
+values; it scores plans with :func:`~qdebug.propose.search.evaluate_plan`
 and stops when ``search.left`` is spent. :func:`run_search` runs them in
 order:
 
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 
 from qdebug.propose.blame import Unit
 from qdebug.propose.minimize import minimal_subset
-from qdebug.propose.search import Fix, Plan, Rerank, Search, Trial, _evaluate_plan, plan_ask
+from qdebug.propose.search import Fix, Plan, Rerank, Search, Trial, evaluate_plan, plan_ask
 from qdebug.vocabulary import FIX_KINDS as FIX_KINDS_ALL
 
 BEFORE_PER_CHANNEL = frozenset(k for k, f in FIX_KINDS_ALL.items() if f.whole_first)
@@ -56,7 +56,6 @@ def run_search(
     search: Search,
     initial: list[Unit],
     rerank: Rerank,
-    allow: Sequence[str],
     max_nodes: int | None,
     widened: list[Unit] | None = None,
     diagnosed: Sequence[Unit] = (),
@@ -83,7 +82,7 @@ def run_search(
     """
     early = [w for w in wholes if w.kind in BEFORE_PER_CHANNEL]
     late = [w for w in wholes if w.kind not in BEFORE_PER_CHANNEL]
-    _hint_start(search, allow, diagnosed, early, late)
+    _hint_start(search, diagnosed, early, late)
     base = search.evaluate("baseline", ())
     assert base is not None
     if base.met:
@@ -93,9 +92,9 @@ def run_search(
     if answer is not None:
         return answer
     if early:  # the rest, hinted only now: built ahead, they had cost re-quantization an early answer spares
-        _hint_start(search, allow, diagnosed, [], late, baseline=False)
+        _hint_start(search, diagnosed, [], late, baseline=False)
     pc_helped: Trial | None = None
-    if "per-channel" in allow and not search.per_channel:
+    if "per-channel" in search.allow and not search.per_channel:
         pc = search.evaluate("per-channel", (), per_channel=True)
         if pc is not None and pc.met:
             search.per_channel = True
@@ -105,15 +104,15 @@ def run_search(
     answer = _first_whole_met(search, late, tried)
     if answer is not None:
         return answer
-    if "fp32" not in allow and "int16" not in allow:  # the best whole-model fix kept so the best trial names it
+    if not {"fp32", "int16"} & set(search.allow):  # the best whole-model fix kept so the best trial names it
         best = max(tried, key=lambda ft: search.score(ft[1]), default=None)
         return Plan(fixed=(best[0],) if best is not None else ()), None, 0
-    action = "fp32" if "fp32" in allow else "int16"
+    action = "fp32" if "fp32" in search.allow else "int16"
     cap = max_nodes if action == "fp32" else None
     diagnosis = _diagnosed(search, diagnosed, action)
     if diagnosis is not None:
         search.held = 0
-        plan, met = _refined(search, *diagnosis, action, allow, reserve=0, fixer=fixer)
+        plan, met = _refined(search, *diagnosis, action, reserve=0, fixer=fixer)
         return plan, met, 0
     first = [u.nodes for u in diagnosed]
     initial = [*diagnosed, *(u for u in initial if u.nodes not in first)]
@@ -126,7 +125,7 @@ def run_search(
     search.held = 0  # the evaluations held back are for the refinement below
     if met is not None:  # the pairs leave the single-unit tries their budget
         reserve = SINGLE_TRIES if singles else 0
-        plan, met = _refined(search, plan, met, action, allow, reserve=reserve, fixer=fixer)
+        plan, met = _refined(search, plan, met, action, reserve=reserve, fixer=fixer)
     if singles and widened and search.left > 0:
         plan, met = _smaller_single(search, plan, met, initial, widened, cap)
     return plan, met, reranks
@@ -138,7 +137,7 @@ def _first_whole_met(
     """Each whole-model fix in order, one evaluation each (appended to ``tried``); the first that meets the
     target as :func:`run_search`'s answer, or None."""
     for whole in wholes:
-        trial = _evaluate_plan(search, f"whole {whole.kind}", Plan(fixed=(whole,)))
+        trial = evaluate_plan(search, f"whole {whole.kind}", Plan(fixed=(whole,)))
         if trial is not None and trial.met:
             return Plan(fixed=(whole,)), trial, 0
         if trial is not None:
@@ -148,7 +147,6 @@ def _first_whole_met(
 
 def _hint_start(
     search: Search,
-    allow: Sequence[str],
     diagnosed: Sequence[Unit],
     early: Sequence[Fix],
     late: Sequence[Fix],
@@ -160,11 +158,11 @@ def _hint_start(
     hints = [search.ask(())] if baseline else []
     hints.extend(plan_ask(search, Plan(fixed=(whole,))) for whole in early)
     if not early:
-        if "per-channel" in allow and not search.per_channel:
+        if "per-channel" in search.allow and not search.per_channel:
             hints.append(search.ask((), per_channel=True))
         hints.extend(plan_ask(search, Plan(fixed=(whole,))) for whole in late)
-        if diagnosed and ("fp32" in allow or "int16" in allow):
-            hints.append(plan_ask(search, Plan().with_units(diagnosed, "fp32" if "fp32" in allow else "int16")))
+        if diagnosed and ("fp32" in search.allow or "int16" in search.allow):
+            hints.append(plan_ask(search, Plan().with_units(diagnosed, "fp32" if "fp32" in search.allow else "int16")))
     search.prefetch(hints)
 
 
@@ -194,7 +192,7 @@ def _diagnosed(search: Search, diagnosed: Sequence[Unit], action: str) -> tuple[
     if not diagnosed:
         return None
     plan = Plan().with_units(diagnosed, action)
-    trial = _evaluate_plan(search, "diagnosis", plan)
+    trial = evaluate_plan(search, "diagnosis", plan)
     return (plan, trial) if trial is not None and trial.met else None
 
 
@@ -214,7 +212,6 @@ def _refined(
     plan: Plan,
     met: Trial,
     action: str,
-    allow: Sequence[str],
     reserve: int,
     fixer: Fixer | None = None,
 ) -> tuple[Plan, Trial]:
@@ -222,10 +219,10 @@ def _refined(
     suffices, then turned 16-bit when allowed, 16-bit tensors pruned; ``reserve`` evaluations are left for
     the single-unit tries after it."""
     plan, met = _prune(search, plan, action, met, reserve=reserve)
-    kinds = [k for k in FIX_KINDS if k in allow]
+    kinds = [k for k in FIX_KINDS if k in search.allow]
     if action == "fp32" and fixer is not None and kinds:
         plan, met = _fix_cheaper(search, plan, met, kinds, fixer)
-    if action == "fp32" and "int16" in allow:
+    if action == "fp32" and "int16" in search.allow:
         plan, met = _cheapen(search, plan, met)
     if plan.int16:
         plan, met = _prune_overrides(search, plan, met)
@@ -295,7 +292,7 @@ def _single_unit(search: Search, ranking: list[Unit], cap: int | None) -> tuple[
         if cap is not None and len(u.nodes) > cap:
             continue
         plan = Plan().with_units([u], "fp32")
-        trial = _evaluate_plan(search, "single", plan)
+        trial = evaluate_plan(search, "single", plan)
         # the nodes scored, not the unit's: closing a leak can add a consumer to the unit's list
         if trial is not None and trial.met and search.fits(trial) and (cap is None or len(trial.nodes) <= cap):
             return plan, trial
@@ -331,13 +328,13 @@ def _grow(
                 cands.append(u)
         if cands:  # then a bisection (met) or a gallop (a gain): their first steps hinted
             _hint_prefixes(search, plan, cands, action, [len(cands), *_probes(0, len(cands), search.hint_depth), 1])
-            full = _evaluate_plan(search, "candidates", plan.with_units(cands, action))
+            full = evaluate_plan(search, "candidates", plan.with_units(cands, action))
             if full is None:
                 break
             if full.met:
                 k = _bisect(search, plan, cands, action, len(cands))
                 plan = plan.with_units(cands[:k], action)
-                return plan, _evaluate_plan(search, "bisect", plan) or full, reranks
+                return plan, evaluate_plan(search, "bisect", plan) or full, reranks
             gain = search.score(full) - search.score(cur)
             if gain > search.target.noise:
                 k, trial = _gallop(search, plan, cands, action, search.score(cur) + gain / 2, full)
@@ -380,7 +377,7 @@ def _bisect(search: Search, plan: Plan, cands: list[Unit], action: str, hi: int,
     while hi - lo > 1 and search.left > 0:
         mid = (lo + hi) // 2
         _hint_prefixes(search, plan, cands, action, _probes(lo, hi, search.hint_depth))  # this step, the next ones
-        t = _evaluate_plan(search, "bisect", plan.with_units(cands[:mid], action))
+        t = evaluate_plan(search, "bisect", plan.with_units(cands[:mid], action))
         if t is None:
             break
         if t.met:
@@ -398,12 +395,12 @@ def _gallop(
     while k < len(cands) and search.left > 0:
         nxt = 2 * k if 2 * k < len(cands) else 0
         _hint_prefixes(search, plan, cands, action, [k, nxt, (k // 2 + k) // 2 if k - k // 2 > 1 else 0])
-        t = _evaluate_plan(search, "gallop", plan.with_units(cands[:k], action))
+        t = evaluate_plan(search, "gallop", plan.with_units(cands[:k], action))
         if t is None:
             break
         if t.met:
             k2 = _bisect(search, plan, cands, action, k, k // 2)
-            return k2, _evaluate_plan(search, "bisect", plan.with_units(cands[:k2], action)) or t
+            return k2, evaluate_plan(search, "bisect", plan.with_units(cands[:k2], action)) or t
         if search.score(t) >= wanted:
             return k, t
         k *= 2
@@ -420,7 +417,7 @@ def _prune(search: Search, plan: Plan, action: str, met: Trial, reserve: int = 0
     def units_meet(units: list[Unit]) -> bool | None:
         if search.left <= reserve:
             return None
-        t = _evaluate_plan(search, "minimize", Plan().with_units(units, action))
+        t = evaluate_plan(search, "minimize", Plan().with_units(units, action))
         return None if t is None else t.met
 
     def units_ahead(subsets: list[list[Unit]]) -> None:
@@ -428,7 +425,7 @@ def _prune(search: Search, plan: Plan, action: str, met: Trial, reserve: int = 0
 
     units, _ = minimal_subset(list(plan.units()), units_meet, units_ahead, search.hint_depth)
     plan = Plan().with_units(units, action)
-    met = _evaluate_plan(search, "minimize", plan) or met  # scored during the minimization: cached
+    met = evaluate_plan(search, "minimize", plan) or met  # scored during the minimization: cached
     if action != "fp32":
         return plan, met
 
@@ -517,7 +514,7 @@ def _fix_cheaper(
             if fix is None:
                 continue
             candidate = _fixed(plan, u, fix)
-            trial = _evaluate_plan(search, f"fix {kind}", candidate)
+            trial = evaluate_plan(search, f"fix {kind}", candidate)
             if trial is not None and trial.met:
                 plan, met = candidate, trial
                 break
@@ -545,7 +542,7 @@ def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
     every = Plan(int16=plan.fp32, fixed=plan.fixed)
     units = list(reversed(plan.fp32))
     search.prefetch([plan_ask(search, p) for p in (every, *(_int16(plan, u) for u in units[:PAIRS_AHEAD]))])
-    t = _evaluate_plan(search, "int16", every)
+    t = evaluate_plan(search, "int16", every)
     if t is not None and t.met:
         return every, t
     if len(plan.fp32) == 1:
@@ -555,7 +552,7 @@ def _cheapen(search: Search, plan: Plan, met: Trial) -> tuple[Plan, Trial]:
             break
         search.prefetch([plan_ask(search, _int16(plan, v)) for v in units[i : i + 1 + PAIRS_AHEAD]])
         mixed = _int16(plan, u)
-        t = _evaluate_plan(search, "int16", mixed)
+        t = evaluate_plan(search, "int16", mixed)
         if t is not None and t.met:
             plan, met = mixed, t
     return plan, met

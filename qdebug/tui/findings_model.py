@@ -154,7 +154,7 @@ def note_findings(report: Report) -> tuple[Finding, ...]:
         via = [reader.get(t) if kinds[t][0] == "weight" else producer.get(t) for t in tensors]
         via_nodes = tuple(dict.fromkeys(n for n in via if n is not None and n in by_name))
         linked = tuple(dict.fromkeys(nodes + via_nodes))
-        targets = tuple(n for n in (nodes or via_nodes) if _excludable(by_name[n]))
+        targets = tuple(n for n in (nodes or via_nodes) if is_excludable(by_name[n]))
         findings.append(Finding(index, text, mentions, nodes, tensors, linked, targets))
     return tuple(findings)
 
@@ -170,5 +170,5 @@ def _bounded(text: str, start: int, end: int) -> bool:
     return after == len(text) or not _word_char(text[after])
 
 
-def _excludable(node: NodeRecord) -> bool:
+def is_excludable(node: NodeRecord) -> bool:
     return node.excludable if node.excludable is not None else node.quantized

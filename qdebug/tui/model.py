@@ -44,7 +44,7 @@ from qdebug.records import (
 from qdebug.tui.compare import Baseline, change_text, change_value, judge
 from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported: the findings' old home
     Finding,
-    _excludable,
+    is_excludable,
     match_names,
     note_findings,
 )
@@ -715,14 +715,14 @@ class LayerModel:
         """Nodes whose exclusion changes the quantized model (the denominator of the share), counted as
         propose and verify count them: the report's ``excludable`` (``quantized`` in older reports, which
         also counted nodes quantized only for a consumer's sake)."""
-        return sum(1 for n in self.report.nodes if _excludable(n))
+        return sum(1 for n in self.report.nodes if is_excludable(n))
 
     def excluded_share(self) -> float:
         """Excluded quantizable nodes as a fraction of all quantizable nodes (0.0 when none)."""
         q = self.quantizable
         if q == 0:
             return 0.0
-        return sum(1 for n in self._excluded if _excludable(self._nodes[n])) / q
+        return sum(1 for n in self._excluded if is_excludable(self._nodes[n])) / q
 
     def reason(self, name: str) -> NodeReason:
         """Why ``name`` is excluded: the loaded proposal's reason, the note of the finding that excluded it, or a

@@ -43,10 +43,10 @@ from qdebug.errors import ExitCode, QDebugError
 from qdebug.evaluation.evaluate import EvalResult, Evaluator, metric_scope_note
 from qdebug.evaluation.gates import (  # re-exported: the gates verify judges by
     Judgement,
-    _noise,
-    _noise_fields,
     assess,
+    gate_noise,
     judge,
+    noise_fields,
     speedup_gate,
 )
 from qdebug.evaluation.noise import DEFAULT_CONFIDENCE
@@ -85,7 +85,7 @@ from qdebug.records.verify import Timing, VariantResult, VerifyResult
 from qdebug.runtime.capture import SessionConfig
 from qdebug.runtime.parallel import Pool, check_request, open_pool, score_all
 from qdebug.runtime.timing import CHUNK_RUNS, time_sessions  # re-exported: verify times its table there
-from qdebug.verify.table import _columns, _float_size_notes, _speed_clause, _Variants, _with_weights
+from qdebug.verify.table import Variants, float_size_notes, speed_clause, variant_columns, with_weights
 
 __all__ = [
     "CHUNK_RUNS",
@@ -336,9 +336,10 @@ def verify(
             if timings is None:
                 return _cancelled(proposal, source)
             progress("timing", 3, 3)
-            columns = _with_weights(_columns(ctx.evaluator.fp32_value, built, proposal, sizes, paths, timings), weights)
+            columns = variant_columns(ctx.evaluator.fp32_value, built, proposal, sizes, paths, timings)
+            columns = with_weights(columns, weights)
             result = _verify_result(ctx, loaded, proposal, source, options, built, columns, start)
-            notes = result.notes + tuple(timing_notes) + _float_size_notes(weights) + tuple(pool.notes)
+            notes = result.notes + tuple(timing_notes) + float_size_notes(weights) + tuple(pool.notes)
             result = dataclasses.replace(result, notes=notes)
             if output is not None:
                 atomic_write_text(output, dumps(result))
@@ -450,7 +451,7 @@ def _quantized_variants(
     progress: Progress,
     cancelled: Callable[[], bool],
     pool: Pool | None = None,
-) -> _Variants | None:
+) -> Variants | None:
     """Build and score full static (cached in ``ctx``) and selective static, both from the settings the
     context calibrated with (the proposal's, the user's config included, with the flags); None once
     cancelled. With several workers (``pool``) the two scores run side by side."""
@@ -476,7 +477,7 @@ def _quantized_variants(
     if cancelled():
         return None
     other = sel_base.normalized if sel_base is not ctx.prep else None
-    return _Variants(static_model, static_res, quantizable, sel_model, sel_res, other)
+    return Variants(static_model, static_res, quantizable, sel_model, sel_res, other)
 
 
 def _specs(ctx: _Context, proposal: Proposal) -> tuple[QuantSpec, QuantSpec]:
@@ -495,7 +496,7 @@ def _specs(ctx: _Context, proposal: Proposal) -> tuple[QuantSpec, QuantSpec]:
 
 
 def _per_sample(
-    ctx: _Context, built: _Variants, options: VerifyOptions, proposal: Proposal, notes: list[str]
+    ctx: _Context, built: Variants, options: VerifyOptions, proposal: Proposal, notes: list[str]
 ) -> SampleSection | None:
     """The per-sample drill-down (:mod:`qdebug.evaluation.samples`): static's and selective's result per evaluation
     sample, their flips, and the selective model's worst remaining flips measured tensor by tensor; with
@@ -579,13 +580,13 @@ def _verify_result(
     proposal: Proposal,
     source: str,
     options: VerifyOptions,
-    built: _Variants,
+    built: Variants,
     columns: tuple[VariantResult, ...],
     start: float,
 ) -> VerifyResult:
-    """Judge the selective model (by the intervals of :func:`_noise`) and assemble the ``verify.json`` record."""
+    """Judge the selective model (by the intervals of :func:`gate_noise`) and assemble the ``verify.json`` record."""
     evaluator = ctx.evaluator
-    noise, noise_notes = _noise(evaluator, built.static, built.selective, options.confidence, options.target_sqnr)
+    noise, noise_notes = gate_noise(evaluator, built.static, built.selective, options.confidence, options.target_sqnr)
     j = assess(
         evaluator.metric_name,
         evaluator.fp32_value,
@@ -598,7 +599,7 @@ def _verify_result(
         noise=noise,
         speed=speedup_gate(columns, options.accept_no_speedup),
     )
-    recovered, met, verdict = j.recovered, j.met, j.verdict + _speed_clause(columns)
+    recovered, met, verdict = j.recovered, j.met, j.verdict + speed_clause(columns)
     sample_notes: list[str] = []
     per_sample = _per_sample(ctx, built, options, proposal, sample_notes)
     return VerifyResult(
@@ -627,7 +628,7 @@ def _verify_result(
             + _quantizer_notes()
         ),
         target_drop=math.nan if options.target_drop is None else float(options.target_drop),
-        **_noise_fields(noise, j),
+        **noise_fields(noise, j),
         per_sample=per_sample,
         gates=j.gates,
     )

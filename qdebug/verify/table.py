@@ -1,9 +1,9 @@
 """verify's table: the FP32, static and selective columns as :class:`~qdebug.records.verify.VariantResult`.
 
-:class:`_Variants` holds the two quantized variants as built and scored; :func:`_columns` makes the three
+:class:`Variants` holds the two quantized variants as built and scored; :func:`variant_columns` makes the three
 columns of them (task metric, output SQNR, nodes kept FP32 and their share, overrides, Q/DQ pairs, size,
-path, timing), :func:`_with_weights` adds the weight bytes the size is made of, and
-:func:`_float_size_notes` and :func:`_speed_clause` say what a reader of the verdict should know about
+path, timing), :func:`with_weights` adds the weight bytes the size is made of, and
+:func:`float_size_notes` and :func:`speed_clause` say what a reader of the verdict should know about
 them. Plain functions over built models and records: the ``verify`` command (:mod:`qdebug.verify`) calls
 them.
 """
@@ -25,7 +25,7 @@ from qdebug.records.verify import Timing, VariantResult, fmt_binary_size
 
 
 @dataclass(frozen=True, eq=False)
-class _Variants:
+class Variants:
     """The two quantized variants, built and scored (FP32 is the context's normalized model)."""
 
     static_model: onnx.ModelProto
@@ -39,7 +39,7 @@ class _Variants:
     recipe's transformed model (None: the context's normalized model)."""
 
 
-def _with_weights(columns: tuple[VariantResult, ...], weights: Mapping[str, WeightBytes]) -> tuple[VariantResult, ...]:
+def with_weights(columns: tuple[VariantResult, ...], weights: Mapping[str, WeightBytes]) -> tuple[VariantResult, ...]:
     """The columns with their weight bytes and float weight bytes (what the size column is made of)."""
     return tuple(
         dataclasses.replace(v, weight_bytes=weights[v.name].total, float_weight_bytes=weights[v.name].floating)
@@ -47,15 +47,15 @@ def _with_weights(columns: tuple[VariantResult, ...], weights: Mapping[str, Weig
     )
 
 
-def _float_size_notes(weights: Mapping[str, WeightBytes]) -> tuple[str, ...]:
+def float_size_notes(weights: Mapping[str, WeightBytes]) -> tuple[str, ...]:
     """One note per quantized variant whose size is mostly float weights (:func:`float_size_note`)."""
     notes = ((name, float_size_note(w, fmt_binary_size)) for name, w in weights.items() if name != "fp32")
     return tuple(f"{name}: {note}" for name, note in notes if note)
 
 
-def _columns(
+def variant_columns(
     fp32_value: float,
-    built: _Variants,
+    built: Variants,
     proposal: Proposal,
     sizes: Mapping[str, int],
     paths: Mapping[str, str | None],
@@ -105,7 +105,7 @@ def _columns(
     )
 
 
-def _speed_clause(columns: Sequence[VariantResult]) -> str:
+def speed_clause(columns: Sequence[VariantResult]) -> str:
     """``; selective p50 0.296 ms (FP32 0.306, static 0.294)`` for the verdict line (nothing untimed): a
     selective model that recovers accuracy but gives the speed-up back must say so where CI reads."""
     timed = {c.name: c.timing for c in columns if c.timing is not None and c.timing.p50_ms > 0}

@@ -43,8 +43,9 @@ sys.path.insert(0, str(ROOT / "fixtures"))
 
 import planted  # noqa: E402  (fixtures/planted.py: the generators)
 
-RECIPE_FIXES = ("equalize", "smooth", "bias-correction", "mixed", "dynamic")
-"""The planted kinds whose remedy is a whole-model recipe (no culprit set): propose should answer with it."""
+RECIPE_FIXES = ("equalize", "smooth", "bias-correction", "mixed", "dynamic", "percentile")
+"""The planted kinds whose remedy is a whole-model recipe (no culprit set): propose should answer with it
+(``percentile``: each long-tailed activation clipped to its percentile range, propose's whole-model clip fix)."""
 
 VARIANTS = {"default": None, "fp32,int16,per-channel": "fp32,int16,per-channel"}
 """propose's ``--allow`` variants: its default, and every fix it offers."""
@@ -64,16 +65,22 @@ def _cli(args: list[str], cwd: Path, timeout: float) -> tuple[int, float, str]:
     return p.returncode, time.perf_counter() - t0, " | ".join(tail)
 
 
-def _compare(proposed: list[str], overrides: list[str], planted_set: list[str]) -> str:
+def _compare(proposed: list[str], overrides: list[dict[str, Any]], planted_set: list[str]) -> str:
     """How the proposal relates to the planted set.
 
     In the planted graphs every tensor is named after the node that computes it, so an int16
-    override of tensor T is a cheaper fix of node T: it counts as touching T.
+    override of tensor T is a cheaper fix of node T: it counts as touching T. The other overrides
+    (clipped ranges, per-channel or 7-bit weights) keep their nodes INT8 and are counted by kind.
     """
-    got, want, o16 = set(proposed), set(planted_set), set(overrides)
+    got, want = set(proposed), set(planted_set)
+    o16 = {o.get("tensor", "") for o in overrides if o.get("quant_type")}
+    clipped = sum(1 for o in overrides if o.get("rmin") is not None and not o.get("quant_type"))
+    weights = sum(1 for o in overrides if o.get("rmin") is None and not o.get("quant_type"))
     touched = got | o16
     size = len(got) + len(o16)
     parts = [f"{len(got)} fp32"] + ([f"{len(o16)} int16"] if o16 else [])
+    parts += [f"{clipped} clipped ranges"] if clipped else []
+    parts += [f"{weights} weight overrides"] if weights else []
     txt = " + ".join(parts)
     if not want:
         return f"{txt} (none planted)"
@@ -141,7 +148,7 @@ def run_kind(kind: str, size: str, work: Path, args: argparse.Namespace) -> dict
                 static_metric=p.get("static_metric"),
                 quantizable_nodes=p.get("quantizable_nodes"),
                 recipe="+".join((p.get("recipe") or {}).get("steps") or []),
-                compare=_compare(nodes, [o.get("tensor", "") for o in p.get("tensor_overrides", [])], rec.culprits),
+                compare=_compare(nodes, p.get("tensor_overrides", []), rec.culprits),
                 reasons=[{k: r.get(k) for k in ("node", "op_type", "action", "reason")} for r in p.get("reasons", [])],
             )
             if args.verify:
@@ -173,7 +180,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         pl = r["planted"]
         planted_txt = ", ".join(f"`{c}`" for c in pl["culprits"]) or (
-            f"recipe {pl['fix']}" if pl["fix"] in RECIPE_FIXES else "none exists"
+            "percentile ranges (whole-model clip)" if pl["fix"] == "percentile"
+            else f"recipe {pl['fix']}" if pl["fix"] in RECIPE_FIXES else "none exists"
         )
         if not pl.get("reproduces", True):
             planted_txt += " (does not reproduce on this CPU)"
@@ -187,6 +195,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             prop = v["compare"] + (" + per-channel weights" if v.get("per_channel") else "")
             if v.get("recipe"):
                 prop = f"recipe {v['recipe']}, " + prop.replace(" (none planted)", "")
+            elif pl["fix"] in RECIPE_FIXES:  # a whole-model fix, no recipe: there is no planted node set
+                prop = prop.replace(" (none planted)", "")
             ver = v.get("verify", {})
             ms = ver.get("metrics") or {}
             sel = ms.get("selective", v.get("expected_metric"))

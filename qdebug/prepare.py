@@ -343,25 +343,33 @@ def calibrated(
     prep: Prepared, settings: QuantSettings, options: AnalyzeOptions, progress: Progress = no_progress
 ) -> Prepared:
     """``prep`` with the ranges of ``settings``' calibration method over its data (cached), and ``settings``."""
+    prep = dataclasses.replace(prep, settings=settings)
+    return dataclasses.replace(prep, ranges=ranges_by(prep, options, settings.method, progress))
+
+
+def ranges_by(
+    prep: Prepared, options: AnalyzeOptions, method: str, progress: Progress = no_progress, **calib_options: object
+) -> Ranges:
+    """``prep``'s model calibrated with another ``method`` (and calibrator options, e.g. ``percentile``) over
+    the same data and op types as its own ranges, cached like them: what a per-tensor choice of method reads."""
     count = [0]
 
     def on_batch(n: int) -> None:
         count[0] += n
         progress("calibrate", count[0], prep.calib.n_samples)
 
-    ranges = calibrate(
+    return calibrate(
         prep.normalized_path,
         sha256_file(prep.normalized_path),
         prep.calib,
-        settings.method,
+        method,
         use_cache=options.use_cache,
         on_batch=on_batch,
         providers=options.providers,
         large=is_large(prep.normalized),
-        op_types=settings.op_types or None,
-        calib_options=calibration_options(settings),
+        op_types=prep.settings.op_types or None,
+        calib_options={**calibration_options(prep.settings), **calib_options},
     )
-    return dataclasses.replace(prep, ranges=ranges, settings=settings)
 
 
 def recipe_base(prep: Prepared, proposal: Proposal, options: AnalyzeOptions, method: str = "") -> Prepared:

@@ -43,7 +43,8 @@ class FixKind:
 FIX_KINDS: dict[str, FixKind] = {
     f.name: f
     for f in (
-        FixKind("clip", "a clipped activation range", True, True, colour="#fdd835"),
+        FixKind("clip", "a clipped activation range (one unit's, or every long-tailed one's)", True, True,
+                colour="#fdd835"),
         FixKind("per-channel", "per-channel weights (the whole model's, else one node's)", True, True,
                 colour="#ce93d8"),
         FixKind("reduce-range", "7-bit weights (one node's, or the whole model's where the kernels saturate)",

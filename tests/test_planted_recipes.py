@@ -15,8 +15,11 @@ saturates; with VNNI nothing saturates. At size small, top1 on 512 eval samples,
 * dynamic_lstm:       1.000 / 0.566 (0.547) / 0.580 (0.565) / 0.609 (0.596) / 0.998 (0.996)
 * mixed_conv:         0.992 / 0.721 (0.609) / 0.703 (0.539) / 0.742 (0.748) / 0.994 (0.994)
 
-For the last two the remedy is ``quantize_dynamic`` (after ``quantize_static`` of every other op type, for
-mixed_conv) with 7-bit weights where the u8s8 kernels saturate, as ``qdebug propose`` builds it: with 8-bit
+* long_tail:          1.000 / 0.145 / 0.145 / 0.943 / 1.000 (top1 agreement with FP32; ORT's
+  percentile calibration at 99.99 %: the stuck cells set ranges, the kernels do not matter)
+
+For dynamic_lstm and mixed_conv the remedy is ``quantize_dynamic`` (after ``quantize_static`` of every other op
+type, for mixed_conv) with 7-bit weights where the u8s8 kernels saturate, as ``qdebug propose`` builds it: with 8-bit
 weights the AVX2 kernels saturate and lose 0.988 / 0.863.
 
 so static and per-channel weights miss the target by >= 14 points, a few nodes kept FP32 by >= 11, and the
@@ -45,6 +48,7 @@ FIX = {
     "bias_shift": "bias-correction",
     "dynamic_lstm": "dynamic",
     "mixed_conv": "mixed",
+    "long_tail": "percentile",
 }
 
 FEW = {
@@ -55,6 +59,8 @@ FEW = {
     # the gain passes four projections: three of them kept FP32 leave the fourth's input quantized
     "dynamic_lstm": ["proj0/matmul", "proj1/matmul", "proj2/matmul"],
     "mixed_conv": ["proj0/matmul", "proj1/matmul", "proj2/matmul"],
+    # the stuck cells set every layer's range: the three best nodes kept FP32 leave the others' ranges as wide
+    "long_tail": ["stem/conv", "layer3/relu", "layer3/conv"],
 }
 
 
@@ -73,6 +79,10 @@ def test_static_misses_a_few_nodes_do_not_fix_and_the_recipe_does(kind, tmp_path
     assert per_channel < target - MISS, (fp32, per_channel)
     few = planted.score(rec, planted.quantize(rec, tmp_path / "few.onnx", FEW[kind]))
     assert few < target - MISS, (fp32, few)
+    if rec.fix == "percentile":  # plain ORT: quantize_static with percentile calibration
+        remedy = planted.score(rec, planted.quantize_percentile(rec, tmp_path / "fixed.q.onnx"))
+        assert remedy >= target, (fp32, static, remedy)
+        return
     if rec.fix in planted.QUANTIZER_FIXES:  # plain ORT: quantize_dynamic, or quantize_static then it
         remedy = planted.score(rec, planted.quantize_as(rec, tmp_path / "fixed.q.onnx", rec.fix))
         assert remedy >= target, (fp32, static, remedy)

@@ -42,13 +42,13 @@ from qdebug.output.files import (
 )
 from qdebug.output.formatting import ACCURACY_METRICS
 from qdebug.output.report_io import dumps, load_report
-from qdebug.prepare import AnalyzeOptions, Prepared, prepare
+from qdebug.prepare import AnalyzeOptions, Prepared, prepare, ranges_by
 from qdebug.progress import Progress, StageClock, no_progress, stage_seconds
 from qdebug.propose import switch
 from qdebug.propose.blame import Unit, rank_units
 from qdebug.propose.diagnose import diagnosed_units
 from qdebug.propose.explain import nothing_quantized, proposal_snippet, quantized_given_notes, reason_lines
-from qdebug.propose.fixes import fix_for, whole_reduce_range
+from qdebug.propose.fixes import PERCENTILE, fix_for, whole_percentile, whole_reduce_range
 from qdebug.propose.flipped import flipped_ranges, leak_notes
 from qdebug.propose.frontier import dynamic_variant, missed_verdict, speed_verdict, verified_frontier
 from qdebug.propose.options import (  # re-exported: the request's options, target and result
@@ -571,6 +571,7 @@ def _search_from(
         for fix in (
             whole_reduce_range(structure, report) if "reduce-range" in allow else None,
             flipped.whole() if flipped is not None else None,
+            _long_tails(prep, report, search, run) if "clip" in allow else None,
         )
         if fix is not None
     ]
@@ -707,6 +708,18 @@ def _switch_screen(search: Search, prep: Prepared, report: Report, options: Prop
         search.evaluator = screen
         search.pool = None
     return screen
+
+
+def _long_tails(prep: Prepared, report: Report, search: Search, run: _Run) -> Fix | None:
+    """The clip fix of every long-tailed activation (:func:`~qdebug.propose.fixes.whole_percentile`), when the
+    search's static model misses the target: only then is the percentile calibration pass spent (cached)."""
+    assert prep.ranges is not None
+    baseline = search.evaluate("baseline", ())
+    if baseline is None or baseline.met:
+        return None
+    options = _prepare_options(report.config, run.options)
+    ranges = ranges_by(prep, options, "percentile", run.progress, percentile=PERCENTILE)
+    return whole_percentile(prep.ranges.minmax(), ranges.minmax())
 
 
 def _search(

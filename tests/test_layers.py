@@ -328,3 +328,29 @@ def test_the_measuring_child_imports_nothing_of_qdebug():
     child = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
     own = [i for i in IMPORTS if i.importer in child and i.target.startswith("qdebug")]
     assert not own, "\n".join(map(str, own))
+
+
+def _private_imports(module: str, tree: ast.Module) -> list[str]:
+    """``from <another qdebug module> import _name`` statements of ``module`` (dunders aside), as text."""
+    found = []
+    for stmt, _ in _statements(tree):
+        if not isinstance(stmt, ast.ImportFrom):
+            continue
+        base = _resolve_from(module, stmt)
+        if not (base == "qdebug" or base.startswith("qdebug.")) or base == module:
+            continue
+        for alias in stmt.names:
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                found.append(f"{_path_of(module).relative_to(ROOT)}:{stmt.lineno} {alias.name} from {base}")
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A name another module needs is public: a ``_name`` imported across modules is a seam that was split
+    but never made one (the newcomer issue counted 50). The rule's own check: a planted import is named."""
+    bad = [line for module, path in MODULES.items() for line in _private_imports(module, ast.parse(path.read_text()))]
+    assert not bad, "private names imported across modules:\n  " + "\n  ".join(bad)
+    planted = ast.parse("from qdebug.propose.search import _hidden, Plan\nfrom qdebug.errors import __all__\n")
+    assert _private_imports("qdebug.propose.run", planted) == [
+        "qdebug/propose/run.py:1 _hidden from qdebug.propose.search"
+    ]

@@ -4,8 +4,10 @@ qdebug times the models it compares side by side in one process (:func:`qdebug.r
 one session each, interleaved rounds of 10 runs). ONNX Runtime's intra-op threads spin after a run by default;
 with several sessions in one process, a finished session's spinning threads take the cores the next model's
 run needs. This script times the same FP32/INT8 pair ``--repeats`` times with the threads spinning (ORT's
-default) and not (what qdebug does), idle and with one CPU-bound process beside it (``--load``), and prints
-each repeat's speed-up (FP32 p50 / INT8 p50) and the spread (largest / smallest).
+default, which qdebug keeps) and not, idle and with one CPU-bound process beside it (``--load``), and prints
+each repeat's speed-up (FP32 p50 / INT8 p50) and the spread (largest / smallest). For the default threads it
+also prints what verify's and propose's tables say of each repeat: the median of the per-round ratios, their
+range, and the verdict (faster or slower only where every interleaved round says so, else within the noise).
 
 The pairs are the bench-size planted gain kinds (``fixtures/planted.py``): ``dynamic_lstm`` FP32 against its
 ``quantize_dynamic`` model, ``mixed_conv`` FP32 against static Conv + dynamic MatMul.
@@ -50,7 +52,9 @@ def _pairs(work: Path) -> dict[str, tuple[onnx.ModelProto, onnx.ModelProto, dict
     return out
 
 
-def _speedups(pair, spinning: bool, repeats: int, runs: int) -> list[float]:
+def _speedups(pair, spinning: bool, repeats: int, runs: int) -> list[tuple[float, object]]:
+    """Each repeat's FP32 p50 / INT8 p50, with its per-round :class:`~qdebug.records.verify.SpeedRatio`."""
+    from qdebug.records.verify import speed_ratio
     from qdebug.runtime import capture, timing
     from qdebug.runtime.capture import SessionConfig
 
@@ -66,7 +70,7 @@ def _speedups(pair, spinning: bool, repeats: int, runs: int) -> list[float]:
         out = []
         for _ in range(repeats):
             t = timing.time_sessions({"fp32": fp32, "int8": quant}, feeds, SessionConfig(), runs=runs)
-            out.append(t["fp32"].p50_ms / t["int8"].p50_ms)
+            out.append((t["fp32"].p50_ms / t["int8"].p50_ms, speed_ratio(t["fp32"].rounds_ms, t["int8"].rounds_ms)))
         return out
     finally:
         timing.make_session = real
@@ -81,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     loads = ("idle", "busy") if args.load == "both" else (args.load,)
     with tempfile.TemporaryDirectory(prefix="bench-timing-") as tmp:
         pairs = _pairs(Path(tmp))
-        print("| pair | machine | threads | speed-up FP32/INT8 per repeat | spread |")
-        print("|---|---|---|---|---|")
+        print("| pair | machine | threads | speed-up FP32/INT8 per repeat | spread | tables' ratio (range): verdict |")
+        print("|---|---|---|---|---|---|")
         for load in loads:
             stop = multiprocessing.Event()
             burner = multiprocessing.Process(target=_burn, args=(stop,)) if load == "busy" else None
@@ -91,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for kind, pair in pairs.items():
                     for spinning in (True, False):
-                        r = _speedups(pair, spinning, args.repeats, args.runs)
-                        label = "spinning (ORT default)" if spinning else "not spinning (qdebug)"
+                        rows = _speedups(pair, spinning, args.repeats, args.runs)
+                        r = [x for x, _ in rows]
+                        label = "spinning (ORT default, qdebug)" if spinning else "not spinning"
                         each = " ".join(f"{x:.2f}" for x in r)
-                        print(f"| {kind} | {load} | {label} | {each} | {max(r) / min(r):.2f} |", flush=True)
+                        said = "; ".join(f"{s.show()}: {s.verdict}" for _, s in rows if s is not None)
+                        said = said if spinning else "-"
+                        print(f"| {kind} | {load} | {label} | {each} | {max(r) / min(r):.2f} | {said} |", flush=True)
             finally:
                 if burner is not None:
                     stop.set()

@@ -62,6 +62,9 @@ def test_the_proposal_file_carries_the_measured_frontier(tmp_path, cnn):
     assert by["proposal"]["metric"] == raw["expected_metric"] and by["static"]["metric"] == raw["static_metric"]
     assert all(p["p50_ms"] > 0 and p["p95_ms"] >= p["p50_ms"] for p in raw["frontier"])
     assert by["fp32"]["output_sqnr_db"] == "inf" and by["fp32"]["met"] is True  # the reference itself
+    # timed together in interleaved rounds: every point's round medians pair with FP32's (the ratio's spread)
+    rounds = {len(p["rounds_ms"]) for p in raw["frontier"]}
+    assert len(rounds) == 1 and rounds.pop() >= 2
 
 
 def test_time_runs_0_writes_no_frontier(tmp_path, cnn):

@@ -48,3 +48,51 @@ def test_time_sessions_reports_the_95th_percentile_of_the_runs(tmp_path, monkeyp
     assert t.p95_ms == pytest.approx(np.percentile(expected, 95))
     assert t.mean_ms == pytest.approx(expected.mean())
     assert t.throughput == pytest.approx(2 / (expected.mean() / 1e3))
+
+
+def test_time_sessions_keeps_each_interleaved_rounds_median_paired_across_the_models(tmp_path, monkeypatch):
+    """With a fake clock where FP32's runs take 4 ms and the other model's 1 ms, then (a load spike in round
+    2) 8 and 4 ms: each model has one median per round, in order, and the per-round speed-up is 4x then 2x --
+    the ratio a p50 over all runs would blur."""
+    import qdebug.runtime.timing as timing_mod
+    from qdebug.records.verify import speed_ratio
+
+    model = onnx.load(str(small_cnn(tmp_path / "m.onnx")))
+    feeds = {"input": np.zeros((2, 1, 8, 8), np.float32)}
+    per_round = {0: {"fp32": 4e-3, "int8": 1e-3}, 1: {"fp32": 8e-3, "int8": 4e-3}, 2: {"fp32": 4e-3, "int8": 1e-3}}
+    state = {"t": 0.0, "calls": 0}
+    order = [name for r in range(3) for name in ("fp32", "int8") for _ in range(timing_mod.CHUNK_RUNS)]
+
+    def fake_perf_counter():
+        state["calls"] += 1
+        if state["calls"] % 2 == 0:  # the end of the k-th timed run
+            k = state["calls"] // 2 - 1
+            state["t"] += per_round[k // (2 * timing_mod.CHUNK_RUNS)][order[k]]
+        return state["t"]
+
+    monkeypatch.setattr(timing_mod, "time", types.SimpleNamespace(perf_counter=fake_perf_counter))
+    runs = 3 * timing_mod.CHUNK_RUNS
+    t = timing_mod.time_sessions(
+        {"fp32": model, "int8": model}, feeds, SessionConfig(intra_op_threads=1), runs=runs, warmup=0
+    )
+    assert t["fp32"].rounds_ms == pytest.approx((4.0, 8.0, 4.0))
+    assert t["int8"].rounds_ms == pytest.approx((1.0, 4.0, 1.0))
+    ratio = speed_ratio(t["fp32"].rounds_ms, t["int8"].rounds_ms)
+    assert ratio is not None and ratio.rounds == 3
+    assert (ratio.median, ratio.low, ratio.high) == pytest.approx((4.0, 2.0, 4.0))
+
+
+def test_speed_ratio_says_faster_or_slower_only_where_every_round_does():
+    """The median of the per-round ratios and their range; faster or slower only when the whole range is on
+    one side of 1; no ratio from one round, or from rounds not timed together (other counts)."""
+    from qdebug.records.verify import speed_ratio
+
+    faster = speed_ratio((2.0, 2.2, 2.0, 2.4), (1.0, 1.0, 1.6, 1.2))
+    assert faster is not None and faster.median == pytest.approx(2.0) and faster.low == pytest.approx(1.25)
+    assert faster.verdict == "faster" and faster.show() == "2.00x (1.25-2.20)"
+    noisy = speed_ratio((2.0, 1.0, 2.0), (1.0, 2.0, 1.0))
+    assert noisy is not None and noisy.verdict == "within the noise" and noisy.median == pytest.approx(2.0)
+    assert speed_ratio((1.0, 1.0), (2.0, 4.0)).verdict == "slower"
+    assert speed_ratio((1.0,), (2.0,)) is None
+    assert speed_ratio((1.0, 1.0, 1.0), (2.0, 2.0)) is None
+    assert speed_ratio((), ()) is None

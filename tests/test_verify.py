@@ -505,3 +505,25 @@ def test_verify_judges_by_the_proposals_custom_metric_and_hooks_may_hold_datacla
                  "--target-drop", "1", "-o", str(out), "-q"])  # fmt: skip
     assert code in (0, 6, ExitCode.UNDECIDED), capsys.readouterr().err
     assert json.loads(out.read_text())["metric"] == metric
+
+
+def test_verify_gives_each_speed_ratio_with_its_spread_over_the_interleaved_rounds(setup, tmp_path, capsys):
+    """Two rounds of 10 runs: every timed column keeps its two round medians in verify.json (read back as they
+    were written), the table has a ``speed vs FP32`` row with each ratio's range, and the verdict line says
+    faster, slower or within the noise by the rounds; one round has no spread, so no such row."""
+    from qdebug.output.report_io import load_record
+    from qdebug.records.verify import VerifyResult, speed_ratio
+
+    _, _, _, _, proposal_path = setup
+    out = tmp_path / "verify.json"
+    assert main(_args(setup, proposal_path, "--runs", "20", "-o", str(out))) == 0
+    stdout = capsys.readouterr().out
+    loaded = load_record(VerifyResult, out, "verify")
+    timings = {v.name: v.timing for v in loaded.variants}
+    assert all(len(t.rounds_ms) == 2 and min(t.rounds_ms) > 0 for t in timings.values())
+    ratio = speed_ratio(timings["fp32"].rounds_ms, timings["selective"].rounds_ms)
+    (row,) = [line for line in stdout.splitlines() if line.startswith("speed vs FP32")]
+    assert row.split()[-2:] == ratio.show().split() and "1.00x" in row
+    assert f"FP32's speed over 2 rounds: {ratio.verdict}" in loaded.verdict
+    assert main(_args(setup, proposal_path, "--runs", "10", "-o", str(tmp_path / "one.json"))) == 0
+    assert "speed vs FP32" not in capsys.readouterr().out

@@ -42,6 +42,7 @@ from qdebug.cli.common import (
 )
 from qdebug.output.ci_outputs import MARKDOWN_HELP
 from qdebug.output.formatting import prefix_note
+from qdebug.records.verify import speed_ratio
 from qdebug.vocabulary import ACTIONS, DEFAULT_ALLOW, RECIPES
 
 
@@ -285,7 +286,8 @@ def _overrides_text(overrides) -> str:
 
 
 def _frontier_table(console, frontier, metric: str) -> None:
-    """The verified frontier: each point built, scored and timed alike (p50 vs FP32)."""
+    """The verified frontier: each point built, scored and timed alike (vs FP32: the median of the interleaved
+    rounds' ratios and their range, else the p50s' ratio)."""
     from rich.table import Table
 
     fp32 = next((f for f in frontier if f.label == "fp32"), None)
@@ -294,7 +296,9 @@ def _frontier_table(console, frontier, metric: str) -> None:
                       ("vs FP32", "right")):  # fmt: skip
         table.add_column(col, justify=just)
     for f in frontier:
+        spread = speed_ratio(fp32.rounds_ms, f.rounds_ms) if fp32 is not None and f is not fp32 else None
         ratio = f"{fp32.p50_ms / f.p50_ms:.2f}x" if fp32 is not None and f.p50_ms > 0 else "-"
+        ratio = spread.show() if spread is not None else ratio
         table.add_row(f.label, f.changed, fmt_metric(metric, f.metric), "yes" if f.met else "no", f"{f.p50_ms:.3g}",
                       ratio)  # fmt: skip
     console.print(table)

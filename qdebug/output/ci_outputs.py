@@ -39,7 +39,7 @@ from qdebug.records.diff import (
     node_label,
 )
 from qdebug.records.samples import SampleSection
-from qdebug.records.verify import VerifyResult, fmt_binary_size
+from qdebug.records.verify import VerifyResult, fmt_binary_size, speed_row
 
 MARKDOWN_HELP = (
     "also write the summary as Markdown tables to FILE (a pull-request comment, $GITHUB_STEP_SUMMARY: "
@@ -241,6 +241,8 @@ def _verify_rows(result: VerifyResult) -> list[tuple[str, ...]]:
             ("latency p95 ms", *(f"{v.timing.p95_ms:.3f}" for v in cols if v.timing)),
             ("throughput /s", *(f"{v.timing.throughput:.0f}" for v in cols if v.timing)),
         ]
+        speed = speed_row(cols)
+        rows += [("speed vs FP32", *speed)] if speed else []
     return rows
 
 

@@ -212,7 +212,8 @@ def _point(search: Search, label: str, trial: Trial | None, result: EvalResult |
         value, sqnr, met, nodes = trial.value, trial.output_sqnr_db, trial.met, len(trial.nodes)
     else:  # FP32 itself
         value, sqnr, met, nodes = target.fp32, math.inf, True, -1
-    return FrontierPoint(label, _changed(label, trial), nodes, value, sqnr, met, timing.p50_ms, timing.p95_ms)
+    changed = _changed(label, trial)
+    return FrontierPoint(label, changed, nodes, value, sqnr, met, timing.p50_ms, timing.p95_ms, timing.rounds_ms)
 
 
 def _changed(label: str, trial: Trial | None) -> str:

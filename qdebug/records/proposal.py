@@ -105,6 +105,8 @@ class FrontierPoint:
     met: bool
     p50_ms: float
     p95_ms: float
+    rounds_ms: tuple[float, ...] = ()
+    """Its interleaved rounds' median latencies, paired with FP32's (:func:`~qdebug.records.verify.speed_ratio`)."""
 
 
 @dataclass(frozen=True)

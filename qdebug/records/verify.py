@@ -9,6 +9,7 @@ library only) for the plain-text table both front ends print. The command that m
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qdebug.output.formatting import ACCURACY_METRICS, fmt_binary_size, fmt_db, fmt_metric
@@ -30,6 +31,60 @@ class Timing:
     threads: int
     """Intra-op threads asked for (0: ORT's default)."""
     provider: str
+    rounds_ms: tuple[float, ...] = ()
+    """Each interleaved round's median latency (ms), in order. The models timed together ran their rounds in
+    turn, so round i of one and round i of another met the same machine: their ratio per round gives a
+    speed-up with its spread (:func:`speed_ratio`). Empty in a file written before the field."""
+
+
+@dataclass(frozen=True)
+class SpeedRatio:
+    """How many times faster than FP32 a model ran: the median of the per-round ratios and their range."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    def show(self) -> str:
+        """``1.25x (1.18-1.31)``."""
+        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
+
+    @property
+    def verdict(self) -> str:
+        """``faster`` or ``slower`` only where every round says so; else ``within the noise``."""
+        if self.low > 1.0:
+            return "faster"
+        if self.high < 1.0:
+            return "slower"
+        return "within the noise"
+
+
+def speed_row(cols: Sequence[VariantResult]) -> list[str]:
+    """The table's ``speed vs FP32`` cells (``1.00x``, ``2.31x (2.10-2.52)``...), FP32 first; empty unless every
+    column was timed in two rounds or more with FP32's."""
+    if not cols or cols[0].name != "fp32" or any(v.timing is None for v in cols):
+        return []
+    fp32 = cols[0].timing
+    assert fp32 is not None
+    ratios = [speed_ratio(fp32.rounds_ms, v.timing.rounds_ms) for v in cols[1:] if v.timing is not None]
+    if not ratios or any(r is None for r in ratios):
+        return []
+    return ["1.00x", *(r.show() for r in ratios if r is not None)]
+
+
+def speed_ratio(fp32_rounds: tuple[float, ...], rounds: tuple[float, ...]) -> SpeedRatio | None:
+    """FP32's latency over the model's, round by round (paired: each round ran both in turn); None with fewer
+    than two rounds to pair (one number has no spread) or rounds that were not timed together (other counts)."""
+    if len(fp32_rounds) != len(rounds):
+        return None
+    pairs = [(a, b) for a, b in zip(fp32_rounds, rounds, strict=True) if a > 0 and b > 0]
+    if len(pairs) < 2:
+        return None
+    ratios = sorted(a / b for a, b in pairs)
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return SpeedRatio(median, ratios[0], ratios[-1], len(ratios))
 
 
 @dataclass(frozen=True)
@@ -174,6 +229,8 @@ class VerifyResult:
                 ("latency p95 ms", [f"{v.timing.p95_ms:.3f}" for v in cols if v.timing]),
                 ("throughput /s", [f"{v.timing.throughput:.0f}" for v in cols if v.timing]),
             ]
+            speed = speed_row(cols)
+            rows += [("speed vs FP32", speed)] if speed else []
         width = max(len(r[0]) for r in rows)
         cw = [max(len(v.name), *(len(r[1][i]) for r in rows)) for i, v in enumerate(cols)]
         lines = [" " * width + "  " + "  ".join(v.name.rjust(cw[i]) for i, v in enumerate(cols))]
@@ -181,9 +238,11 @@ class VerifyResult:
             lines.append(label.ljust(width) + "  " + "  ".join(x.rjust(cw[i]) for i, x in enumerate(vals)))
         timing = cols[0].timing
         if timing is not None:
+            n = len(timing.rounds_ms)
+            rounds = f"; speed: the median ratio of {n} interleaved rounds (their range)" if n > 1 else ""
             lines.append(
                 f"timing: batch {timing.batch}, {timing.runs} runs after {timing.warmup} warm-up, "
-                f"{timing.provider}, threads {timing.threads or 'default'}"
+                f"{timing.provider}, threads {timing.threads or 'default'}{rounds}"
             )
         noise = self.noise_line()
         if noise:

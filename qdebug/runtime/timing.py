@@ -77,6 +77,7 @@ def time_sessions(
         for _ in range(warmup):
             run()
     samples: dict[str, list[float]] = {name: [] for name in bound}
+    rounds: dict[str, list[float]] = {name: [] for name in bound}
     done = 0
     while done < runs:
         if cancelled is not None and cancelled():
@@ -87,6 +88,7 @@ def time_sessions(
                 t0 = time.perf_counter()
                 run()
                 samples[name].append(time.perf_counter() - t0)
+            rounds[name].append(1e3 * statistics.median(samples[name][-chunk:]))
         done += chunk
     batch = rows if rows is not None else feed_rows(feeds)  # rows: the batch's samples, on its batch axes
     provider = config.providers[0] if config.providers else "CPUExecutionProvider"
@@ -106,6 +108,7 @@ def time_sessions(
             warmup=warmup,
             threads=config.intra_op_threads,
             provider=provider,
+            rounds_ms=tuple(rounds[name]),
         )
     return out
 

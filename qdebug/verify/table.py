@@ -21,7 +21,7 @@ from qdebug.analysis.model_notes import float_size_note
 from qdebug.evaluation.evaluate import EvalResult
 from qdebug.graph.load import WeightBytes
 from qdebug.records.proposal import Proposal
-from qdebug.records.verify import Timing, VariantResult, fmt_binary_size
+from qdebug.records.verify import Timing, VariantResult, fmt_binary_size, speed_ratio
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,7 +113,11 @@ def speed_clause(columns: Sequence[VariantResult]) -> str:
     if sel is None:
         return ""
     others = [f"{label} {timed[n].p50_ms:.3g}" for n, label in (("fp32", "FP32"), ("static", "static")) if n in timed]
-    return f"; selective p50 {sel.p50_ms:.3g} ms ({', '.join(others)})"
+    clause = f"; selective p50 {sel.p50_ms:.3g} ms ({', '.join(others)})"
+    ratio = speed_ratio(timed["fp32"].rounds_ms, sel.rounds_ms) if "fp32" in timed else None
+    if ratio is not None:  # "faster" or "slower" only where every interleaved round says so
+        clause += f", {ratio.show()} FP32's speed over {ratio.rounds} rounds: {ratio.verdict}"
+    return clause
 
 
 RUNTIME_QUANTIZERS = ("DynamicQuantizeLinear", "DynamicQuantizeLSTM")

@@ -53,3 +53,28 @@ def test_the_node_table_shows_the_profile_columns_at_120_columns(profiled):
             assert any("INT8 ms" in x for x in labels) and any("Lost ms" in x for x in labels), labels
 
     asyncio.run(main_())
+
+
+def test_the_detail_pane_gives_a_profiled_nodes_times_and_its_cause(profiled):
+    """A node the profile timed shows its FP32 and INT8 time per run and its INT8 kernel; one whose INT8 time
+    has a cause (here set on the record: which node has one depends on the CPU) says how much it loses and
+    what to do, in the profile's own words; an unprofiled report shows no time line."""
+    import dataclasses
+
+    from qdebug.records.profile import CAUSES
+    from qdebug.tui.widgets import node_detail_text
+
+    timed = {n.name: n for n in profiled.profile.nodes}
+    name = next(n.name for n in profiled.nodes if n.name in timed)
+    nodes = tuple(dataclasses.replace(n, cause="unfolded-batchnorm" if n.name == name else "") for n in timed.values())
+    report = dataclasses.replace(profiled, profile=dataclasses.replace(profiled.profile, nodes=nodes))
+    node = next(n for n in report.nodes if n.name == name)
+    text = node_detail_text(LayerModel(report), node, 100).plain
+    nl = {n.name: n for n in nodes}[name]
+    assert f"FP32 {nl.fp32_ms:.3f} ms · INT8 {nl.int8_ms + nl.qdq_ms:.3f} ms (Q/DQ {nl.qdq_ms:.3f})" in text
+    assert f"INT8 loses {-nl.saved_ms:.3f} ms here: unfolded-batchnorm -- {CAUSES['unfolded-batchnorm']}" in text
+    other = next((n for n in report.nodes if n.name in timed and n.name != name), None)
+    if other is not None:
+        assert "INT8 loses" not in node_detail_text(LayerModel(report), other, 100).plain
+    plain = dataclasses.replace(profiled, profile=None)
+    assert "time/run" not in node_detail_text(LayerModel(plain), node, 100).plain

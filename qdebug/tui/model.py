@@ -41,6 +41,7 @@ from qdebug.records import (
     TensorRecord,
     WeightRecord,
 )
+from qdebug.records.profile import NodeLatency
 from qdebug.tui.compare import Baseline, change_text, change_value, judge
 from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported: the findings' old home
     Finding,
@@ -541,6 +542,10 @@ class LayerModel:
             v = self.latency(key, node)
             return "" if math.isnan(v) else f"{v:+.3f}" if key == "lost_ms" else f"{v:.3f}"
         return CELL_TEXT[key](node)
+
+    def node_latency(self, name: str) -> NodeLatency | None:
+        """The profile's times of node ``name`` (None: no profile, or no kernel of its own)."""
+        return self._latency.get(name)
 
     def latency(self, key: str, node: NodeRecord) -> float:
         """The node's number in profile column ``key`` (ms per run; ``nan``: the profile has no kernel of it)."""

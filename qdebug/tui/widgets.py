@@ -25,6 +25,7 @@ from textual.widgets.option_list import Option
 
 from qdebug.output.formatting import shorten
 from qdebug.records import KERNEL_GAP_DB, ErrorStats, NodeRecord, Report, TensorRecord
+from qdebug.records.profile import CAUSES, NodeLatency
 from qdebug.tui import charts
 from qdebug.tui.compare import Baseline, change_text, change_value, judge
 from qdebug.tui.model import (
@@ -714,6 +715,19 @@ def _baseline_block(t: Text, model: LayerModel, n: NodeRecord) -> None:
         t.append(f" there: {c.name_a} (paired by {c.paired_by})\n", style="dim")
 
 
+def _latency_block(t: Text, nl: NodeLatency | None) -> None:
+    """A profiled node's time per run in FP32 and INT8 (its Q/DQ kernels apart) and, where INT8 loses time
+    there, the cause with what to do about it (``analyze --profile``)."""
+    if nl is None:
+        return
+    t.append("time/run   ", style="dim")
+    t.append(f"FP32 {nl.fp32_ms:.3f} ms · INT8 {nl.int8_ms + nl.qdq_ms:.3f} ms (Q/DQ {nl.qdq_ms:.3f}) · ")
+    t.append(f"{nl.int8_kernel}{'' if nl.integer else ' (float)'}\n", style="cyan" if nl.integer else "yellow")
+    if nl.cause:
+        t.append(f"INT8 loses {-nl.saved_ms:.3f} ms here: {nl.cause}", style="bold red")
+        t.append(f" -- {CAUSES.get(nl.cause, '')}\n", style="red")
+
+
 def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
     """The detail text of node ``n`` for a panel ``width`` cells wide."""
     t = Text(no_wrap=False, overflow="fold")
@@ -736,6 +750,7 @@ def node_detail_text(model: LayerModel, n: NodeRecord, width: int) -> Text:
     t.append(f"{fmt_db(n.local_sqnr_db)} dB", style=sqnr_style(n.local_sqnr_db))
     t.append(" · accum ", style="dim")
     t.append(f"{fmt_db(n.accumulated_sqnr_db)} dB\n", style=sqnr_style(n.accumulated_sqnr_db))
+    _latency_block(t, model.node_latency(n.name))
     if model.baseline is not None:
         _baseline_block(t, model, n)
     r = model.proposal_reason(n.name)

@@ -51,6 +51,7 @@ from qdebug.propose.explain import nothing_quantized, proposal_snippet, quantize
 from qdebug.propose.fixes import PERCENTILE, fix_for, whole_percentile, whole_reduce_range
 from qdebug.propose.flipped import flipped_ranges, leak_notes
 from qdebug.propose.frontier import dynamic_variant, missed_verdict, speed_verdict, verified_frontier
+from qdebug.propose.latency import LatencyModel, cheapest, chosen_note
 from qdebug.propose.options import (  # re-exported: the request's options, target and result
     ACTIONS,
     DEFAULT_ALLOW,
@@ -84,6 +85,7 @@ from qdebug.propose.search import (
     final_answer,
     held_back,
     model_digest,
+    plan_of,
     without_per_channel,
 )
 from qdebug.propose.strategy import run_search
@@ -280,6 +282,7 @@ def _propose(
     plan, final, spec, selective = answer
     prep, report, initial, reranks, switch = found.prep, found.report, found.initial, found.reranks, found.switch
     flipped, flipped_note = found.flipped, found.flipped_note
+    latency_notes = [found.latency_note] if found.latency_note else []
     if switch is not None:
         screen = switch  # confirmed below like a subset screen: everything reported is on real models
     screen_notes: list[str] = [switch_note(switch)] if switch is not None else []
@@ -333,6 +336,7 @@ def _propose(
             *quantized_given_notes(report),
             *nothing_quantized(final, static),
             *stage.notes,
+            *latency_notes,
             *([flipped_note] if flipped_note else leak_notes(final.fixes, flipped)),
             *screen_notes,
             *search.skips,
@@ -532,6 +536,8 @@ class _Searched:
     switch: SwitchScreen | None
     flipped: Any
     flipped_note: str
+    latency_note: str = ""
+    """Why the answer is a larger set than the smallest that meets the target (its estimated latency), or ""."""
 
     @property
     def met(self) -> bool:
@@ -578,8 +584,24 @@ def _search_from(
     plan, met, reranks = run_search(
         search, initial, rerank, options.max_nodes, widened, diagnosed, fixer=fixer, wholes=wholes
     )
+    plan, met, latency_note = _cheaper(search, report, plan, met)
     answer = _selective(search, report, plan, met)
-    return _Searched(prep, report, search, initial, answer, reranks, rerank, switch, flipped, flipped_note)
+    return _Searched(
+        prep, report, search, initial, answer, reranks, rerank, switch, flipped, flipped_note, latency_note
+    )
+
+
+def _cheaper(search: Search, report: Report, plan: Plan, met: Trial | None) -> tuple[Plan, Trial | None, str]:
+    """The met candidate estimated clearly faster than the search's smallest answer, from the report's profile
+    (``analyze --profile``; :mod:`qdebug.propose.latency`), with the note saying so; else the answer as it was."""
+    latency = LatencyModel.of(report.profile, search.trials[0]) if search.trials else None
+    if latency is None or met is None or not search.fits(met):
+        return plan, met, ""
+    found = cheapest(search, latency, met)
+    if found is None:
+        return plan, met, ""
+    chosen, est, mine = found
+    return plan_of(plan, chosen), chosen, chosen_note(latency, met, chosen, est, mine)
 
 
 def _on_runner_up(stage: RecipeStage, found: _Searched, report: Report, run: _Run) -> tuple[RecipeStage, _Searched]:

@@ -527,3 +527,23 @@ def test_verify_gives_each_speed_ratio_with_its_spread_over_the_interleaved_roun
     assert f"FP32's speed over 2 rounds: {ratio.verdict}" in loaded.verdict
     assert main(_args(setup, proposal_path, "--runs", "10", "-o", str(tmp_path / "one.json"))) == 0
     assert "speed vs FP32" not in capsys.readouterr().out
+
+
+def test_the_speed_gate_judges_no_timing_of_a_selective_model_that_is_full_static_again():
+    """A selective model that keeps nothing FP32 and overrides nothing is the full static model: timed slower
+    than FP32 while static is faster, that is noise (2 runs on a loaded CI machine), not a lost speed-up. One
+    node kept FP32 with the same timings is judged, and fails."""
+    from qdebug.evaluation.gates import speedup_gate
+    from qdebug.records.verify import Timing, VariantResult
+
+    def timing(p50):
+        return Timing(p50, p50 * 1.05, p50, 16 / p50, 16, 2, 1, 0, "CPUExecutionProvider")
+
+    def column(name, kept, pairs, p50):
+        return VariantResult(name, 0.9, 30.0, kept, kept / 10, 0, pairs, 1000, None, timing(p50))
+
+    fp32, static = column("fp32", 10, 0, 10.0), column("static", 0, 12, 5.0)
+    same = speedup_gate([fp32, static, column("selective", 0, 12, 12.0)])
+    assert same.side == 1 and "quantizes 10 of 10" in same.text
+    one_fp32 = speedup_gate([fp32, static, column("selective", 1, 11, 12.0)])
+    assert one_fp32.side == -1 and "slower than FP32" in one_fp32.text

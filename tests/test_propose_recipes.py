@@ -262,3 +262,44 @@ def test_whole_percentile_clips_only_the_ranges_much_wider_than_their_percentile
     assert [(o.tensor, o.rmin, o.rmax) for o in fix.overrides] == [("a", 0.0, 1.0), ("c", 0.0, 3.0)]
     assert "2 of 4" in fix.why and "500x" in fix.why
     assert whole_percentile({"b": (-2.0, 2.0)}, {"b": (-1.8, 1.8)}) is None
+
+
+def test_with_no_recipe_meeting_the_target_the_search_starts_from_the_folded_model(tmp_path):
+    """ORT's documented path folds BatchNormalization before quantizing (quant_pre_process): when no recipe meets
+    the target alone and folding scores no worse than plain static, the per-node search starts from the folded
+    model, the proposal records recipe fold-bn, and verify rebuilds the answer from that model."""
+    rec, report = _analyzed("equalize_depthwise", tmp_path)
+    out = tmp_path / "p.json"
+    options = ProposeOptions(target_drop=rec.target_drop, time_runs=0, recipes=("fold-bn",))
+    result = propose(report, output=out, options=options)
+    p = result.proposal
+    assert p.recipe is not None and p.recipe.steps == ("fold-bn",) and p.recipe.removed
+    assert any("documented pre-processing" in n for n in result.notes), result.notes
+    assert not set(p.nodes_to_exclude) & set(p.recipe.removed)  # the folded nodes are no longer there to keep
+    data = ["--calib", rec.calib, "--eval", rec.eval]
+    verified = tmp_path / "v.json"
+    code = main(["verify", rec.model, *data, "--proposal", str(out), "-o", str(verified), "-q", "--runs", "0"])
+    assert code in (0, 1, 8)  # judged as the target says; what matters here is the rebuild
+    columns = {c["name"]: c for c in json.loads(verified.read_text())["variants"]}
+    assert columns["selective"]["metric"] == p.expected_metric
+
+
+def test_the_folded_base_is_taken_only_when_folding_scores_no_worse_than_plain_static():
+    from qdebug.evaluation.evaluate import EvalResult
+    from qdebug.propose.recipes import RecipeTrial, _folded_base
+    from qdebug.propose.search import Target
+    from qdebug.recipes.base import Transformed
+
+    target = Target("top1", "drop", 0.9, 1.0, 0.001)
+
+    def result(value):
+        return EvalResult("top1", value, 1.0, (), 64, 0.0)
+
+    def fold(value):
+        return RecipeTrial("fold-bn", ("fold-bn",), Transformed(onnx.ModelProto()), object(), result(value), False)
+
+    static = result(0.5)
+    assert _folded_base([fold(0.6)], target, static) is not None
+    assert _folded_base([fold(0.5)], target, static) is not None  # no worse: ORT's documented path
+    assert _folded_base([fold(0.4)], target, static) is None
+    assert _folded_base([], target, static) is None

@@ -620,15 +620,21 @@ def _on_runner_up(stage: RecipeStage, found: _Searched, report: Report, run: _Ru
     if not better:
         note = (
             f"the per-node search from recipe {recipe_label(runner).removeprefix('recipe ')} did no better "
-            f"({len(other.search.trials)} evaluations): the answer is the one from plain static"
+            f"({len(other.search.trials)} evaluations): the answer is the one from {_base_label(stage)}"
         )
         return dataclasses.replace(stage, notes=(*stage.notes, note)), found
+    start = _base_label(stage)
     note = (
-        f"the per-node search from plain static {'missed the target' if not found.met else 'kept most nodes FP32'} "
+        f"the per-node search from {start} {'missed the target' if not found.met else 'kept most nodes FP32'} "
         f"({len(found.search.trials)} evaluations); from recipe {recipe_label(runner).removeprefix('recipe ')} it "
         f"{'meets it' if other.met else 'comes closer'} with {len(mine.nodes)} node(s) FP32"
     )
     return dataclasses.replace(stage.with_base(runner), notes=(*stage.notes, note)), other
+
+
+def _base_label(stage: RecipeStage) -> str:
+    """What the first per-node search started from: ``plain static`` or ``recipe fold-bn``."""
+    return f"recipe {recipe_label(stage.chosen).removeprefix('recipe ')}" if stage.chosen else "plain static"
 
 
 def _deferred_answer(

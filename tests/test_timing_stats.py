@@ -96,3 +96,53 @@ def test_speed_ratio_says_faster_or_slower_only_where_every_round_does():
     assert speed_ratio((1.0,), (2.0,)) is None
     assert speed_ratio((1.0, 1.0, 1.0), (2.0, 2.0)) is None
     assert speed_ratio((), ()) is None
+
+
+def test_a_slow_model_runs_fewer_times_per_round_and_every_round_holds_every_model(tmp_path, monkeypatch):
+    """With ``round_seconds=1``: a model whose warm-up runs take 0.4 s gets 2 runs per round (1 s / 0.4 s), its
+    warm-up stopping once it has taken a second; one at 10 ms keeps CHUNK_RUNS per round; both have one median
+    per round, so their ratio still pairs round by round. Without ``round_seconds`` nothing changes."""
+    import qdebug.runtime.timing as timing_mod
+
+    model = onnx.load(str(small_cnn(tmp_path / "m.onnx")))
+    feeds = {"input": np.zeros((2, 1, 8, 8), np.float32)}
+    cost = {"slow": 0.4, "fast": 0.01}
+    state = {"t": 0.0, "open": False, "current": "slow"}
+
+    def fake_perf_counter():
+        if state["open"]:
+            state["t"] += cost[state["current"]]
+        state["open"] = not state["open"]
+        return state["t"]
+
+    monkeypatch.setattr(timing_mod, "time", types.SimpleNamespace(perf_counter=fake_perf_counter))
+    calls = {"slow": 0, "fast": 0}
+    real_bound = timing_mod._bound_runs
+
+    def counted(sessions, inputs, *, fresh_outputs):
+        bound = real_bound(sessions, inputs, fresh_outputs=fresh_outputs)
+
+        def wrap(name):
+            def run():
+                state["current"] = name
+                calls[name] += 1
+                bound[name]()
+
+            return run
+
+        return {name: wrap(name) for name in bound}
+
+    monkeypatch.setattr(timing_mod, "_bound_runs", counted)
+    runs = 2 * timing_mod.CHUNK_RUNS
+    t = timing_mod.time_sessions(
+        {"slow": model, "fast": model}, feeds, SessionConfig(intra_op_threads=1), runs=runs, warmup=5, round_seconds=1.0
+    )
+    assert t["slow"].runs == 2 * 2 and t["fast"].runs == runs
+    assert len(t["slow"].rounds_ms) == len(t["fast"].rounds_ms) == 2
+    assert calls["slow"] == 3 + 4  # warm-up cut after 3 runs (1.2 s), then 2 rounds of 2
+    assert t["slow"].p50_ms == pytest.approx(400.0) and t["fast"].p50_ms == pytest.approx(10.0)
+    calls.update(slow=0, fast=0)
+    plain = timing_mod.time_sessions(
+        {"slow": model, "fast": model}, feeds, SessionConfig(intra_op_threads=1), runs=runs, warmup=5
+    )
+    assert plain["slow"].runs == plain["fast"].runs == runs and calls["slow"] == 5 + runs

@@ -45,6 +45,10 @@ _Entry = tuple[str, "Trial | None", "EvalResult | None", onnx.ModelProto]
 
 TIME_RUNS = 20
 """Timed runs per frontier point (``--time-runs``; 0 skips the frontier)."""
+ROUND_SECONDS = 1.0
+"""About how long one model's share of a timing round may take: a slow model (a 320x320 detector, a dynamic
+model's ConvInteger) is run fewer times per round, every round still holding every model
+(:func:`~qdebug.runtime.timing.time_sessions`)."""
 
 
 def verified_frontier(
@@ -96,7 +100,9 @@ def verified_frontier(
     progress("frontier", 0, len(entries))
     models = {e[0]: e[3] for e in entries}
     first = evaluator.batches[0]
-    timings = time_sessions(models, first.feeds, evaluator.config, runs=runs, notes=notes, rows=first.size)
+    timings = time_sessions(
+        models, first.feeds, evaluator.config, runs=runs, notes=notes, rows=first.size, round_seconds=ROUND_SECONDS
+    )
     progress("frontier", len(entries), len(entries))
     points = tuple(_point(search, label, trial, result, timings[label]) for label, trial, result, _ in entries)
     if recipes is not None and recipes.chosen is not None:  # the answer is built on the recipe's model

@@ -87,3 +87,17 @@ def test_the_profiles_model_adds_up_to_the_profiled_static_model_and_propose_tak
     assert "trial" in chosen, "the search met the target with one set only"
     assert set(result.proposal.nodes_to_exclude) == set(chosen["trial"].nodes)
     assert any("estimated at 1 ms per run against 2" in n for n in result.notes), result.notes
+
+
+def test_a_profile_of_another_graph_gives_no_latency_model(tmp_path):
+    """The profile is of the report's model; a search on a recipe's model (BatchNormalization folded away)
+    cannot be estimated from it: a profiled FP32 node missing from the search's graph turns the model off."""
+    rec = _planted().make("two_culprits", tmp_path / "d", "small")
+    report = tmp_path / "r.json"
+    args = ["analyze", rec.model, "--calib", rec.calib, "--eval", rec.eval, "--metric", rec.metric]
+    assert main([*args, "--profile", "2", "-o", str(report), "-q"]) == 0
+    profile = load_report(report).profile
+    static = _trial([], 10, met=False)
+    graph = [n.name for n in profile.nodes if n.fp32_kernel != "-"]
+    assert LatencyModel.of(profile, static, graph) is not None
+    assert LatencyModel.of(profile, static, graph[1:]) is None

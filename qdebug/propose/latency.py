@@ -31,10 +31,15 @@ class LatencyModel:
     """The profiled static model's Q/DQ time per run over its Q/DQ pairs: what one more or one fewer costs."""
 
     @classmethod
-    def of(cls, profile: ProfileReport | None, static: Trial) -> LatencyModel | None:
+    def of(cls, profile: ProfileReport | None, static: Trial, graph: Iterable[str] = ()) -> LatencyModel | None:
         """The model of a report's profile, calibrated on full static INT8's Q/DQ pairs (``static``, the search's
-        first trial); None without a profile of both models, or without Q/DQ pairs to share the time over."""
+        first trial); None without a profile of both models, without Q/DQ pairs to share the time over, or when
+        the profiled FP32 model has nodes the search's ``graph`` (its node names) lacks: a recipe's transform
+        (folded BatchNormalization) made another graph than the one profiled."""
         if profile is None or profile.int8 is None or static.qdq_pairs <= 0 or not profile.nodes:
+            return None
+        names = set(graph)
+        if names and any(n.fp32_kernel != "-" and n.name not in names for n in profile.nodes):
             return None
         qdq = sum(n.qdq_ms for n in profile.nodes)
         return cls(

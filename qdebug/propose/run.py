@@ -594,7 +594,8 @@ def _search_from(
 def _cheaper(search: Search, report: Report, plan: Plan, met: Trial | None) -> tuple[Plan, Trial | None, str]:
     """The met candidate estimated clearly faster than the search's smallest answer, from the report's profile
     (``analyze --profile``; :mod:`qdebug.propose.latency`), with the note saying so; else the answer as it was."""
-    latency = LatencyModel.of(report.profile, search.trials[0]) if search.trials else None
+    graph = [n.name for n in search.normalized.graph.node]
+    latency = LatencyModel.of(report.profile, search.trials[0], graph) if search.trials else None
     if latency is None or met is None or not search.fits(met):
         return plan, met, ""
     found = cheapest(search, latency, met)

@@ -416,7 +416,8 @@ def _speed(
         return frontier, [*notes, missed] if frontier else notes, ""
     base = recipe_label(recipes.chosen) if recipes is not None and recipes.chosen is not None else "static"
     lines, slow = speed_verdict(frontier, base)
-    mostly = _mostly_fp32(final, len(search.structure.excludable))
+    tried = tuple(t.name for t in recipes.trials if t.result is not None) if recipes is not None else ()
+    mostly = _mostly_fp32(final, len(search.structure.excludable), search.allow, tried, bool(frontier))
     if not slow:
         notes.extend(lines)
     reasons = [x for x in (mostly, *(lines if slow else [])) if x]
@@ -425,15 +426,26 @@ def _speed(
     return frontier, notes, "; ".join(reasons) + ". Pass --accept-no-speedup to take this proposal anyway"
 
 
-def _mostly_fp32(final: Trial, quantizable: int) -> str:
-    """The plain line for an answer that keeps most of the model FP32 (``""`` when it does not)."""
+def _mostly_fp32(
+    final: Trial, quantizable: int, allow: Sequence[str] = DEFAULT_ALLOW, tried: Sequence[str] = (),
+    timed: bool = True,
+) -> str:
+    """The plain line for an answer that keeps most of the model FP32 (``""`` when it does not). Its advice
+    names only what this run did not try (advice that, followed, returns the same answer is no advice):
+    ``tried`` holds the recipes scored, and the frontier (``timed``) has measured dynamic quantization.
+    16-bit activations are not offered: on the CPU provider they run as float kernels and give no speed back."""
     if not mostly_fp32(len(final.nodes), quantizable):
         return ""
+    untried = []
+    if "per-channel" not in allow:
+        untried.append(f"--allow {','.join(dict.fromkeys([*allow, 'per-channel']))} (per-channel weights), ")
+    done = f" The recipes tried ({', '.join(tried)}) do not meet the target alone." if tried else ""
     return (
         f"the proposal keeps {len(final.nodes)} of {quantizable} quantizable nodes "
-        f"({100 * len(final.nodes) / quantizable:.0f} %) FP32: most of the INT8 speed-up is gone. Try "
-        "--allow fp32,int16,per-channel (16-bit activations, per-channel weights), dynamic quantization "
-        "(qdebug bench --variants fp32,dynamic,static), or a looser target; or keep the model FP32"
+        f"({100 * len(final.nodes) / quantizable:.0f} %) FP32: most of the INT8 speed-up is gone.{done} Try "
+        f"{''.join(untried)}a looser target"
+        + (", or an alternative the frontier lists (dynamic quantization among them)" if timed else "")
+        + "; or keep the model FP32"
     )
 
 

@@ -436,6 +436,19 @@ def test_targets():
         make_target("output_sqnr_db", math.inf, 10, ProposeOptions(target_drop=1.0))
 
 
+def test_a_metric_hook_is_shown_by_its_function_name():
+    """A user's metric hook is recorded whole (it is loaded again from it) but shown by its function's name:
+    the full path had filled every progress line of a search on a real model."""
+    from qdebug.output.formatting import metric_title
+
+    hook = "/home/me/project/benchmarks/metrics.py:mask_iou"
+    t = Target(hook, "drop", 0.99, 1.0, 0.001)
+    trial = Trial("baseline", (), (), False, 0.9262, 30.0, False, 1, 0.0, 0.0)
+    assert t.show(trial) == "mask_iou 0.9262" and t.describe() == "mask_iou >= 0.99 (FP32 1)"
+    assert metric_title("pkg.metrics:f1") == "f1" and metric_title("top1") == "top1"
+    assert metric_title("C:\\m.py") == "C:\\m.py"  # a Windows drive is no hook
+
+
 class _FakeSearch:
     """The interface run_search needs, over a metric defined on node sets (no model)."""
 

@@ -35,6 +35,14 @@ def fmt_metric(name: str, x: float) -> str:
     return f"{x + 0.0:.4g}"  # + 0.0: a metric of -0.0 printed as "-0"
 
 
+def metric_title(spec: str) -> str:
+    """A metric as a person reads it in a line: a user's hook (``path/to/metrics.py:mask_iou``,
+    ``pkg.metrics:mask_iou``) by its function's name, a built-in by its own. The full spec stays in the
+    files, where it is needed to score again; a 60-character path in every progress line is not."""
+    head, sep, tail = spec.rpartition(":")
+    return tail if sep and head and tail.isidentifier() else spec
+
+
 def fmt_size(n: int) -> str:
     """Bytes on disk as :func:`fmt_binary_size` writes them, ``-`` when unknown (0 or less).
 

@@ -30,7 +30,7 @@ import onnx
 from qdebug.errors import QDebugError
 from qdebug.evaluation.evaluate import EvalResult, Evaluator
 from qdebug.graph.match import GraphIndex
-from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric, metric_title
 from qdebug.progress import DETAIL, Progress
 from qdebug.propose.blame import Unit
 from qdebug.propose.structure import Structure
@@ -68,7 +68,7 @@ class Target:
         """A result's number as the target reads it (``top1 87.00%``, ``SQNR 31.2 dB``)."""
         if self.kind == "sqnr":
             return f"SQNR {fmt_db(self.value(result))} dB"
-        return f"{self.metric} {fmt_metric(self.metric, self.value(result))}"
+        return f"{metric_title(self.metric)} {fmt_metric(self.metric, self.value(result))}"
 
     def show_threshold(self) -> str:
         """The threshold in the same form as :meth:`show`."""
@@ -83,7 +83,7 @@ class Target:
         if self.metric in ACCURACY_METRICS:
             return f"{self.metric} >= {100 * self.threshold:.2f}% (FP32 {100 * self.fp32:.2f}%)"
         basis = f"; {self.basis}" if self.basis else ""
-        return f"{self.metric} >= {self.threshold:.4g} (FP32 {self.fp32:.4g}{basis})"
+        return f"{metric_title(self.metric)} >= {self.threshold:.4g} (FP32 {self.fp32:.4g}{basis})"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from qdebug.output.formatting import ACCURACY_METRICS, fmt_binary_size, fmt_db, fmt_metric
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_binary_size, fmt_db, fmt_metric, metric_title
 from qdebug.records.samples import SampleSection
 
 
@@ -203,7 +203,7 @@ class VerifyResult:
         """Plain-text side-by-side table and verdict (the CLI prints it; the TUI shows it)."""
         cols = self.variants
         rows: list[tuple[str, list[str]]] = [
-            (self.metric, [fmt_metric(self.metric, v.metric) for v in cols]),
+            (metric_title(self.metric), [fmt_metric(self.metric, v.metric) for v in cols]),
             ("output SQNR dB", [fmt_db(v.output_sqnr_db) for v in cols]),
             (
                 "nodes FP32",

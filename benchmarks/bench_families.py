@@ -1,21 +1,25 @@
-"""Benchmark: qdebug analyze + propose on real exported models of five families, shipped inside PyPI wheels.
+"""Benchmark: qdebug analyze + propose on exported models of six families: five real ones shipped inside PyPI
+wheels, and a generated transformer.
 
 The models are the ones real users quantize, taken from wheels that ship them (``pip download --no-deps``,
 once, into ``--wheels``): a DB text detector, an SVTR text-line recognizer and a MobileNetV3 text-direction
 classifier (PP-OCRv4 / PP-OCR v2, from ``rapidocr_onnxruntime``), a CNN captcha reader (``ddddocr``'s
 ``common.onnx``) and an audio CNN with a constant-Q front end that transcribes notes (``basic-pitch``'s
-``nmp.onnx``). No data ships with them, and none can be downloaded here, so each gets generated inputs of its
-own kind, preprocessed as its package does: text lines and text blocks rendered with Pillow's default font
-(``pip install pillow``), captcha-like words, and chords of harmonic tones. The task metric is the quantized
-model's agreement with FP32 on its own output, read as the package reads it: the detector's text mask (IoU
-at 0.3), the recognizer's greedy CTC decoding (share of lines decoded identically), the classifier's label,
-the captcha reader's string, the note transcription's frames (F1 at 0.5).
+``nmp.onnx``). No sentence-embedding transformer ships in a wheel, so the sixth is generated with its traits
+(:func:`encoder`: MiniLM-L6's shape, and the outlier channels of trained transformers' LayerNorms). No data
+ships with them, and none can be downloaded here, so each gets generated inputs of its own kind, preprocessed
+as its package does: text lines and text blocks rendered with Pillow's default font (``pip install pillow``),
+captcha-like words, chords of harmonic tones, and token ids as a WordPiece tokenizer writes them. The task
+metric is the quantized model's agreement with FP32 on its own output, read as the package reads it: the
+detector's text mask (IoU at 0.3), the recognizer's greedy CTC decoding (share of lines decoded identically),
+the classifier's label, the captcha reader's string, the note transcription's frames (F1 at 0.5), the
+sentence embedding (cosine).
 
 For each: FP32 / full static INT8 / the proposal's metric, what propose answered (recipe, nodes kept FP32,
 overrides), its evaluations and wall time, and the frontier's p50 vs FP32 (median of the interleaved rounds).
 
 Usage:
-  python benchmarks/bench_families.py [--families det,rec,cls,captcha,audio] [--calib 32] [--eval 64]
+  python benchmarks/bench_families.py [--families det,rec,cls,captcha,audio,transformer] [--calib 32] [--eval 64]
       [--wheels ~/.cache/qdebug/wheels] [--keep DIR] [--timeout 900]
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -54,9 +59,10 @@ TITLES = {
     "cls": "MobileNetV3 direction classifier (PP-OCR v2 cls)",
     "captcha": "CNN captcha reader (ddddocr common)",
     "audio": "audio CNN, constant-Q front end (basic-pitch nmp)",
+    "transformer": "6-layer sentence-embedding transformer (generated, MiniLM-shaped)",
 }
 METRICS = {"det": "mask_iou", "rec": "ctc_lines", "cls": "label_agreement", "captcha": "string_agreement",
-           "audio": "note_f1"}  # fmt: skip
+           "audio": "note_f1", "transformer": "embedding_cosine"}  # fmt: skip
 WORDS = "the quick brown fox jumps over lazy dog 0123456789 ONNX Runtime INT8 qdebug model layer tensor".split()
 
 
@@ -83,7 +89,162 @@ def models(wheels: Path, families: list[str]) -> dict[str, Path]:
                 if not path.is_file():
                     path.write_bytes(z.read(member))
                 out[family] = path
+    if "transformer" in families:  # generated, deterministic: written once beside the wheels' models
+        path = wheels / "transformer.onnx"
+        out["transformer"] = path if path.is_file() else encoder(path)
     return out
+
+
+# ----------------------------------------------------------------------------- the generated transformer
+
+VOCAB, SEQ = 4000, 32
+
+
+def encoder(
+    path: Path,
+    seed: int = 7,
+    layers: int = 6,
+    d: int = 384,
+    heads: int = 6,
+    ffn: int = 1536,
+    vocab: int = VOCAB,
+    seq: int = SEQ,
+    outl: int = 4,
+    gain: tuple[float, float] = (20.0, 40.0),
+) -> Path:
+    """A 6-layer sentence-embedding encoder shaped like MiniLM-L6 (d 384, FFN 1536, word and position
+    embeddings, exported-style attention mask, Reshape/Transpose heads, Erf GELU, masked mean pooling, L2
+    normalization), generated: no transformer ships in a wheel here. Its weights are random; the trait that
+    breaks per-tensor INT8 is planted as it is measured in trained ones: ``outl`` hidden channels whose
+    LayerNorm gain is ``gain`` (20-40x, either sign) in every block, the rows of the MatMuls reading them as
+    much smaller, so FP32 computes what gain 1 would and each LayerNorm output's range is set by them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes: list[Any] = []
+    inits: list[Any] = []
+
+    def const(name: str, v: Any, dt: Any = np.float32) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(v, dtype=dt), name))
+        return name
+
+    def op(t: str, ins: list[str], name: str, **a: Any) -> str:
+        nodes.append(helper.make_node(t, list(ins), [name], name=name, **a))
+        return name
+
+    def lin(x: str, din: int, dout: int, name: str, scale_rows: Any = None, gain_: float = 1.0) -> str:
+        w = rng.standard_normal((din, dout)).astype(np.float32) * np.float32(gain_ / math.sqrt(din))
+        if scale_rows is not None:
+            w = w / scale_rows[:, None]
+        m = op("MatMul", [x, const(f"{name}.weight", w.astype(np.float32))], f"{name}/MatMul")
+        return op("Add", [m, const(f"{name}.bias", 0.02 * rng.standard_normal(dout))], f"{name}/Add")
+
+    ch = np.sort(rng.choice(d, outl, replace=False))  # the same channels in every block, as in trained ones
+
+    def ln(x: str, name: str, outliers: bool = True) -> tuple[str, np.ndarray]:
+        g = (1.0 + 0.05 * rng.standard_normal(d)).astype(np.float32)
+        if outliers:
+            g[ch] = rng.uniform(*gain, outl) * rng.choice([-1, 1], outl)
+        b = (0.02 * rng.standard_normal(d)).astype(np.float32)
+        return op(
+            "LayerNormalization",
+            [x, const(f"{name}.weight", g), const(f"{name}.bias", b)],
+            name,
+            axis=-1,
+            epsilon=1e-12,
+        ), g
+
+    # embeddings: word + position, then LayerNorm (BERT)
+    we = op(
+        "Gather",
+        [const("embeddings.word_embeddings.weight", 0.05 * rng.standard_normal((vocab, d))), "input_ids"],
+        "embeddings/word_embeddings/Gather",
+        axis=0,
+    )
+    pos = const("embeddings.position_embeddings", 0.02 * rng.standard_normal((1, seq, d)))
+    h = op("Add", [we, pos], "embeddings/Add")
+    h, _ = ln(h, "embeddings/LayerNorm", outliers=False)
+    # the attention mask, as exporters write it: (1 - mask) * -10000, broadcast over heads and queries
+    m = op("Cast", ["attention_mask"], "extended_mask/Cast", to=TensorProto.FLOAT)
+    m = op("Unsqueeze", [m, const("extended_mask.axes", [1, 2], np.int64)], "extended_mask/Unsqueeze")
+    m = op("Sub", [const("extended_mask.one", 1.0), m], "extended_mask/Sub")
+    mask = op("Mul", [m, const("extended_mask.neg", -10000.0)], "extended_mask/Mul")
+    hd = d // heads
+    split = const("attention.split_shape", [0, 0, heads, hd], np.int64)
+    merge = const("attention.merge_shape", [0, 0, d], np.int64)
+    for i in range(layers):
+        p = f"encoder/layer.{i}"
+        a, g = ln(h, f"{p}/attention/LayerNorm")
+
+        def headed(x: str, name: str, perm: list[int]) -> str:
+            r = op("Reshape", [x, split], f"{name}/Reshape")
+            return op("Transpose", [r], f"{name}/Transpose", perm=perm)
+
+        q = headed(lin(a, d, d, f"{p}/attention/query", g), f"{p}/attention/query", [0, 2, 1, 3])
+        k = headed(lin(a, d, d, f"{p}/attention/key", g), f"{p}/attention/key", [0, 2, 3, 1])
+        v = headed(lin(a, d, d, f"{p}/attention/value", g), f"{p}/attention/value", [0, 2, 1, 3])
+        s = op("MatMul", [q, k], f"{p}/attention/scores/MatMul")
+        s = op("Div", [s, const(f"{p}/attention.sqrt_d", math.sqrt(hd))], f"{p}/attention/scores/Div")
+        s = op("Add", [s, mask], f"{p}/attention/scores/Add")
+        s = op("Softmax", [s], f"{p}/attention/Softmax", axis=-1)
+        c = op("MatMul", [s, v], f"{p}/attention/context/MatMul")
+        c = op("Transpose", [c], f"{p}/attention/context/Transpose", perm=[0, 2, 1, 3])
+        c = op("Reshape", [c, merge], f"{p}/attention/context/Reshape")
+        o = lin(c, d, d, f"{p}/attention/output/dense", gain_=0.5)
+        h = op("Add", [h, o], f"{p}/attention/output/Add")
+        a, g = ln(h, f"{p}/ffn/LayerNorm")
+        f = lin(a, d, ffn, f"{p}/intermediate/dense", g)
+        t = op("Div", [f, const(f"{p}/gelu.sqrt2", math.sqrt(2.0))], f"{p}/intermediate/gelu/Div")
+        t = op("Erf", [t], f"{p}/intermediate/gelu/Erf")
+        t = op("Add", [t, const(f"{p}/gelu.one", 1.0)], f"{p}/intermediate/gelu/Add")
+        t = op("Mul", [f, t], f"{p}/intermediate/gelu/Mul")
+        t = op("Mul", [t, const(f"{p}/gelu.half", 0.5)], f"{p}/intermediate/gelu/Mul_1")
+        o = lin(t, ffn, d, f"{p}/output/dense", gain_=0.5)
+        h = op("Add", [h, o], f"{p}/output/Add")
+    h, _ = ln(h, "encoder/final_LayerNorm", outliers=False)
+    # mean pooling over the tokens the mask keeps, then L2 normalization (sentence-transformers)
+    mf = op("Cast", ["attention_mask"], "pooling/Cast", to=TensorProto.FLOAT)
+    mf = op("Unsqueeze", [mf, const("pooling.axes", [2], np.int64)], "pooling/Unsqueeze")
+    s = op(
+        "ReduceSum",
+        [op("Mul", [h, mf], "pooling/Mul"), const("pooling.seq_axis", [1], np.int64)],
+        "pooling/ReduceSum",
+        keepdims=0,
+    )
+    n = op("ReduceSum", [mf, const("pooling.seq_axis2", [1], np.int64)], "pooling/count", keepdims=0)
+    n = op("Max", [n, const("pooling.min_count", 1e-9)], "pooling/clamp")
+    e = op("Div", [s, n], "pooling/Div")
+    nodes.append(helper.make_node("LpNormalization", [e], ["sentence_embedding"], name="normalize", axis=-1, p=2))
+    graph = helper.make_graph(
+        nodes,
+        "sentence_encoder",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", seq]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", seq]),
+        ],
+        [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", d])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="bench-families")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path
+
+
+def tokens(n: int, seed: int, vocab: int = VOCAB, seq: int = SEQ) -> dict[str, np.ndarray]:
+    """Token ids as a WordPiece tokenizer writes them ([CLS] ... [SEP], Zipf-distributed words, 6-32 long,
+    zero-padded) and their attention mask."""
+    rng = np.random.default_rng(seed)
+    ids, mask = np.zeros((n, seq), np.int64), np.zeros((n, seq), np.int64)
+    for i in range(n):
+        length = int(rng.integers(6, seq + 1))
+        words = np.minimum(rng.zipf(1.3, length - 2) + 100, vocab - 1)
+        ids[i, :length] = [101, *words, 102]
+        mask[i, :length] = 1
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 # ----------------------------------------------------------------------------- generated inputs
@@ -118,6 +279,8 @@ def _ocr_norm(img: np.ndarray) -> np.ndarray:  # PP-OCR rec / cls: (x / 255 - 0.
 def data(family: str, n: int, seed: int) -> dict[str, np.ndarray]:
     """``n`` generated inputs of ``family``'s kind, preprocessed as its package preprocesses them."""
     rng = np.random.default_rng(seed)
+    if family == "transformer":
+        return tokens(n, seed)
     if family == "rec":
         return {"x": np.stack([_ocr_norm(_text_image(rng, 320, 48, _line(rng), 26)) for _ in range(n)])}
     if family == "cls":  # half the lines upside down: what the classifier tells apart
@@ -227,6 +390,17 @@ def note_f1(reference: list[dict], candidate: list[dict], labels: Any = None) ->
         fp += int((~a & b).sum())
         fn += int((a & ~b).sum())
     return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0
+
+
+def embedding_cosine(reference: list[dict], candidate: list[dict], labels: Any = None) -> float:
+    """Mean cosine between each sentence's embedding and FP32's (the issue's metric for this family)."""
+    total = count = 0.0
+    for _, r, c in _pairs(reference, candidate):
+        r, c = r.reshape(len(r), -1), c.reshape(len(c), -1)
+        nr, nc = np.linalg.norm(r, axis=1), np.linalg.norm(c, axis=1)
+        total += float(((r * c).sum(1) / np.maximum(nr * nc, 1e-12)).sum())
+        count += len(r)
+    return total / count if count else 1.0
 
 
 # ----------------------------------------------------------------------------- the run

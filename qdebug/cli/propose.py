@@ -41,7 +41,7 @@ from qdebug.cli.common import (
     runtime_settings,
 )
 from qdebug.output.ci_outputs import MARKDOWN_HELP
-from qdebug.output.formatting import prefix_note
+from qdebug.output.formatting import metric_title, prefix_note
 from qdebug.records.verify import speed_ratio
 from qdebug.vocabulary import ACTIONS, DEFAULT_ALLOW, RECIPES
 
@@ -292,8 +292,8 @@ def _frontier_table(console, frontier, metric: str) -> None:
 
     fp32 = next((f for f in frontier if f.label == "fp32"), None)
     table = Table(title="verified frontier (each point built, scored and timed alike)")
-    for col, just in (("", "left"), ("changes", "left"), (metric, "right"), ("met", "left"), ("p50 ms", "right"),
-                      ("vs FP32", "right")):  # fmt: skip
+    for col, just in (("", "left"), ("changes", "left"), (metric_title(metric), "right"), ("met", "left"),
+                      ("p50 ms", "right"), ("vs FP32", "right")):  # fmt: skip
         table.add_column(col, justify=just)
     for f in frontier:
         spread = speed_ratio(fp32.rounds_ms, f.rounds_ms) if fp32 is not None and f is not fp32 else None

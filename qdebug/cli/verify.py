@@ -43,6 +43,7 @@ from qdebug.cli.common import (
 )
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.output.ci_outputs import JUNIT_HELP, MARKDOWN_HELP
+from qdebug.output.formatting import metric_title
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             output=args.output,
             progress=progress,
         )
-    print(f"{result.metric} on {result.samples} samples; {result.quantizable_nodes} quantizable nodes")
+    print(f"{metric_title(result.metric)} on {result.samples} samples; {result.quantizable_nodes} quantizable nodes")
     for line in result.summary_lines():
         print(line)
     if result.per_sample is not None:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from qdebug.evaluation.evaluate import EvalResult, Evaluator, HookValues
 from qdebug.evaluation.noise import Interval, PairedNoise, paired_noise, samples_to_decide, single_interval
-from qdebug.output.formatting import ACCURACY_METRICS, fmt_db
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, metric_title
 from qdebug.records.verify import GateRecord, VariantResult
 
 __all__ = ["Judgement", "assess", "judge", "speedup_gate"]
@@ -76,8 +76,8 @@ def gate_noise(
     if math.isfinite(evaluator.fp32_value):
         if any(v is None or v.units < 2 for v in values):
             notes.append(
-                f"no uncertainty estimate for {metric}: a custom metric on one evaluation batch and without a "
-                "per_sample form (see README), or a single sample; its gate is judged on the point estimates"
+                f"no uncertainty estimate for {metric_title(metric)}: a custom metric on one evaluation batch and "
+                "without a per_sample form (see README), or a single sample; its gate is judged on the point estimates"
             )
         else:
             fp32_v, static_v, sel_v = values
@@ -92,8 +92,8 @@ def gate_noise(
             )
             if isinstance(sel_v, HookValues):
                 notes.append(
-                    f"the intervals of {metric} resample its {sel_v.units} evaluation batches (the metric has no "
-                    "per_sample form): they are rough with few batches"
+                    f"the intervals of {metric_title(metric)} resample its {sel_v.units} evaluation batches (the "
+                    "metric has no per_sample form): they are rough with few batches"
                 )
     if target_sqnr is not None:
         sqnr = evaluator.sqnr_values(selective)
@@ -200,7 +200,8 @@ def assess(
         recovered = (selective - static) / (fp32 - static)
     gates = []
     if target_drop is not None and not math.isfinite(fp32):
-        gates.append(_Gate(_drop_name(metric, target_drop), f"no FP32 value of {metric} to measure a drop from", -1))
+        why = f"no FP32 value of {metric_title(metric)} to measure a drop from"
+        gates.append(_Gate(_drop_name(metric, target_drop), why, -1))
     elif target_drop is not None:
         gates.append(_drop_gate(metric, fp32, selective, target_drop, noise))
     elif math.isfinite(fp32):
@@ -261,7 +262,7 @@ def _share(x: float) -> str:
 def _drop_name(metric: str, target_drop: float) -> str:
     """``top1 drop vs FP32 <= 1 points``: the drop gate's name (a JUnit test case's)."""
     unit = " points" if metric in ACCURACY_METRICS else ""
-    return f"{metric} drop vs FP32 <= {target_drop:g}{unit}"
+    return f"{metric_title(metric)} drop vs FP32 <= {target_drop:g}{unit}"
 
 
 def _drop_gate(metric: str, fp32: float, selective: float, target_drop: float, noise: PairedNoise | None) -> _Gate:
@@ -273,7 +274,7 @@ def _drop_gate(metric: str, fp32: float, selective: float, target_drop: float, n
     iv = noise.drop if noise else None
     side = _side(iv, drop, lambda x: x <= target_drop + 1e-9)
     text = (
-        f"the selective model is {where} FP32 on {metric} ({'<=' if ok else '>'} {target_drop:g}{unit} "
+        f"the selective model is {where} FP32 on {metric_title(metric)} ({'<=' if ok else '>'} {target_drop:g}{unit} "
         f"drop allowed){_shown(iv, _points, unit)}"
     )
     needed = _needed(iv, target_drop, noise.units, noise.per_unit) if noise and side == 0 else None
@@ -284,7 +285,7 @@ def _recovery_gate(
     metric: str, fp32: float, static: float, selective: float, min_recovery: float, noise: PairedNoise | None
 ) -> _Gate:
     gap = fp32 - static
-    name = f"{metric} recovery >= {_percent(min_recovery)}"
+    name = f"{metric_title(metric)} recovery >= {_percent(min_recovery)}"
     if gap > 1e-12:
         recovered = (selective - static) / gap
         ok = recovered >= min_recovery - 1e-12
@@ -292,7 +293,7 @@ def _recovery_gate(
         iv = noise.recovery if noise else None
         side = _side(iv, recovered, lambda x: x >= min_recovery - 1e-12)
         text = (
-            f"recovered {100 * recovered:.{1 if whole else 2}f}% of the {metric} lost by static "
+            f"recovered {100 * recovered:.{1 if whole else 2}f}% of the {metric_title(metric)} lost by static "
             f"quantization ({'>=' if ok else '<'} {_percent(min_recovery)} required){_shown(iv, _share)}"
         )
         needed = _needed(iv, min_recovery, noise.units, noise.per_unit) if noise and side == 0 else None
@@ -306,7 +307,7 @@ def _recovery_gate(
     unit = " points" if metric in ACCURACY_METRICS else ""
     shown = _shown(iv, _points, f"{unit} of selective minus the lower of FP32 and static")
     text = (
-        f"static quantization lost nothing on {metric}; the selective model is "
+        f"static quantization lost nothing on {metric_title(metric)}; the selective model is "
         f"{level if ok else 'worse than both FP32 and static'}{shown}"
     )
     needed = _needed(iv, 0.0, noise.units, noise.per_unit) if noise and side == 0 else None

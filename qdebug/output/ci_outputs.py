@@ -26,7 +26,7 @@ from typing import Any
 
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
-from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric, fmt_size
+from qdebug.output.formatting import ACCURACY_METRICS, fmt_db, fmt_metric, fmt_size, metric_title
 from qdebug.records import NodeRecord, Proposal, Report, folded_into, from_exact_input, rank_nodes
 from qdebug.records.bench import BenchReport
 from qdebug.records.diff import (
@@ -260,7 +260,8 @@ def verify_markdown(result: VerifyResult) -> str:
     intervals, one row per gate."""
     head = "PASS" if result.met else ("FAIL" if result.decided else "UNDECIDED")
     out = [f"## qdebug verify: {head}\n\n> {cell(result.verdict)}\n\n"]
-    out.append(f"{result.metric} on {result.samples} samples; {result.quantizable_nodes} quantizable nodes\n\n")
+    scored = f"{metric_title(result.metric)} on {result.samples} samples"
+    out.append(f"{scored}; {result.quantizable_nodes} quantizable nodes\n\n")
     if result.variants:
         out.append(table(("", *(v.name for v in result.variants)), _verify_rows(result),
                          right=range(1, len(result.variants) + 1)))  # fmt: skip
@@ -412,9 +413,9 @@ def _target_gate(result: VerifyResult, fp32: float, static: float, sel: float) -
     if not math.isnan(result.target_drop):
         scale = 100.0 if metric in ACCURACY_METRICS else 1.0
         unit = " points" if scale == 100.0 else ""
-        name = f"{metric} drop vs FP32 <= {result.target_drop:g}{unit}"
+        name = f"{metric_title(metric)} drop vs FP32 <= {result.target_drop:g}{unit}"
         if not math.isfinite(fp32):
-            return Gate(name, False, f"no FP32 value of {metric} to measure a drop from")
+            return Gate(name, False, f"no FP32 value of {metric_title(metric)} to measure a drop from")
         drop = (fp32 - sel) * scale
         iv = result.drop_interval
         passed, decided = _judged(drop, iv, lambda x: x <= result.target_drop + 1e-9)
@@ -422,7 +423,7 @@ def _target_gate(result: VerifyResult, fp32: float, static: float, sel: float) -
         return Gate(name, passed, detail, decided)
     if not math.isfinite(fp32):
         return None
-    name = f"{metric} recovery >= {100 * result.min_recovery + 0.0:.4g}%"
+    name = f"{metric_title(metric)} recovery >= {100 * result.min_recovery + 0.0:.4g}%"
     if math.isfinite(static) and fp32 - static > 1e-12:
         recovered, iv = result.recovered_fraction, result.recovery_interval
         passed, decided = _judged(recovered, iv, lambda x: x >= result.min_recovery - 1e-12)

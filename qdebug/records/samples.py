@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qdebug.output.formatting import fmt_db, fmt_metric
+from qdebug.output.formatting import fmt_db, fmt_metric, metric_title
 
 SAMPLES_VERSION = 1
 """Version of the ``per_sample`` section (bumped on any incompatible change of its layout)."""
@@ -297,7 +297,7 @@ class SampleSection:
         v = self.variant(name)
         if self.kind == "value":
             listed = f"{v.flipped} of {self.samples} samples listed"
-            return f"{name}: {listed}, its {self.worst_share()} by {self.metric} (not flips)"
+            return f"{name}: {listed}, its {self.worst_share()} by {metric_title(self.metric)} (not flips)"
         effects = v.effects()
         split = ", ".join(f"{effects[e]} {e}" for e in sorted(effects, key=lambda e: EFFECT_ORDER.get(e, 9)))
         listed = f"; {len(v.flips)} listed" if len(v.flips) < v.flipped else ""
@@ -324,7 +324,7 @@ class SampleSection:
     def summary_lines(self, top: int = 5) -> list[str]:
         """The CLI summary: the count per variant and the ``top`` worst flips of the last variant (the
         static model in analyze, the selective one in verify), one line each."""
-        scored = f"{self.metric} per sample vs FP32, {self.samples} {self.data} samples"
+        scored = f"{metric_title(self.metric)} per sample vs FP32, {self.samples} {self.data} samples"
         head = f"worst samples ({scored}; no value flips)" if self.kind == "value" else f"flipped samples ({scored})"
         lines = [head + ":"]
         lines += [f"  {self.count_line(v.name)}" for v in self.variants]

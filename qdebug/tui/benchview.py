@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qdebug.output.formatting import fmt_size
+from qdebug.output.formatting import fmt_size, metric_title
 from qdebug.records import Report
 from qdebug.tui.charts import Point
 from qdebug.tui.model import ACCURACY_METRICS, fmt_db, fmt_metric
@@ -183,7 +183,7 @@ def chart_variants(bench: BenchReport) -> list[VariantResult]:
 def chart_caption(bench: BenchReport) -> str:
     """The chart's title: what the axes are and which way is better."""
     _, unit = metric_scale(bench.metric)
-    metric = f"{bench.metric} ({unit})" if unit else bench.metric
+    metric = f"{metric_title(bench.metric)} ({unit})" if unit else bench.metric
     return f"{metric} vs p50 ms per batch of {bench.batch_size}: up is more accurate, left is faster"
 
 

@@ -162,6 +162,54 @@ def test_a_dynamic_or_mixed_recipe_is_the_answer_and_verify_and_the_snippet_rebu
     assert planted.score(rec, tmp_path / "model.selective.onnx") == pytest.approx(p.expected_metric, abs=0.004)
 
 
+def test_dynamic_with_a_node_excluded_is_the_answer_where_dynamic_alone_misses(tmp_path, monkeypatch):
+    """Dynamic quantization with exclusions (the ORT docs' advice for Transformer and RNN models): on
+    dynamic_exclude quantize_dynamic alone misses by far (one MatMul's input carries outlier channels) and
+    no static set of two nodes meets the target (``max_nodes=2``: the gain path needs all four projections
+    FP32), so the answer is recipe dynamic with mix/matmul in nodes_to_exclude. verify rebuilds it and the
+    snippet, run with plain ORT, writes a model that scores what propose measured."""
+    rec, report = _analyzed("dynamic_exclude", tmp_path)
+    out = tmp_path / "p.json"
+    options = ProposeOptions(target_drop=rec.target_drop, time_runs=0, max_nodes=2)
+    result = propose(report, output=out, options=options)
+    p = result.proposal
+    assert result.met and p.recipe is not None and p.recipe.name == "dynamic" and p.recipe.fp32_model is None
+    assert p.nodes_to_exclude == ("mix/matmul",) and p.tensor_overrides == ()
+    assert p.recipe.screened_metric < p.fp32_metric - 0.05 and p.expected_metric >= p.fp32_metric - 0.01
+    assert any("recipe dynamic meets the target with 1 node(s) FP32: the per-node search" in n for n in result.notes)
+    graph = onnx.load(p.quantized_model).graph
+    assert {n.op_type for n in graph.node if n.name == "mix/matmul"} == {"MatMul"}  # kept float
+    assert "DynamicQuantizeLinear" in {n.op_type for n in graph.node}
+    data = ["--calib", rec.calib, "--eval", rec.eval]
+    verified = tmp_path / "v.json"
+    assert main(["verify", rec.model, *data, "--proposal", str(out), "-o", str(verified), "-q"]) == 0
+    columns = {c["name"]: c for c in json.loads(verified.read_text())["variants"]}
+    assert columns["selective"]["metric"] == p.expected_metric and columns["selective"]["nodes_excluded"] == 1
+    assert "nodes_to_exclude" in p.snippet and "quantize_dynamic(" in p.snippet
+    monkeypatch.chdir(tmp_path)
+    exec(compile(p.snippet, "snippet", "exec"), {})
+    assert _planted().score(rec, tmp_path / "model.selective.onnx") == pytest.approx(p.expected_metric, abs=0.004)
+
+
+def test_run_time_units_keep_what_the_dynamic_quantizer_quantizes_and_add_the_rest():
+    """:func:`run_time_units`: under ``dynamic`` each static unit keeps only the nodes quantize_dynamic
+    quantizes (a LayerNorm kept float changes nothing there), repeats go, and every other such node follows
+    alone in graph order (the static report may not blame it); ``mixed`` keeps the static units."""
+    from qdebug.propose.blame import Unit
+    from qdebug.propose.recipes import run_time_units
+
+    ops = {"ln": "LayerNormalization", "q": "MatMul", "k": "MatMul", "soft": "Softmax", "up": "MatMul"}
+    ranked = [
+        Unit("t:ln", "tensor", ("ln", "q", "k"), ("ln",), 3.0, "ln", "keeps ln float"),
+        Unit("t:q", "tensor", ("q", "k"), ("q",), 2.0, "q", "keeps q float"),
+        Unit("t:soft", "tensor", ("soft",), ("soft",), 1.0, "soft", "keeps soft float"),
+    ]
+    units = run_time_units(ranked, ops, "dynamic", list(ops))
+    assert [u.nodes for u in units] == [("q", "k"), ("up",)]
+    assert units[0].key == "t:ln" and units[1].kind == "node"
+    assert run_time_units(ranked, ops, "mixed", list(ops)) == ranked
+
+
 def test_the_per_node_answer_stays_unless_the_dynamic_recipe_is_better_on_its_own_terms():
     """:func:`replaces`: a dynamic or mixed recipe that meets the target replaces the per-node answer when
     that misses, keeps most nodes FP32, or keeps FP32 only nodes the recipe quantizes at run time -- the last

@@ -32,6 +32,7 @@ from qdebug.graph.load import save_model
 from qdebug.output.files import sha256_file
 from qdebug.prepare import AnalyzeOptions, Prepared, calibrated
 from qdebug.progress import Progress
+from qdebug.propose.blame import Unit
 from qdebug.propose.search import Target
 from qdebug.quant.quantize import QuantSpec, quantize_model, quantize_static_model
 from qdebug.recipes.base import Transformed
@@ -102,6 +103,25 @@ class RecipeStage:
         base = self.chosen.result.value if self.chosen is not None and self.chosen.result is not None else None
         others = [t for t in self.trials if recipe(t.name).transforms and t.prep is not None and t is not self.chosen]
         return _choose(others, self.static_value if base is None else base)
+
+    @property
+    def near_miss(self) -> RecipeTrial | None:
+        """The best dynamic or mixed recipe that missed the target alone but beat plain static (None when one
+        met it): the per-node search on its quantizer -- ``quantize_dynamic`` with ``nodes_to_exclude`` -- may
+        meet it with a few nodes kept FP32 (:func:`run_time_units`)."""
+        if self.deferred is not None:
+            return None
+        near = [
+            t for t in self.trials
+            if not recipe(t.name).transforms and t.result is not None and not t.met
+            and math.isfinite(t.result.value) and t.result.value > self.static_value + GAIN
+        ]  # fmt: skip
+        return max(near, key=lambda t: t.result.value) if near else None  # type: ignore[union-attr]
+
+    def with_run_time(self, trial: RecipeTrial, note: str) -> RecipeStage:
+        """The stage with ``trial`` (a dynamic or mixed recipe that missed alone) as the base of the answer,
+        which keeps some nodes FP32 on top of it."""
+        return dataclasses.replace(self, chosen=trial, deferred=None, notes=(*self.notes, note))
 
     def with_base(self, trial: RecipeTrial) -> RecipeStage:
         """The stage with ``trial`` (a transform that missed the target alone) as the base of the answer."""
@@ -449,6 +469,49 @@ def better_on_both_axes(
         f"recipe {_label(deferred)} scores at least as well as the per-node search's answer and runs faster "
         f"(p50 {mine.p50_ms:.3g} vs {theirs.p50_ms:.3g} ms)"
     )
+
+
+def run_time_units(
+    ranked: Sequence[Unit], ops: dict[str, str], quantizer: str, order: Sequence[str] = ()
+) -> list[Unit]:
+    """The per-node search's units under a dynamic or mixed recipe. ``mixed`` quantizes every node by one
+    pass or the other: its units are the static ranking's (``ranked``). ``dynamic``: each ranked unit cut to
+    the nodes ORT's dynamic quantizer quantizes (a LayerNorm kept float changes nothing there, the MatMuls
+    reading it do), repeats dropped, then every other such node of ``order`` (graph order) alone: the static
+    report blames what static ranges break, and a MatMul whose input carries outlier channels may rank low
+    there while it is the one run-time ranges break."""
+    if quantizer != "dynamic":
+        return list(ranked)
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    out: list[Unit] = []
+    seen: set[tuple[str, ...]] = set()
+    for u in ranked:
+        nodes = tuple(n for n in u.nodes if ops.get(n) in IntegerOpsRegistry)
+        if nodes and nodes not in seen:
+            seen.add(nodes)
+            out.append(u if nodes == u.nodes else dataclasses.replace(u, nodes=nodes, tensors=()))
+    covered = {n for u in out for n in u.nodes}
+    for n in order:
+        if ops.get(n) in IntegerOpsRegistry and n not in covered:
+            why = "quantized at run time by the dynamic recipe"
+            out.append(Unit(f"node:{n}", "node", (n,), (), 0.0, n, why))
+    return out
+
+
+def clearly_faster(
+    mine: onnx.ModelProto, theirs: onnx.ModelProto, evaluator: Evaluator, runs: int
+) -> tuple[float, float] | None:
+    """The p50s (``mine``, ``theirs``) when ``mine`` runs :data:`SPEED_MARGIN` faster than ``theirs`` (``runs``
+    interleaved runs each on the evaluation's first batch, :func:`better_on_both_axes`' rule); None when it
+    does not, or when nothing is timed."""
+    if runs <= 0 or not evaluator.batches:
+        return None
+    first = evaluator.batches[0]
+    timings = time_sessions({"mine": mine, "theirs": theirs}, first.feeds, evaluator.config, runs=runs,
+                            rows=first.size)  # fmt: skip
+    a, b = timings["mine"].p50_ms, timings["theirs"].p50_ms
+    return (a, b) if a < (1 - SPEED_MARGIN) * b else None
 
 
 def _keeps_speed(

@@ -67,9 +67,11 @@ from qdebug.propose.recipes import (
     RecipeStage,
     RecipeTrial,
     better_on_both_axes,
+    clearly_faster,
     recipe_label,
     replaces,
     run_recipes,
+    run_time_units,
 )
 from qdebug.propose.recipes import wanted as wanted_recipes
 from qdebug.propose.reuse import analyzed_static, offer_analyzed_inference
@@ -106,6 +108,7 @@ from qdebug.records import (
 )
 from qdebug.runtime.capture import SessionConfig
 from qdebug.runtime.parallel import Pool, check_request, open_pool
+from qdebug.vocabulary import spec_changes
 
 __all__ = [
     "ACTIONS",
@@ -266,6 +269,7 @@ def _propose(
     dynamic = _start_pool(pool, prep, screened, evaluator, options)
     fp32_prep = prep  # the user's model: the FP32 reference, its timing and the dynamic variant
     stage = _recipes(prep, report, screened, screen_target, options, workdir, progress, recipes)
+    user_report = report
     prep, report = stage.prep, _on_base(report, stage.prep)  # the search starts from the recipe chosen, if any
     run = _Run(screened, screen_target, options, progress, pool, calib_src, eval_src, cfg, config, evaluator, allow)
     found = _search_from(prep, report, stage.changes, stage.prescored(), run)
@@ -278,6 +282,7 @@ def _propose(
     )  # fmt: skip
     if search is found.search:  # the answer is still the per-node search's: the best recipe may do better
         stage, found = _on_runner_up(stage, found, report, run)
+        stage, found = _on_run_time(stage, found, fp32_prep, user_report, run)
         search, answer = found.search, found.answer
     plan, final, spec, selective = answer
     prep, report, initial, reranks, switch = found.prep, found.report, found.initial, found.reranks, found.switch
@@ -643,6 +648,63 @@ def _on_runner_up(stage: RecipeStage, found: _Searched, report: Report, run: _Ru
         f"{'meets it' if other.met else 'comes closer'} with {len(mine.nodes)} node(s) FP32"
     )
     return dataclasses.replace(stage.with_base(runner), notes=(*stage.notes, note)), other
+
+
+def _on_run_time(
+    stage: RecipeStage, found: _Searched, prep: Prepared, report: Report, run: _Run
+) -> tuple[RecipeStage, _Searched]:
+    """Dynamic (or mixed) quantization with exclusions, the ORT docs' advice for Transformer and RNN models:
+    where that recipe missed the target alone but beat plain static (:attr:`RecipeStage.near_miss`), the
+    per-node search on its quantizer, over the nodes it quantizes (:func:`run_time_units`), from the user's
+    FP32 model (``prep``, ``report``). Its answer replaces the static one where that misses the target or
+    keeps most nodes FP32, or where both meet it and this one keeps no more nodes FP32 and runs
+    :data:`~qdebug.evaluation.gates.SPEED_MARGIN` faster (timed alike; untimed, the static answer stays). Not
+    for ``dynamic`` on a model with convolutions: it runs them as slow ConvInteger or leaves them float
+    (``mixed`` is the recipe for those)."""
+    near = stage.near_miss
+    if near is None or near.result is None or "fp32" not in run.allow or run.target.met(near.result):
+        return stage, found  # (met yet not chosen: refused for giving the speed-up back, exclusions slow it more)
+    final = found.answer[1]
+    if found.met and not final.nodes:
+        return stage, found  # nothing kept FP32: no smaller change to find
+    costly = not found.met or mostly_fp32(len(final.nodes), len(found.search.structure.excludable))
+    ops = {n.name: n.op_type for n in prep.normalized.graph.node}
+    if near.name == "dynamic" and any(op in ("Conv", "ConvTranspose") for op in ops.values()):
+        return stage, found  # it would run them as slow ConvInteger or leave them float: mixed is for these
+    changes = spec_changes(near.steps, near.params)
+    search, structure, initial = _search(
+        prep, report, run.screened, run.target, run.options, run.progress, run.pool, changes
+    )
+    kept = near.quantized()
+    if kept is not None:  # scored by the same evaluator in the stage: not again
+        search.prescore(kept, near.result)
+    units = run_time_units(initial, ops, near.name, [n.name for n in prep.normalized.graph.node])
+    plan, met, _ = run_search(search, units, lambda plan, widen: units, run.options.max_nodes)
+    answer = _selective(search, report, plan, met)
+    mine = answer[1]
+    label = recipe_label(near).removeprefix("recipe ")
+    if not (mine.met and search.fits(mine)):
+        note = f"recipe {label} with nodes kept FP32 did not meet the target either ({len(search.trials)} evaluations)"
+        return dataclasses.replace(stage, notes=(*stage.notes, note)), found
+    why = ""
+    if costly and not mostly_fp32(len(mine.nodes), len(structure.excludable)):
+        missed = "found none within --max-nodes" if final.met else "missed the target"
+        why = "the per-node search " + (missed if not found.met else "kept most nodes FP32")
+    elif found.met and len(mine.nodes) <= len(final.nodes):
+        runs = SPEED_RUNS if run.options.time_runs > 0 else 0
+        timed = clearly_faster(answer[3], found.answer[3], run.screened, runs)
+        if timed is not None:
+            why = f"it runs faster than the static answer with {len(final.nodes)} node(s) FP32 (p50 {timed[0]:.3g} "
+            why += f"vs {timed[1]:.3g} ms)"
+    if not why:
+        note = (
+            f"recipe {label} meets the target with {len(mine.nodes)} node(s) FP32 ({len(search.trials)} "
+            "evaluations), no better than the answer from " + _base_label(stage)
+        )
+        return dataclasses.replace(stage, notes=(*stage.notes, note)), found
+    note = f"recipe {label} meets the target with {len(mine.nodes)} node(s) FP32: {why}"
+    searched = _Searched(prep, report, search, units, answer, 0, lambda plan, widen: units, None, None, "")
+    return stage.with_run_time(near, note), searched
 
 
 def _base_label(stage: RecipeStage) -> str:

@@ -176,7 +176,9 @@ def test_dynamic_with_a_node_excluded_is_the_answer_where_dynamic_alone_misses(t
     assert result.met and p.recipe is not None and p.recipe.name == "dynamic" and p.recipe.fp32_model is None
     assert p.nodes_to_exclude == ("mix/matmul",) and p.tensor_overrides == ()
     assert p.recipe.screened_metric < p.fp32_metric - 0.05 and p.expected_metric >= p.fp32_metric - 0.01
-    assert any("recipe dynamic meets the target with 1 node(s) FP32: the per-node search" in n for n in result.notes)
+    # (recipe dynamic, or "dynamic reduce_range=1" where the u8s8 kernels saturate: AVX2 without VNNI)
+    said = [n for n in result.notes if n.startswith("recipe dynamic")]
+    assert any("meets the target with 1 node(s) FP32: the per-node search" in n for n in said), result.notes
     graph = onnx.load(p.quantized_model).graph
     assert {n.op_type for n in graph.node if n.name == "mix/matmul"} == {"MatMul"}  # kept float
     assert "DynamicQuantizeLinear" in {n.op_type for n in graph.node}

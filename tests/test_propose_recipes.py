@@ -179,6 +179,8 @@ def test_dynamic_with_a_node_excluded_is_the_answer_where_dynamic_alone_misses(t
     # (recipe dynamic, or "dynamic reduce_range=1" where the u8s8 kernels saturate: AVX2 without VNNI)
     said = [n for n in result.notes if n.startswith("recipe dynamic")]
     assert any("meets the target with 1 node(s) FP32: the per-node search" in n for n in said), result.notes
+    (why,) = p.reasons  # why it is kept FP32 comes from run-time ranges, not from the static report's blame
+    assert why.node == "mix/matmul" and why.reason.startswith("kept out of quantize_dynamic") and "->" in why.reason
     graph = onnx.load(p.quantized_model).graph
     assert {n.op_type for n in graph.node if n.name == "mix/matmul"} == {"MatMul"}  # kept float
     assert "DynamicQuantizeLinear" in {n.op_type for n in graph.node}

@@ -29,6 +29,12 @@ from qdebug.quant.quantize import QuantSpec, float16_exclusions
 from qdebug.records import NodeReason, RecipeRecord, Report
 from qdebug.vocabulary import RECIPES
 
+RUN_TIME_REASON = (
+    "kept out of quantize_dynamic (nodes_to_exclude): quantized at run time, its input gets one range per run "
+    "for all its channels, and the search on the dynamic quantizer measured what that costs"
+)
+"""Why a node is kept FP32 under the dynamic recipe (the report's numbers describe static ranges)."""
+
 
 def reason_lines(
     report: Report,
@@ -68,7 +74,10 @@ def reason_lines(
             else f"keeps the {u.kind} region float"
         )
         for n in u.nodes:
-            if n in spec.nodes_to_exclude and n not in placed:
+            if n in spec.nodes_to_exclude and n not in placed and spec.quantizer == "dynamic":
+                placed.add(n)  # the static report's blame does not say why: run-time ranges do
+                out.append(reason(n, "fp32", RUN_TIME_REASON, k))
+            elif n in spec.nodes_to_exclude and n not in placed:
                 placed.add(n)
                 if u.kind != "tensor":
                     role = "part of the region"

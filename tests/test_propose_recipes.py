@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 
@@ -189,6 +190,9 @@ def test_dynamic_with_a_node_excluded_is_the_answer_where_dynamic_alone_misses(t
     assert main(["verify", rec.model, *data, "--proposal", str(out), "-o", str(verified), "-q"]) == 0
     columns = {c["name"]: c for c in json.loads(verified.read_text())["variants"]}
     assert columns["selective"]["metric"] == p.expected_metric and columns["selective"]["nodes_excluded"] == 1
+    # "most kept FP32" counts against the nodes quantize_dynamic quantizes (6 MatMuls, the LSTM), as propose does
+    run_time = sum(n.op_type in ("MatMul", "LSTM") for n in onnx.load(rec.model).graph.node)
+    assert json.loads(verified.read_text())["quantizable_nodes"] == p.quantizable_nodes == run_time == 7
     assert "nodes_to_exclude" in p.snippet and "quantize_dynamic(" in p.snippet
     monkeypatch.chdir(tmp_path)
     exec(compile(p.snippet, "snippet", "exec"), {})
@@ -208,10 +212,36 @@ def test_run_time_units_keep_what_the_dynamic_quantizer_quantizes_and_add_the_re
         Unit("t:q", "tensor", ("q", "k"), ("q",), 2.0, "q", "keeps q float"),
         Unit("t:soft", "tensor", ("soft",), ("soft",), 1.0, "soft", "keeps soft float"),
     ]
-    units = run_time_units(ranked, ops, "dynamic", list(ops))
+    run_time = [n for n, op in ops.items() if op == "MatMul"]
+    units = run_time_units(ranked, "dynamic", run_time)
     assert [u.nodes for u in units] == [("q", "k"), ("up",)]
     assert units[0].key == "t:ln" and units[1].kind == "node"
-    assert run_time_units(ranked, ops, "mixed", list(ops)) == ranked
+    assert run_time_units(ranked, "mixed", run_time) == ranked
+
+
+def test_run_time_quantizable_counts_what_quantize_dynamic_quantizes():
+    """The nodes "most kept FP32" counts against under the dynamic recipe: MatMul, LSTM, a Gather over a
+    constant table -- not a Gather of computed data, not a Transpose or a Softmax (float under it)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qdebug.quant.quantize import run_time_quantizable
+
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+        helper.make_node("MatMul", ["e", "w"], ["m"], name="proj"),
+        helper.make_node("Transpose", ["m"], ["t"], name="t", perm=[1, 0]),
+        helper.make_node("Gather", ["t", "ids2"], ["g"], name="pick"),
+        helper.make_node("Softmax", ["g"], ["y"], name="soft"),
+    ]
+    inits = [numpy_helper.from_array(np.zeros((5, 4), np.float32), "table"),
+             numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [3]),
+         helper.make_tensor_value_info("ids2", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    assert run_time_quantizable(helper.make_model(graph)) == ["embed", "proj"]
 
 
 def test_the_per_node_answer_stays_unless_the_dynamic_recipe_is_better_on_its_own_terms():

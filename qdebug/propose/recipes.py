@@ -471,31 +471,27 @@ def better_on_both_axes(
     )
 
 
-def run_time_units(
-    ranked: Sequence[Unit], ops: dict[str, str], quantizer: str, order: Sequence[str] = ()
-) -> list[Unit]:
+def run_time_units(ranked: Sequence[Unit], quantizer: str, run_time: Sequence[str] = ()) -> list[Unit]:
     """The per-node search's units under a dynamic or mixed recipe. ``mixed`` quantizes every node by one
     pass or the other: its units are the static ranking's (``ranked``). ``dynamic``: each ranked unit cut to
-    the nodes ORT's dynamic quantizer quantizes (a LayerNorm kept float changes nothing there, the MatMuls
-    reading it do), repeats dropped, then every other such node of ``order`` (graph order) alone: the static
+    the nodes ``quantize_dynamic`` quantizes (``run_time``, graph order; a LayerNorm kept float changes
+    nothing there, the MatMuls reading it do), repeats dropped, then every other such node alone: the static
     report blames what static ranges break, and a MatMul whose input carries outlier channels may rank low
     there while it is the one run-time ranges break."""
     if quantizer != "dynamic":
         return list(ranked)
-    from onnxruntime.quantization.registry import IntegerOpsRegistry
-
+    quantized = set(run_time)
     out: list[Unit] = []
     seen: set[tuple[str, ...]] = set()
     for u in ranked:
-        nodes = tuple(n for n in u.nodes if ops.get(n) in IntegerOpsRegistry)
+        nodes = tuple(n for n in u.nodes if n in quantized)
         if nodes and nodes not in seen:
             seen.add(nodes)
             out.append(u if nodes == u.nodes else dataclasses.replace(u, nodes=nodes, tensors=()))
     covered = {n for u in out for n in u.nodes}
-    for n in order:
-        if ops.get(n) in IntegerOpsRegistry and n not in covered:
-            why = "quantized at run time by the dynamic recipe"
-            out.append(Unit(f"node:{n}", "node", (n,), (), 0.0, n, why))
+    for n in run_time:
+        if n not in covered:
+            out.append(Unit(f"node:{n}", "node", (n,), (), 0.0, n, "quantized at run time by the dynamic recipe"))
     return out
 
 

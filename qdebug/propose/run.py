@@ -94,7 +94,7 @@ from qdebug.propose.strategy import run_search
 from qdebug.propose.structure import Structure
 from qdebug.propose.switch import switch_note
 from qdebug.quant.calibrate import Ranges
-from qdebug.quant.quantize import QuantSpec
+from qdebug.quant.quantize import QuantSpec, run_time_quantizable
 from qdebug.quant.switchable import SwitchScreen
 from qdebug.records import (
     SCHEMA_VERSION,
@@ -422,7 +422,7 @@ def _speed(
     base = recipe_label(recipes.chosen) if recipes is not None and recipes.chosen is not None else "static"
     lines, slow = speed_verdict(frontier, base)
     tried = tuple(t.name for t in recipes.trials if t.result is not None) if recipes is not None else ()
-    mostly = _mostly_fp32(final, len(search.structure.excludable), search.allow, tried, bool(frontier))
+    mostly = _mostly_fp32(final, quantizable_count(search), search.allow, tried, bool(frontier))
     if not slow:
         notes.extend(lines)
     reasons = [x for x in (mostly, *(lines if slow else [])) if x]
@@ -672,25 +672,33 @@ def _on_run_time(
     if near.name == "dynamic" and any(op in ("Conv", "ConvTranspose") for op in ops.values()):
         return stage, found  # it would run them as slow ConvInteger or leave them float: mixed is for these
     changes = spec_changes(near.steps, near.params)
-    search, structure, initial = _search(
+    search, _, initial = _search(
         prep, report, run.screened, run.target, run.options, run.progress, run.pool, changes
     )
     kept = near.quantized()
     if kept is not None:  # scored by the same evaluator in the stage: not again
         search.prescore(kept, near.result)
-    units = run_time_units(initial, ops, near.name, [n.name for n in prep.normalized.graph.node])
+    units = run_time_units(initial, near.name, run_time_quantizable(prep.normalized))
     plan, met, _ = run_search(search, units, lambda plan, widen: units, run.options.max_nodes)
     answer = _selective(search, report, plan, met)
     mine = answer[1]
+    total = quantizable_count(search)
     label = recipe_label(near).removeprefix("recipe ")
     if not (mine.met and search.fits(mine)):
         note = f"recipe {label} with nodes kept FP32 did not meet the target either ({len(search.trials)} evaluations)"
         return dataclasses.replace(stage, notes=(*stage.notes, note)), found
     why = ""
-    if costly and not mostly_fp32(len(mine.nodes), len(structure.excludable)):
-        missed = "found none within --max-nodes" if final.met else "missed the target"
-        why = "the per-node search " + (missed if not found.met else "kept most nodes FP32")
-    elif found.met and len(mine.nodes) <= len(final.nodes):
+    if not found.met:  # a met answer, even one that keeps most nodes FP32 (the speed verdict says so)
+        why = "the per-node search " + ("found none within --max-nodes" if final.met else "missed the target")
+    elif mostly_fp32(len(mine.nodes), total):  # 8 of a deep MLP's 11 MatMuls kept out: no speed-up left
+        note = (
+            f"recipe {label} meets the target only with {len(mine.nodes)} of the {total} nodes it quantizes kept "
+            f"FP32 ({len(search.trials)} evaluations): most of its speed-up gone, it is not the answer"
+        )
+        return dataclasses.replace(stage, notes=(*stage.notes, note)), found
+    elif costly:
+        why = "the per-node search kept most nodes FP32"
+    elif len(mine.nodes) <= len(final.nodes):
         runs = SPEED_RUNS if run.options.time_runs > 0 else 0
         timed = clearly_faster(answer[3], found.answer[3], run.screened, runs)
         if timed is not None:
@@ -705,6 +713,15 @@ def _on_run_time(
     note = f"recipe {label} meets the target with {len(mine.nodes)} node(s) FP32: {why}"
     searched = _Searched(prep, report, search, units, answer, 0, lambda plan, widen: units, None, None, "")
     return stage.with_run_time(near, note), searched
+
+
+def quantizable_count(search: Search) -> int:
+    """How many nodes the answer's quantizer quantizes: under the dynamic recipe only those
+    ``quantize_dynamic`` quantizes (its other nodes stay float whatever the answer keeps), else every node
+    the static quantizer quantizes. "Most nodes kept FP32" counts against it."""
+    if search.spec((), ()).quantizer == "dynamic":
+        return len(run_time_quantizable(search.normalized))
+    return len(search.structure.excludable)
 
 
 def _base_label(stage: RecipeStage) -> str:
@@ -949,7 +966,7 @@ def _proposal_record(
         source="propose",
         quantized_model=str(sel_path.resolve()) if sel_path is not None else None,
         snippet=proposal_snippet(report, model_path, prep, spec, calib_src, recipe),
-        quantizable_nodes=len(search.structure.excludable),
+        quantizable_nodes=quantizable_count(search),
         qdq_pairs_delta=final.qdq_pairs - static.qdq_pairs,
         method=settings.method,
         activation_type=settings.activation_type,

@@ -761,6 +761,23 @@ def int8_conv_integer_runs() -> bool:
     return _CONV_INTEGER_RUNS[0]
 
 
+RUN_TIME_OPS = ("MatMul", "Attention", "LSTM", "EmbedLayerNormalization", "Gather")
+"""The op types ``quantize_dynamic`` quantizes on their own (a Gather only over a constant table; Conv too
+where this ORT runs its ConvInteger): its Transposes follow an input that is already quantized."""
+
+
+def run_time_quantizable(model: onnx.ModelProto) -> list[str]:
+    """The nodes qdebug's dynamic recipe (``quantize_dynamic`` with its default op types) quantizes, in graph
+    order: what "most nodes kept FP32" counts against for a dynamic model, whose other nodes stay float."""
+    inits = {t.name for t in model.graph.initializer}
+    ops = {*RUN_TIME_OPS, *(("Conv",) if int8_conv_integer_runs() else ())}
+    return [
+        n.name
+        for n in model.graph.node
+        if n.op_type in ops and (n.op_type != "Gather" or (bool(n.input) and n.input[0] in inits))
+    ]
+
+
 def dynamic_conv_note(model: onnx.ModelProto, op_types: Sequence[str] | None = None) -> str | None:
     """The note for a dynamic model of ``model`` built with ORT's default op types where
     :func:`int8_conv_integer_runs` is False and ``model`` has Conv nodes (None otherwise)."""

@@ -77,7 +77,7 @@ from qdebug.prepare import (
 )
 from qdebug.progress import Progress, no_progress
 from qdebug.quant.calibrate import op_types_to_quantize
-from qdebug.quant.quantize import QuantSpec, quantize_model, quantize_static_model
+from qdebug.quant.quantize import QuantSpec, quantize_model, quantize_static_model, run_time_quantizable
 from qdebug.quant.recalibrate import calib_add_flipped
 from qdebug.records import SCHEMA_VERSION, Proposal
 from qdebug.records.samples import SampleSection
@@ -477,6 +477,8 @@ def _quantized_variants(
     if cancelled():
         return None
     other = sel_base.normalized if sel_base is not ctx.prep else None
+    if sel_spec.quantizer == "dynamic":  # its other nodes stay float: "most kept FP32" counts against these
+        quantizable = set(run_time_quantizable(sel_base.normalized))
     return Variants(static_model, static_res, quantizable, sel_model, sel_res, other)
 
 

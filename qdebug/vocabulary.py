@@ -68,6 +68,10 @@ PER_UNIT_FIXES = tuple(k for k, f in FIX_KINDS.items() if f.per_unit and not f.f
 QUANTIZERS = ("static", "dynamic", "mixed")
 """How ORT builds a recipe's model: ``quantize_static`` (QDQ, ranges from calibration), ``quantize_dynamic``
 (INT8 weights, activations quantized at run time), or both in turn (``mixed``)."""
+RUN_TIME_OPS = ("MatMul", "Attention", "LSTM", "EmbedLayerNormalization", "Gather")
+"""The op types ``quantize_dynamic`` quantizes on their own (a Gather only over a constant table; Conv too
+where this ORT runs its ConvInteger): its Transposes follow an input that is already quantized, and every
+other node of a dynamic model stays float."""
 DYNAMIC_OPS = ("MatMul", "Gemm", "LSTM", "Attention")
 """The op types ``mixed`` leaves to ``quantize_dynamic`` (it turns a Gemm into MatMul + Add and quantizes
 the MatMul): the static pass quantizes every other op type, Conv first among them."""

@@ -892,7 +892,7 @@ def test_a_proposal_keeping_most_of_the_model_fp32_says_so():
     assert _mostly_fp32(trial(5), 10) == "" and _mostly_fp32(trial(0), 0) == ""
     # its advice names only what the run did not try: per-channel weights where --allow left them out, the
     # recipes scored as tried, and no 16-bit activations (float kernels on the CPU provider: no speed back)
-    assert "--allow" not in line and "int16" not in line and "frontier lists" in line
+    assert "--allow" not in line and "int16" not in line and "the frontier lists what each" in line
     line = _mostly_fp32(trial(6), 10, ("fp32",), ("fold-bn", "dynamic"), timed=False)
     assert "--allow fp32,per-channel (per-channel weights)" in line and "frontier" not in line
     assert "The recipes tried (fold-bn, dynamic) do not meet the target alone" in line

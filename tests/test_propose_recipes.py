@@ -180,6 +180,8 @@ def test_dynamic_with_a_node_excluded_is_the_answer_where_dynamic_alone_misses(t
     # (recipe dynamic, or "dynamic reduce_range=1" where the u8s8 kernels saturate: AVX2 without VNNI)
     said = [n for n in result.notes if n.startswith("recipe dynamic")]
     assert any("meets the target with 1 node(s) FP32: the per-node search" in n for n in said), result.notes
+    # its score holds for batches like the evaluation's: one run-time range per batch
+    assert any("over the whole batch it runs" in n and "batches of 16" in n for n in result.notes), result.notes
     (why,) = p.reasons  # why it is kept FP32 comes from run-time ranges, not from the static report's blame
     assert why.node == "mix/matmul" and why.reason.startswith("kept out of quantize_dynamic") and "->" in why.reason
     graph = onnx.load(p.quantized_model).graph
@@ -193,6 +195,15 @@ def test_dynamic_with_a_node_excluded_is_the_answer_where_dynamic_alone_misses(t
     # "most kept FP32" counts against the nodes quantize_dynamic quantizes (6 MatMuls, the LSTM), as propose does
     run_time = sum(n.op_type in ("MatMul", "LSTM") for n in onnx.load(rec.model).graph.node)
     assert json.loads(verified.read_text())["quantizable_nodes"] == p.quantizable_nodes == run_time == 7
+    from qdebug.output.report_io import load_proposal
+    from qdebug.tui.model import LayerModel
+
+    tui = LayerModel(load_report(report), load_proposal(out))  # the TUI counts as propose and verify
+    assert tui.quantizable == 7 and tui.excluded_share() == pytest.approx(1 / 7)
+    from qdebug.export.model_explorer import node_actions
+
+    actions = node_actions(load_report(report), load_proposal(out))  # quantize_dynamic's nodes, not static's
+    assert actions["mix/matmul"] == "fp32" and actions["lstm"] == "unchanged" and "concat" not in actions
     assert "nodes_to_exclude" in p.snippet and "quantize_dynamic(" in p.snippet
     monkeypatch.chdir(tmp_path)
     exec(compile(p.snippet, "snippet", "exec"), {})

@@ -1449,8 +1449,25 @@ def test_the_proposal_panel_shows_the_verified_frontier_in_one_line():
         FrontierPoint("static", "full static INT8", 0, 0.83, 5.0, False, 0.5, 0.6),
         FrontierPoint("proposal", "5 nodes FP32", 5, 0.974, 18.0, True, 0.8, 0.9),
     )
-    assert frontier_line(points) == "speed vs FP32 (p50): static 2.00x · proposal 1.25x met"
+    assert frontier_line(points) == "speed vs FP32: static 2.00x · proposal 1.25x met"
     assert frontier_line(points[1:]) == ""  # no FP32 point to compare with
+    # with the interleaved rounds, the median of their ratios, as propose's table gives it (not the p50s')
+    from dataclasses import replace
+
+    fp32, _, answer = points
+    rounds = (replace(fp32, rounds_ms=(1.0, 1.2, 1.0)), replace(answer, rounds_ms=(0.5, 1.0, 0.4)))
+    assert frontier_line(rounds) == "speed vs FP32: proposal 2.00x met"
+
+
+def test_the_recipe_notice_says_what_gets_quantized():
+    """A transform's FP32 model is what gets quantized; quantize_dynamic quantizes the user's model as it is
+    (the notice had called a dynamic recipe's model 'transformed', and it writes none)."""
+    from qdebug.tui.model import recipe_notice
+
+    assert "its transformed FP32 model is what gets quantized" in recipe_notice(("fold-bn", "equalize"))
+    dynamic = recipe_notice(("dynamic",))
+    assert "transformed" not in dynamic and "quantize_dynamic quantizes your FP32 model as it is" in dynamic
+    assert "then quantize_dynamic on its MatMuls" in recipe_notice(("mixed",))
 
 
 def test_the_tui_verify_rebuilds_the_reports_quantization_settings():

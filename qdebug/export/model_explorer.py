@@ -37,7 +37,7 @@ from typing import Any
 from qdebug.errors import ExitCode, QDebugError
 from qdebug.output.files import atomic_write_text, check_outputs_spare_inputs, check_writable
 from qdebug.records import NodeRecord, Proposal, Report
-from qdebug.vocabulary import FIX_KINDS, RECIPE_COLOURS
+from qdebug.vocabulary import FIX_KINDS, RECIPE_COLOURS, RUN_TIME_OPS, quantizer_of
 
 RED = "#e53935"
 AMBER = "#ffb300"
@@ -258,12 +258,14 @@ def node_actions(report: Report, proposal: Proposal, where: str = "the proposal"
             ExitCode.INPUT,
         )
     order = list(ACTION_COLOURS)
+    recipe = proposal.recipe
+    run_time = recipe is not None and quantizer_of(recipe.steps or (recipe.name,)) == "dynamic"
     out = {}
     for node in report.nodes:
         if node.name in actions:
             done = sorted(actions[node.name], key=lambda a: order.index(a) if a in order else len(order))
             out[node.name] = "+".join(done)
-        elif node.quantized:
+        elif node.op_type in RUN_TIME_OPS if run_time else node.quantized:  # quantize_dynamic's own nodes
             out[node.name] = UNCHANGED
     return out
 

@@ -105,13 +105,19 @@ def verified_frontier(
     )
     progress("frontier", len(entries), len(entries))
     points = tuple(_point(search, label, trial, result, timings[label]) for label, trial, result, _ in entries)
-    if recipes is not None and recipes.chosen is not None:  # the answer is built on the recipe's model
+    if recipes is not None and recipes.chosen is not None:  # the answer and its neighbours: on the recipe's model
         label = recipe_label(recipes.chosen)
+        trials = {e[0]: e[1] for e in entries if e[0] in ON_THE_ANSWERS_BASE}
         points = tuple(
-            dataclasses.replace(p, changed=_on_recipe(label, p.changed, final)) if p.label == "proposal" else p
+            dataclasses.replace(p, changed=_on_recipe(label, p.changed, trials[p.label] or final))
+            if p.label in trials else p
             for p in points
         )
     return points, notes
+
+
+ON_THE_ANSWERS_BASE = ("proposal", "smaller", "larger")
+"""The frontier's points built like the answer, on its recipe's model or quantizer (the others name theirs)."""
 
 
 def _recipe_points(

@@ -495,19 +495,39 @@ def run_time_units(ranked: Sequence[Unit], quantizer: str, run_time: Sequence[st
     return out
 
 
-def clearly_faster(
+RANK_RUNS = 30
+"""Interleaved runs each when two answers that both meet the target are compared for speed: three rounds of
+ten, so that "faster" or "slower" is said only where every round agrees (one noisy pair of medians had
+flipped the answer between identical runs)."""
+
+
+@dataclass(frozen=True)
+class SpeedComparison:
+    """Two models timed alike: their p50s and whether the first is faster or slower in every round."""
+
+    mine_ms: float
+    theirs_ms: float
+    verdict: str
+    """``faster`` / ``slower`` (every round :data:`SPEED_MARGIN` apart, the same way) or ``same``."""
+
+
+def compare_speed(
     mine: onnx.ModelProto, theirs: onnx.ModelProto, evaluator: Evaluator, runs: int
-) -> tuple[float, float] | None:
-    """The p50s (``mine``, ``theirs``) when ``mine`` runs :data:`SPEED_MARGIN` faster than ``theirs`` (``runs``
-    interleaved runs each on the evaluation's first batch, :func:`better_on_both_axes`' rule); None when it
-    does not, or when nothing is timed."""
+) -> SpeedComparison | None:
+    """``mine`` against ``theirs``, ``runs`` interleaved runs each on the evaluation's first batch, in rounds
+    of ten; None when nothing is timed (``runs`` 0, no batch)."""
+    from qdebug.records.verify import speed_ratio
+
     if runs <= 0 or not evaluator.batches:
         return None
     first = evaluator.batches[0]
     timings = time_sessions({"mine": mine, "theirs": theirs}, first.feeds, evaluator.config, runs=runs,
                             rows=first.size)  # fmt: skip
-    a, b = timings["mine"].p50_ms, timings["theirs"].p50_ms
-    return (a, b) if a < (1 - SPEED_MARGIN) * b else None
+    a, b = timings["mine"], timings["theirs"]
+    ratio = speed_ratio(b.rounds_ms, a.rounds_ms)  # theirs over mine: above 1, mine is faster
+    lows, highs = (ratio.low, ratio.high) if ratio is not None else (b.p50_ms / a.p50_ms,) * 2
+    verdict = "faster" if lows * (1 - SPEED_MARGIN) > 1 else "slower" if highs < 1 - SPEED_MARGIN else "same"
+    return SpeedComparison(a.p50_ms, b.p50_ms, verdict)
 
 
 def _keeps_speed(

@@ -761,14 +761,11 @@ def int8_conv_integer_runs() -> bool:
     return _CONV_INTEGER_RUNS[0]
 
 
-RUN_TIME_OPS = ("MatMul", "Attention", "LSTM", "EmbedLayerNormalization", "Gather")
-"""The op types ``quantize_dynamic`` quantizes on their own (a Gather only over a constant table; Conv too
-where this ORT runs its ConvInteger): its Transposes follow an input that is already quantized."""
-
-
 def run_time_quantizable(model: onnx.ModelProto) -> list[str]:
     """The nodes qdebug's dynamic recipe (``quantize_dynamic`` with its default op types) quantizes, in graph
     order: what "most nodes kept FP32" counts against for a dynamic model, whose other nodes stay float."""
+    from qdebug.vocabulary import RUN_TIME_OPS
+
     inits = {t.name for t in model.graph.initializer}
     ops = {*RUN_TIME_OPS, *(("Conv",) if int8_conv_integer_runs() else ())}
     return [

@@ -42,6 +42,7 @@ from qdebug.records import (
     WeightRecord,
 )
 from qdebug.records.profile import NodeLatency
+from qdebug.records.verify import speed_ratio
 from qdebug.tui.compare import Baseline, change_text, change_value, judge
 from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported: the findings' old home
     Finding,
@@ -49,6 +50,7 @@ from qdebug.tui.findings_model import (  # noqa: F401 -- match_names re-exported
     match_names,
     note_findings,
 )
+from qdebug.vocabulary import RUN_TIME_OPS, quantizer_of
 
 if TYPE_CHECKING:
     from qdebug.records.bench import BenchReport
@@ -716,10 +718,24 @@ class LayerModel:
         return True, changed
 
     @property
+    def run_time(self) -> bool:
+        """Whether the loaded proposal's recipe is ``quantize_dynamic``: its quantizable nodes are the ones it
+        quantizes at run time, every other node of its model staying float."""
+        recipe = self.proposal.recipe if self.proposal is not None else None
+        return recipe is not None and quantizer_of(recipe.steps or (recipe.name,)) == "dynamic"
+
+    def _counts(self, name: str) -> bool:
+        node = self._nodes[name]
+        return node.op_type in RUN_TIME_OPS if self.run_time else is_excludable(node)
+
+    @property
     def quantizable(self) -> int:
         """Nodes whose exclusion changes the quantized model (the denominator of the share), counted as
         propose and verify count them: the report's ``excludable`` (``quantized`` in older reports, which
-        also counted nodes quantized only for a consumer's sake)."""
+        also counted nodes quantized only for a consumer's sake); under a dynamic recipe, the proposal's
+        count of the nodes ``quantize_dynamic`` quantizes."""
+        if self.run_time and self.proposal is not None and self.proposal.quantizable_nodes:
+            return self.proposal.quantizable_nodes
         return sum(1 for n in self.report.nodes if is_excludable(n))
 
     def excluded_share(self) -> float:
@@ -727,7 +743,7 @@ class LayerModel:
         q = self.quantizable
         if q == 0:
             return 0.0
-        return sum(1 for n in self._excluded if is_excludable(self._nodes[n])) / q
+        return min(1.0, sum(1 for n in self._excluded if self._counts(n)) / q)
 
     def reason(self, name: str) -> NodeReason:
         """Why ``name`` is excluded: the loaded proposal's reason, the note of the finding that excluded it, or a
@@ -876,15 +892,32 @@ def proposal_snippet(report: Report, proposal: Proposal) -> str:
     )
 
 
+def recipe_notice(steps: Sequence[str]) -> str:
+    """What the TUI says of a proposal built on a recipe: a transform's FP32 model is what gets quantized; a
+    dynamic or mixed recipe quantizes the user's model as it is, in its own way."""
+    quantizer = quantizer_of(tuple(steps))
+    if quantizer == "static":
+        return (
+            f"the proposal is built on recipe {'+'.join(steps)}: its transformed FP32 model is what gets "
+            "quantized, and an exported proposal keeps it"
+        )
+    how = "quantize_dynamic" if quantizer == "dynamic" else "quantize_static, then quantize_dynamic on its MatMuls"
+    return (
+        f"the proposal is built on recipe {'+'.join(steps)}: ORT's {how} quantizes your FP32 model as it is (the "
+        "excluded nodes stay float), and an exported proposal keeps it"
+    )
+
+
 def frontier_line(frontier: Sequence[FrontierPoint]) -> str:
-    """The proposal's verified frontier in one line: each point's speed against FP32 (p50), and whether it
-    meets the target (``speed vs FP32: proposal 1.08x · static 1.10x · dynamic 1.25x met``)."""
+    """The proposal's verified frontier in one line: each point's speed against FP32 as propose's table gives
+    it (the median of the interleaved rounds' ratios; the p50s' in older files), and whether it meets the
+    target (``speed vs FP32: proposal 1.08x · static 1.10x · dynamic 1.25x met``)."""
     fp32 = next((f for f in frontier if f.label == "fp32"), None)
     if fp32 is None:
         return ""
-    parts = [
-        f"{f.label} {fp32.p50_ms / f.p50_ms:.2f}x{' met' if f.met else ''}"
-        for f in frontier
-        if f.label != "fp32" and f.p50_ms > 0
-    ]
-    return "speed vs FP32 (p50): " + " · ".join(parts) if parts else ""
+    def ratio(f: FrontierPoint) -> str:  # propose's own figure: the median of the interleaved rounds' ratios
+        paired = speed_ratio(fp32.rounds_ms, f.rounds_ms)
+        return f"{paired.median:.2f}x" if paired is not None else f"{fp32.p50_ms / f.p50_ms:.2f}x"
+
+    parts = [f"{f.label} {ratio(f)}{' met' if f.met else ''}" for f in frontier if f.label != "fp32" and f.p50_ms > 0]
+    return "speed vs FP32: " + " · ".join(parts) if parts else ""

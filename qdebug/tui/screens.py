@@ -29,7 +29,7 @@ from qdebug.tui.bench_widgets import BenchChart, BenchTable
 from qdebug.tui.benchview import MISMATCH, bench_hint, machine_line, model_mismatch, note_lines, title_line
 from qdebug.tui.findings import FindingsPanel
 from qdebug.tui.messages import VerifyProgress
-from qdebug.tui.model import COLUMN_KEYS, COLUMNS, Column, LayerModel, TuiContext, column
+from qdebug.tui.model import COLUMN_KEYS, COLUMNS, Column, LayerModel, TuiContext, column, recipe_notice
 from qdebug.tui.samples import SamplesScreen
 from qdebug.tui.samples_model import SamplesModel
 from qdebug.tui.widgets import (
@@ -188,11 +188,7 @@ class MainScreen(Screen):
             )
         recipe = m.proposal.recipe if m.proposal is not None else None
         if recipe is not None:
-            self._notify(
-                f"the proposal is built on recipe {'+'.join(recipe.steps) or recipe.name}: its transformed FP32 "
-                "model is what gets quantized, and an exported proposal keeps it",
-                timeout=10,
-            )
+            self._notify(recipe_notice(recipe.steps or (recipe.name,)), timeout=10)
         if m.sha_mismatch:
             self._notify(
                 "the proposal was made for another model (SHA-256 differs)", severity="warning", timeout=10

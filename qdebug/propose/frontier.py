@@ -234,7 +234,8 @@ def _changed(label: str, trial: Trial | None) -> str:
     if label.startswith("recipe "):
         steps = _recipe_steps(label)
         if quantizer_of(steps) != "static":  # dynamic, mixed: no static model under it
-            return RECIPES[steps[-1]].title + _changed_on_top(trial)
+            pc = " (per-channel weights)" if trial is not None and trial.per_channel and _size(trial) == 0 else ""
+            return RECIPES[steps[-1]].title + pc + _changed_on_top(trial)
         return f"{label.removeprefix('recipe ')} + " + _changed("static", trial)
     if label == "dynamic":
         return "quantize_dynamic (weights INT8, activations at run time)"

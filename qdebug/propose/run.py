@@ -725,7 +725,8 @@ def _on_run_time(
                 f"evaluations) but {than}: the answer is the one from {_base_label(stage)}"
             )
             return dataclasses.replace(stage, notes=(*stage.notes, note)), found
-    note = f"recipe {label} meets the target with {len(mine.nodes)} node(s) FP32: {why}"
+    pc = " and per-channel weights" if mine.per_channel and not search.base_spec.per_channel else ""
+    note = f"recipe {label} meets the target with {len(mine.nodes)} node(s) FP32{pc}: {why}"
     searched = _Searched(prep, report, search, units, answer, 0, lambda plan, widen: units, None, None, "")
     return stage.with_run_time(near, note), searched
 
@@ -954,7 +955,11 @@ def _selective(
     plan, final = final_answer(search, plan, met)
     spec, selective, _ = search.build(final.nodes, final.overrides, final.per_channel, fixes=final.fixes)
     if spec.per_channel and not search.base_spec.per_channel:
-        final = without_per_channel(search, final, bool(qdq_settings(selective).per_channel))
+        # per-channel weights show in a static model's Q/DQ; a dynamic model's sit in its integer MatMuls'
+        # scales, which qdq_settings does not read: there one evaluation decides (it had recorded the
+        # per-channel score for the model built without them)
+        in_effect = bool(qdq_settings(selective).per_channel) if spec.quantizer == "static" else True
+        final = without_per_channel(search, final, in_effect)
         if not final.per_channel:
             spec, selective, _ = search.build(final.nodes, final.overrides, False, fixes=final.fixes)
     return plan, final, spec, selective

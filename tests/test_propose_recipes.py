@@ -210,6 +210,41 @@ def test_dynamic_with_a_node_excluded_is_the_answer_where_dynamic_alone_misses(t
     assert _planted().score(rec, tmp_path / "model.selective.onnx") == pytest.approx(p.expected_metric, abs=0.004)
 
 
+def test_when_the_run_time_answer_replaces_the_static_one():
+    """:func:`_run_time_wins`: where the static answer misses, the dynamic one (met) wins; not where it keeps
+    most of the nodes its quantizer quantizes FP32; where the static answer keeps most nodes FP32, it wins;
+    both meeting the target, fewer nodes FP32 win unless timed slower (untimed too), as many only when timed
+    faster -- the verdicts are every-round ones, so a noisy pair of medians no longer flips the answer."""
+    from types import SimpleNamespace
+
+    from qdebug.propose.recipes import SpeedComparison
+    from qdebug.propose.run import _run_time_wins
+    from qdebug.propose.search import Trial
+
+    def trial(n: int, met: bool = True) -> Trial:
+        return Trial("minimize", tuple(f"n{i}" for i in range(n)), (), False, 0.99, 30.0, met, 3, 0.0, 0.0)
+
+    def static(n: int, met: bool = True):
+        return SimpleNamespace(met=met, answer=(None, trial(n, met)), search=SimpleNamespace(
+            structure=SimpleNamespace(excludable=tuple(range(22)))))  # fmt: skip
+
+    def timed(verdict: str | None):
+        return lambda: None if verdict is None else SpeedComparison(1.0, 1.2, verdict)
+
+    missed = _run_time_wins(static(6, met=False), trial(8), 11, timed(None))
+    assert missed == (True, "the per-node search missed the target")
+    assert _run_time_wins(static(6), trial(8), 11, timed("faster"))[0] is False  # 8 of 11: no speed-up left
+    assert _run_time_wins(static(15), trial(1), 11, timed("slower"))[0] is True  # 15 of 22: static gave it back
+    wins, why = _run_time_wins(static(6), trial(1), 11, timed("same"))
+    assert wins and "fewer nodes FP32 than the static answer's 6 and runs as fast within the noise" in why
+    assert _run_time_wins(static(6), trial(1), 11, timed(None)) == (
+        True, "it keeps fewer nodes FP32 than the static answer's 6 (untimed: --time-runs 0)")
+    slower = _run_time_wins(static(6), trial(1), 11, timed("slower"))
+    assert slower == (False, "runs slower than the static answer (p50 1 vs 1.2 ms)")
+    assert _run_time_wins(static(2), trial(2), 11, timed("faster"))[0] is True
+    assert _run_time_wins(static(2), trial(2), 11, timed("same"))[0] is False
+
+
 def test_run_time_units_keep_what_the_dynamic_quantizer_quantizes_and_add_the_rest():
     """:func:`run_time_units`: under ``dynamic`` each static unit keeps only the nodes quantize_dynamic
     quantizes (a LayerNorm kept float changes nothing there), repeats go, and every other such node follows

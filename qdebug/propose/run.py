@@ -67,6 +67,7 @@ from qdebug.propose.recipes import (
     SPEED_RUNS,
     RecipeStage,
     RecipeTrial,
+    SpeedComparison,
     better_on_both_axes,
     compare_speed,
     recipe_label,
@@ -662,10 +663,8 @@ def _on_run_time(
     """Dynamic (or mixed) quantization with exclusions, the ORT docs' advice for Transformer and RNN models:
     where that recipe missed the target alone but beat plain static (:attr:`RecipeStage.near_miss`), the
     per-node search on its quantizer, over the nodes it quantizes (:func:`run_time_units`), from the user's
-    FP32 model (``prep``, ``report``). Its answer replaces the static one where that misses the target or
-    keeps most nodes FP32, or where both meet it and this one keeps no more nodes FP32 and runs
-    :data:`~qdebug.evaluation.gates.SPEED_MARGIN` faster (timed alike; untimed, the static answer stays). Not
-    for ``dynamic`` on a model with convolutions: it runs them as slow ConvInteger or leaves them float
+    FP32 model (``prep``, ``report``); its answer where :func:`_run_time_wins` says so, with a note either way.
+    Not for ``dynamic`` on a model with convolutions: it runs them as slow ConvInteger or leaves them float
     (``mixed`` is the recipe for those)."""
     near = stage.near_miss
     if near is None or near.result is None or "fp32" not in run.allow or run.target.met(near.result):
@@ -673,62 +672,62 @@ def _on_run_time(
     final = found.answer[1]
     if found.met and not final.nodes:
         return stage, found  # nothing kept FP32: no smaller change to find
-    costly = not found.met or mostly_fp32(len(final.nodes), len(found.search.structure.excludable))
     ops = {n.name: n.op_type for n in prep.normalized.graph.node}
     if near.name == "dynamic" and any(op in ("Conv", "ConvTranspose") for op in ops.values()):
         return stage, found  # it would run them as slow ConvInteger or leave them float: mixed is for these
     changes = spec_changes(near.steps, near.params)
-    search, _, initial = _search(
-        prep, report, run.screened, run.target, run.options, run.progress, run.pool, changes
-    )
+    search, _, initial = _search(prep, report, run.screened, run.target, run.options, run.progress, run.pool, changes)
     kept = near.quantized()
     if kept is not None:  # scored by the same evaluator in the stage: not again
         search.prescore(kept, near.result)
     units = run_time_units(initial, near.name, run_time_quantizable(prep.normalized))
     plan, met, _ = run_search(search, units, lambda plan, widen: units, run.options.max_nodes)
     answer = _selective(search, report, plan, met)
-    mine = answer[1]
-    total = quantizable_count(search)
-    label = recipe_label(near).removeprefix("recipe ")
+    mine, label = answer[1], recipe_label(near).removeprefix("recipe ")
     if not (mine.met and search.fits(mine)):
         note = f"recipe {label} with nodes kept FP32 did not meet the target either ({len(search.trials)} evaluations)"
         return dataclasses.replace(stage, notes=(*stage.notes, note)), found
-    why = ""
-    if not found.met:  # a met answer, even one that keeps most nodes FP32 (the speed verdict says so)
-        why = "the per-node search " + ("found none within --max-nodes" if final.met else "missed the target")
-    elif mostly_fp32(len(mine.nodes), total):  # 8 of a deep MLP's 11 MatMuls kept out: no speed-up left
-        note = (
-            f"recipe {label} meets the target only with {len(mine.nodes)} of the {total} nodes it quantizes kept "
-            f"FP32 ({len(search.trials)} evaluations): most of its speed-up gone, it is not the answer"
-        )
+    runs = RANK_RUNS if run.options.time_runs > 0 else 0
+    wins, why = _run_time_wins(found, mine, quantizable_count(search), lambda: compare_speed(
+        answer[3], found.answer[3], run.screened, runs))  # fmt: skip
+    kept_fp32 = f"{len(mine.nodes)} node(s) FP32" + (
+        " and per-channel weights" if mine.per_channel and not search.base_spec.per_channel else ""
+    )
+    if not wins:
+        note = f"recipe {label} meets the target with {kept_fp32} ({len(search.trials)} evaluations) but {why}: "
+        note += f"the answer is from {_base_label(stage)}"
         return dataclasses.replace(stage, notes=(*stage.notes, note)), found
-    elif costly:
-        why = "the per-node search kept most nodes FP32"
-    else:  # both meet it: the fewer nodes FP32 unless timed slower, else only timed faster (every round)
-        runs = RANK_RUNS if run.options.time_runs > 0 else 0
-        speed = compare_speed(answer[3], found.answer[3], run.screened, runs)
-        fewer = len(mine.nodes) < len(final.nodes)
-        timed = f" (p50 {speed.mine_ms:.3g} vs {speed.theirs_ms:.3g} ms)" if speed is not None else ""
-        verdict = speed.verdict if speed is not None else "untimed"
-        if fewer and verdict != "slower":
-            why = f"it keeps fewer nodes FP32 than the static answer's {len(final.nodes)}" + (
-                f" and runs {'faster' if verdict == 'faster' else 'as fast within the noise'}{timed}"
-                if speed is not None else " (untimed: --time-runs 0)"
-            )
-        elif verdict == "faster":
-            why = f"it runs faster than the static answer with {len(final.nodes)} node(s) FP32{timed}"
-        else:
-            than = (f"slower than the static answer{timed}" if verdict == "slower"
-                    else f"no fewer nodes FP32 than its {len(final.nodes)} and not timed faster{timed}")  # fmt: skip
-            note = (
-                f"recipe {label} meets the target with {len(mine.nodes)} node(s) FP32 ({len(search.trials)} "
-                f"evaluations) but {than}: the answer is the one from {_base_label(stage)}"
-            )
-            return dataclasses.replace(stage, notes=(*stage.notes, note)), found
-    pc = " and per-channel weights" if mine.per_channel and not search.base_spec.per_channel else ""
-    note = f"recipe {label} meets the target with {len(mine.nodes)} node(s) FP32{pc}: {why}"
     searched = _Searched(prep, report, search, units, answer, 0, lambda plan, widen: units, None, None, "")
-    return stage.with_run_time(near, note), searched
+    return stage.with_run_time(near, f"recipe {label} meets the target with {kept_fp32}: {why}"), searched
+
+
+def _run_time_wins(
+    found: _Searched, mine: Trial, total: int, timed: Callable[[], SpeedComparison | None]
+) -> tuple[bool, str]:
+    """Whether the run-time answer ``mine`` (which meets the target; ``total``: the nodes its quantizer
+    quantizes) replaces the static one, and why (why not). It does where the static answer misses the target;
+    not where it keeps most of its own nodes FP32 while the static answer meets it; where the static answer
+    keeps most nodes FP32; else, both meeting it, where it keeps fewer nodes FP32 and is not timed slower, or
+    is timed faster -- each in every one of three interleaved rounds (``timed``; None: untimed, fewer wins)."""
+    final = found.answer[1]
+    if not found.met:  # a met answer, even one that keeps most nodes FP32 (the speed verdict says so)
+        return True, "the per-node search " + ("found none within --max-nodes" if final.met else "missed the target")
+    if mostly_fp32(len(mine.nodes), total):  # 8 of a deep MLP's 11 MatMuls kept out: no speed-up left
+        return False, f"keeps {len(mine.nodes)} of the {total} nodes it quantizes FP32, most of its speed-up gone"
+    if mostly_fp32(len(final.nodes), len(found.search.structure.excludable)):
+        return True, "the per-node search kept most nodes FP32"
+    speed = timed()
+    shown = f" (p50 {speed.mine_ms:.3g} vs {speed.theirs_ms:.3g} ms)" if speed is not None else ""
+    verdict = speed.verdict if speed is not None else "untimed"
+    if len(mine.nodes) < len(final.nodes) and verdict != "slower":
+        how = " (untimed: --time-runs 0)" if speed is None else (
+            f" and runs {'faster' if verdict == 'faster' else 'as fast within the noise'}{shown}")  # fmt: skip
+        return True, f"it keeps fewer nodes FP32 than the static answer's {len(final.nodes)}{how}"
+    if verdict == "faster":
+        return True, f"it runs faster than the static answer with {len(final.nodes)} node(s) FP32{shown}"
+    if verdict == "slower":
+        return False, f"runs slower than the static answer{shown}"
+    return False, f"keeps no fewer nodes FP32 than its {len(final.nodes)} and is not timed faster{shown}"
 
 
 def _batch_note(stage: RecipeStage, evaluator: Evaluator) -> list[str]:

@@ -46,6 +46,10 @@ def test_a_faster_alternative_that_also_meets_the_target_is_named():
     lines, slow = speed_verdict(points)
     assert not slow and lines == ["dynamic (dynamic) also meets the target and is faster than the proposal "
                                   "(p50 5 vs 9 ms, FP32 10 ms)"]  # fmt: skip
+    # a point that keeps every quantizable node FP32 quantizes nothing: the FP32 model is no option to name
+    every = FrontierPoint("larger", "11 nodes FP32", 11, 0.9, 30.0, True, 5.0, 5.1)
+    assert speed_verdict([*points[:3], every], quantizable=11) == ([], False)
+    assert speed_verdict([*points[:3], every], quantizable=12)[0][0].startswith("larger (11 nodes FP32) also")
 
 
 def test_the_proposal_file_carries_the_measured_frontier(tmp_path, cnn):

@@ -271,7 +271,9 @@ def _changed_on_top(trial: Trial | None) -> str:
     return "" if trial is None or _size(trial) == 0 else " + " + _changed("static", trial)
 
 
-def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tuple[list[str], bool]:
+def speed_verdict(
+    points: Sequence[FrontierPoint], base: str = "static", quantizable: int | None = None
+) -> tuple[list[str], bool]:
     """(lines for the user, whether the answer gave the speed-up back) from the frontier.
 
     Judged beyond the timing noise only (:func:`~qdebug.gates.slower_than_fp32` while
@@ -279,7 +281,8 @@ def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tupl
     no faster than FP32, quantization buys no speed on this machine: said so, and the answer is judged on
     accuracy alone. Another measured point that also meets the target and is faster than the answer is
     named either way (``quantize_dynamic`` often is, on a transformer). ``base``: the label of the full
-    static INT8 the answer was searched from (a recipe's, when one was chosen).
+    static INT8 the answer was searched from (a recipe's, when one was chosen). ``quantizable``: how many
+    nodes the answer's quantizer quantizes (a point keeping them all FP32 quantizes nothing and is not named).
     """
     by = {p.label: p for p in points}
     fp32, static, answer = by.get("fp32"), by.get(base, by.get("static")), by.get("proposal")
@@ -320,7 +323,11 @@ def speed_verdict(points: Sequence[FrontierPoint], base: str = "static") -> tupl
             f"{static.p50_ms:.3g} ms): it gives the INT8 speed-up back. Best option measured: "
             f"{_best_option(points, fp32)}"
         )
-    better = [p for p in points if p.label not in ("fp32", "proposal") and p.met and p.p95_ms < answer.p50_ms]
+    better = [
+        p for p in points
+        if p.label not in ("fp32", "proposal") and p.met and p.p95_ms < answer.p50_ms
+        and (quantizable is None or p.nodes_fp32 < quantizable)  # every node FP32: the FP32 model, not an option
+    ]  # fmt: skip
     if better and not slow:
         best = min(better, key=lambda p: p.p50_ms)
         lines.append(

@@ -427,7 +427,7 @@ def _speed(
     # a transform's full static INT8 is the answer's base; a dynamic or mixed answer is judged against plain
     # static, as verify judges it (its recipe's own model is no static INT8)
     base = recipe_label(chosen) if chosen is not None and recipe_entry(chosen.name).transforms else "static"
-    lines, slow = speed_verdict(frontier, base)
+    lines, slow = speed_verdict(frontier, base, quantizable_count(search))
     tried = tuple(t.name for t in recipes.trials if t.result is not None) if recipes is not None else ()
     mostly = _mostly_fp32(final, quantizable_count(search), search.allow, tried, bool(frontier))
     if not slow:

@@ -393,7 +393,7 @@ def note_f1(reference: list[dict], candidate: list[dict], labels: Any = None) ->
 
 
 def embedding_cosine(reference: list[dict], candidate: list[dict], labels: Any = None) -> float:
-    """Mean cosine between each sentence's embedding and FP32's (the issue's metric for this family)."""
+    """Mean cosine between each sentence's embedding and FP32's."""
     total = count = 0.0
     for _, r, c in _pairs(reference, candidate):
         r, c = r.reshape(len(r), -1), c.reshape(len(c), -1)

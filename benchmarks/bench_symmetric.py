@@ -1,7 +1,7 @@
 """Benchmark: symmetric against asymmetric activations on the planted kinds, with plain ONNX Runtime.
 
-Issue 36 lists "symmetric or asymmetric activations, where the provider runs them as integer kernels" among
-the whole-model choices. propose starts from ORT's CPU default, asymmetric uint8 activations; this measures,
+Symmetric or asymmetric activations are a whole-model choice where the provider runs both as integer
+kernels. propose starts from ORT's CPU default, asymmetric uint8 activations; this measures,
 on every planted kind that misses with static INT8, whether a symmetric range (``ActivationSymmetric``, int8
 or uint8) or int8 asymmetric activations would be a better start: top1 (agreement with FP32) of each, full
 static INT8, MinMax, per-tensor, with plain ``quantize_static``.
